@@ -1,0 +1,98 @@
+/*
+ * attention.h - plain C11 kernels of context-pooled additive attention.
+ *
+ * The layer, for one sequence (SPEC.md section 1):
+ *
+ *   c       = (1/n) sum_t m_t h_t            mean context      (H)
+ *   z_t     = W_h h_t + W_c c + b            pre-activation    (T, A)
+ *   s_t     = v . tanh(z_t)                  additive score    (T)
+ *   alpha_t = masked softmax_t(s)                              (T)
+ *   out     = sum_t alpha_t h_t              weighted sum      (H)
+ *
+ * Conventions shared by every function here:
+ *   - Arrays are C-contiguous and aligned for their type; the caller (the
+ *     Python binding) makes them so.  A batch of B sequences is stacked on
+ *     the leading axis: h is (B, T, H), mask is (B, T), c is (B, H).
+ *   - W is (A, 2H) row-major, the layout of torch.nn.Linear(2H, A).weight:
+ *     columns [0, H) are W_h, columns [H, 2H) are W_c.
+ *   - mask is one byte per item, nonzero = valid; NULL means all valid.
+ *     Masked items are skipped, never multiplied by zero, so a NaN in the
+ *     padding cannot reach any output.  A row with no valid item gives
+ *     c = 0, alpha = 0, out = 0 and zero gradients.
+ *   - The bias b (and its gradient db) may be NULL.
+ *   - Kernels never allocate.  Those that need scratch take `work`, an
+ *     aligned buffer of at least *_workspace(dims) elements of their type.
+ *   - Kernels write every element of their outputs (parameter gradients
+ *     are zeroed, then summed over the batch), never print, never abort,
+ *     keep no state, and return ATT_OK or ATT_EINVAL (bad sizes).
+ *   - Inputs and outputs must not overlap.
+ */
+#ifndef ATTENTION_C_ATTENTION_H
+#define ATTENTION_C_ATTENTION_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum att_status {
+    ATT_OK = 0,
+    ATT_EINVAL = -1   /* a size is negative or T < 1 */
+};
+
+/* B sequences of T items with H features; A hidden units in the score. */
+typedef struct {
+    ptrdiff_t B, T, H, A;
+} att_dims;
+
+/* Scratch sizes in elements (not bytes); -1 when the count overflows. */
+ptrdiff_t att_additive_score_workspace(att_dims d);
+ptrdiff_t att_additive_score_backward_workspace(att_dims d);
+ptrdiff_t att_context_attention_workspace(att_dims d);
+ptrdiff_t att_context_attention_backward_workspace(att_dims d);
+
+/*
+ * The kernels, once per dtype: suffix _f32 takes float, _f64 double.
+ * Shapes are given as (B, T, H) etc. in the comments of kernels_impl.h.
+ */
+#define ATT_DECLARE(R, SFX)                                                  \
+    int att_mean_context_##SFX(att_dims d, const R *h,                       \
+                               const unsigned char *mask, R *c);             \
+    int att_mean_context_backward_##SFX(att_dims d, const R *grad_c,         \
+                                        const unsigned char *mask, R *dh);   \
+    int att_additive_score_##SFX(att_dims d, const R *h, const R *context,   \
+                                 const R *W, const R *v, const R *b, R *s,   \
+                                 R *work);                                   \
+    int att_additive_score_backward_##SFX(                                   \
+        att_dims d, const R *grad_s, const R *h, const R *context,           \
+        const R *W, const R *v, const R *b, R *dh, R *dcontext, R *dW,       \
+        R *dv, R *db, R *work);                                              \
+    int att_masked_softmax_##SFX(att_dims d, const R *scores,                \
+                                 const unsigned char *mask, R *alpha);       \
+    int att_masked_softmax_backward_##SFX(att_dims d, const R *grad_alpha,   \
+                                          const R *alpha, R *dscores);       \
+    int att_weighted_sum_##SFX(att_dims d, const R *alpha, const R *h,       \
+                               R *out);                                      \
+    int att_weighted_sum_backward_##SFX(att_dims d, const R *grad_out,       \
+                                        const R *alpha, const R *h,          \
+                                        R *dalpha, R *dh);                   \
+    int att_context_attention_##SFX(att_dims d, const R *h, const R *W,      \
+                                    const R *v, const R *b,                  \
+                                    const unsigned char *mask, R *out,       \
+                                    R *alpha, R *work);                      \
+    int att_context_attention_backward_##SFX(                                \
+        att_dims d, const R *grad_out, const R *h, const R *W, const R *v,   \
+        const R *alpha, const R *b, const unsigned char *mask,               \
+        const R *grad_alpha, R *dh, R *dW, R *dv, R *db, R *work);
+
+ATT_DECLARE(float, f32)
+ATT_DECLARE(double, f64)
+
+#undef ATT_DECLARE
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTENTION_C_ATTENTION_H */

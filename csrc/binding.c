@@ -1,0 +1,729 @@
+/*
+ * binding.c - the only file that speaks CPython and NumPy.
+ *
+ * Each Python function here does the same five things, in order:
+ *   1. parse its arguments (keywords allowed);
+ *   2. turn the floating arguments into arrays of one computing dtype
+ *      (float32 or float64, promoted as np.result_type does) that are
+ *      C-contiguous and aligned, copying only when they are not already;
+ *   3. check every shape against h (or scores/alpha), with a message that
+ *      names the argument, its shape and the shape it should have;
+ *   4. allocate the outputs and the kernel's scratch;
+ *   5. run the kernel with the GIL released, then clean up on one path.
+ * Leading batch axes (...) are flattened into B: after step 2 the data is
+ * contiguous, so (..., T, H) is (B, T, H) without a copy.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "attention.h"
+
+/* ---------------------------------------------------------------------
+ * Arguments
+ */
+
+typedef struct {
+    const char *name;       /* for messages */
+    PyObject *obj;          /* borrowed; NULL or None when not given */
+    PyArrayObject *arr;     /* owned; the converted array, or NULL */
+} Arg;
+
+#define ARG(nm) {.name = (nm), .obj = NULL, .arr = NULL}
+#define GIVEN(a) ((a)->obj != NULL && (a)->obj != Py_None)
+#define DATA(a) ((a)->arr ? PyArray_DATA((a)->arr) : NULL)
+#define OUT(o) PyArray_DATA((PyArrayObject *)(o))
+
+static void release(Arg *args, int n)
+{
+    for (int i = 0; i < n; i++) {
+        Py_CLEAR(args[i].arr);
+    }
+}
+
+/* Writes "(2, 3)", "(5,)" or "()" into buf. */
+static const char *fmt_shape(char *buf, size_t size, int nd,
+                             const npy_intp *dims)
+{
+    size_t used = (size_t)PyOS_snprintf(buf, size, "(");
+    for (int i = 0; i < nd && used < size; i++) {
+        used += (size_t)PyOS_snprintf(buf + used, size - used, "%s%zd",
+                                      i ? ", " : "", (Py_ssize_t)dims[i]);
+    }
+    if (used < size) {
+        PyOS_snprintf(buf + used, size - used, nd == 1 ? ",)" : ")");
+    }
+    return buf;
+}
+
+#define SHAPE_BUF 256
+#define SHAPE(buf, arr) \
+    fmt_shape(buf, SHAPE_BUF, PyArray_NDIM(arr), PyArray_DIMS(arr))
+
+/* The argument as an array, without copying; checks the dtype can be
+ * computed with: real floats (not long double) and integers. */
+static int to_array(Arg *a)
+{
+    if (!GIVEN(a)) {
+        return 0;
+    }
+    a->arr = (PyArrayObject *)PyArray_FromAny(a->obj, NULL, 0, 0, 0, NULL);
+    if (a->arr == NULL) {
+        return -1;
+    }
+    PyArray_Descr *dt = PyArray_DESCR(a->arr);
+    int ok = (dt->kind == 'f' && PyArray_ITEMSIZE(a->arr) <= 8) ||
+             dt->kind == 'i' || dt->kind == 'u';
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s has dtype %S; attention_c computes in float32 or "
+                     "float64 and accepts real floating or integer input",
+                     a->name, (PyObject *)dt);
+        return -1;
+    }
+    return 0;
+}
+
+/* Converts the floating arguments to arrays of one dtype: float32 or
+ * float64, chosen as np.result_type of the inputs, with float16 computed
+ * in float32 and integers in float64.  Sets *typenum. */
+static int prepare_floats(Arg *args, int n, int *typenum)
+{
+    PyArrayObject *arrs[16];
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        if (to_array(&args[i]) < 0) {
+            return -1;
+        }
+        if (args[i].arr != NULL) {
+            arrs[count++] = args[i].arr;
+        }
+    }
+    PyArray_Descr *rt = PyArray_ResultType(count, arrs, 0, NULL);
+    if (rt == NULL) {
+        return -1;
+    }
+    *typenum = (rt->kind == 'f' && PyDataType_ELSIZE(rt) <= 4) ? NPY_FLOAT
+                                                               : NPY_DOUBLE;
+    Py_DECREF(rt);
+    for (int i = 0; i < n; i++) {
+        if (args[i].arr == NULL) {
+            continue;
+        }
+        PyObject *cast = PyArray_FromArray(
+            args[i].arr, PyArray_DescrFromType(*typenum),
+            NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+        if (cast == NULL) {
+            return -1;
+        }
+        Py_SETREF(args[i].arr, (PyArrayObject *)cast);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Shapes
+ */
+
+typedef struct {
+    int nd;                       /* number of leading (batch) axes */
+    npy_intp lead[NPY_MAXDIMS];
+    att_dims d;                   /* B = prod(lead), T, H, A */
+    const Arg *ref;               /* the argument the layout comes from */
+} Layout;
+
+/* Reads (..., T, H) from h (tail = 2) or (..., T) from scores (tail = 1). */
+static int read_layout(const Arg *a, int tail, Layout *L)
+{
+    char buf[SHAPE_BUF];
+    int nd = PyArray_NDIM(a->arr);
+    const npy_intp *dims = PyArray_DIMS(a->arr);
+    if (nd < tail) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must have shape %s, at least %d dimension%s; got "
+                     "shape %s", a->name, tail == 2 ? "(..., T, H)"
+                     : "(..., T)", tail, tail == 2 ? "s" : "",
+                     SHAPE(buf, a->arr));
+        return -1;
+    }
+    L->nd = nd - tail;
+    L->d.B = 1;
+    for (int i = 0; i < L->nd; i++) {
+        L->lead[i] = dims[i];
+        L->d.B *= dims[i];
+    }
+    L->d.T = dims[L->nd];
+    L->d.H = tail == 2 ? dims[nd - 1] : 0;
+    L->d.A = 0;
+    L->ref = a;
+    if (L->d.T < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s has shape %s: T = 0 items; every sequence needs at "
+                     "least one item (mask out the ones you do not want)",
+                     a->name, SHAPE(buf, a->arr));
+        return -1;
+    }
+    return 0;
+}
+
+/* Builds the shape (lead..., tail...) into dims; returns its length. */
+static int layout_shape(const Layout *L, int lead, int ntail,
+                        npy_intp t0, npy_intp t1, npy_intp *dims)
+{
+    int nd = 0;
+    for (int i = 0; lead && i < L->nd; i++) {
+        dims[nd++] = L->lead[i];
+    }
+    if (ntail > 0) {
+        dims[nd++] = t0;
+    }
+    if (ntail > 1) {
+        dims[nd++] = t1;
+    }
+    return nd;
+}
+
+/* Checks a given argument has shape (lead..., tail...); `pattern` says
+ * it symbolically, e.g. "(..., T)". */
+static int expect_shape(const Arg *a, const Layout *L, int lead, int ntail,
+                        npy_intp t0, npy_intp t1, const char *pattern)
+{
+    npy_intp want[NPY_MAXDIMS + 2];
+    char got_s[SHAPE_BUF], want_s[SHAPE_BUF], ref_s[SHAPE_BUF];
+    if (a->arr == NULL) {
+        return 0;
+    }
+    int nd = layout_shape(L, lead, ntail, t0, t1, want);
+    if (PyArray_NDIM(a->arr) == nd &&
+        PyArray_CompareLists(PyArray_DIMS(a->arr), want, nd)) {
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "%s has shape %s; expected %s = %s to match %s with shape %s",
+                 a->name, SHAPE(got_s, a->arr), pattern,
+                 fmt_shape(want_s, SHAPE_BUF, nd, want), L->ref->name,
+                 SHAPE(ref_s, L->ref->arr));
+    return -1;
+}
+
+/* W (A, 2H), v (A,), b (A,) or None; sets L->d.A. */
+static int check_weights(const Arg *W, const Arg *v, const Arg *b, Layout *L)
+{
+    char got_s[SHAPE_BUF], ref_s[SHAPE_BUF];
+    if (PyArray_NDIM(W->arr) != 2 ||
+        PyArray_DIM(W->arr, 1) != 2 * L->d.H) {
+        PyErr_Format(PyExc_ValueError,
+                     "W has shape %s; expected (A, 2*H) = (A, %zd) for %s "
+                     "with shape %s (W has the layout of "
+                     "torch.nn.Linear(2*H, A).weight)",
+                     SHAPE(got_s, W->arr), (Py_ssize_t)(2 * L->d.H),
+                     L->ref->name, SHAPE(ref_s, L->ref->arr));
+        return -1;
+    }
+    L->d.A = PyArray_DIM(W->arr, 0);
+    Layout wl = *L;
+    wl.ref = W;
+    if (expect_shape(v, &wl, 0, 1, L->d.A, 0, "(A,)") < 0 ||
+        expect_shape(b, &wl, 0, 1, L->d.A, 0, "(A,)") < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The mask as a C-contiguous bool array of shape (lead..., T). */
+static int prepare_mask(Arg *m, const Layout *L)
+{
+    if (!GIVEN(m)) {
+        return 0;
+    }
+    m->arr = (PyArrayObject *)PyArray_FromAny(m->obj, NULL, 0, 0, 0, NULL);
+    if (m->arr == NULL) {
+        return -1;
+    }
+    if (PyArray_TYPE(m->arr) != NPY_BOOL) {
+        PyErr_Format(PyExc_TypeError,
+                     "mask must be a boolean array (True = valid item); got "
+                     "dtype %S (use mask.astype(bool))",
+                     (PyObject *)PyArray_DESCR(m->arr));
+        return -1;
+    }
+    if (expect_shape(m, L, 1, 1, L->d.T, 0, "(..., T)") < 0) {
+        return -1;
+    }
+    PyObject *c = PyArray_FromArray(m->arr, PyArray_DescrFromType(NPY_BOOL),
+                                    NPY_ARRAY_IN_ARRAY);
+    if (c == NULL) {
+        return -1;
+    }
+    Py_SETREF(m->arr, (PyArrayObject *)c);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Outputs, scratch, kernels
+ */
+
+/* A new array of shape (lead..., tail...) (lead = 0: tail only). */
+static PyObject *new_out(const Layout *L, int lead, int ntail, npy_intp t0,
+                         npy_intp t1, int typenum)
+{
+    npy_intp dims[NPY_MAXDIMS + 2];
+    int nd = layout_shape(L, lead, ntail, t0, t1, dims);
+    return PyArray_SimpleNew(nd, dims, typenum);
+}
+
+/* Scratch of `elems` elements of typenum; NULL with MemoryError set. */
+static void *new_work(ptrdiff_t elems, int typenum)
+{
+    size_t item = typenum == NPY_FLOAT ? sizeof(float) : sizeof(double);
+    if (elems < 0 || (size_t)elems > PY_SSIZE_T_MAX / item) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "attention_c: sizes too large for scratch memory");
+        return NULL;
+    }
+    void *p = PyMem_RawMalloc((size_t)elems * item + 1);
+    if (p == NULL) {
+        PyErr_NoMemory();
+    }
+    return p;
+}
+
+static int check_status(int st)
+{
+    if (st == ATT_OK) {
+        return 0;
+    }
+    PyErr_Format(PyExc_SystemError,
+                 "attention_c: a kernel rejected its sizes (status %d); "
+                 "this is a bug, please report it", st);
+    return -1;
+}
+
+/* Runs att_NAME_f32 or att_NAME_f64 without the GIL; sets st. */
+#define RUN(st, typenum, NAME, ...)                                          \
+    do {                                                                     \
+        Py_BEGIN_ALLOW_THREADS                                               \
+        st = (typenum) == NPY_FLOAT ? att_##NAME##_f32(__VA_ARGS__)          \
+                                    : att_##NAME##_f64(__VA_ARGS__);         \
+        Py_END_ALLOW_THREADS                                                 \
+    } while (0)
+
+#define N_ARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ---------------------------------------------------------------------
+ * mean_context(h, mask=None) -> c (..., H)
+ */
+static PyObject *py_mean_context(PyObject *self, PyObject *args,
+                                 PyObject *kw)
+{
+    static char *kwlist[] = {"h", "mask", NULL};
+    Arg a[] = {ARG("h"), ARG("mask")};
+    PyObject *c = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:mean_context", kwlist,
+                                     &a[0].obj, &a[1].obj) ||
+        prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
+        prepare_mask(&a[1], &L) < 0 ||
+        (c = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, mean_context, L.d, DATA(&a[0]), DATA(&a[1]), OUT(c));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return c;
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(c);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * mean_context_backward(grad_c, h, mask=None) -> dh (..., T, H)
+ */
+static PyObject *py_mean_context_backward(PyObject *self, PyObject *args,
+                                          PyObject *kw)
+{
+    static char *kwlist[] = {"grad_c", "h", "mask", NULL};
+    Arg a[] = {ARG("grad_c"), ARG("h"), ARG("mask")};
+    PyObject *dh = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:mean_context_backward",
+                                     kwlist, &a[0].obj, &a[1].obj,
+                                     &a[2].obj) ||
+        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
+        prepare_mask(&a[2], &L) < 0 ||
+        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, mean_context_backward, L.d, DATA(&a[0]), DATA(&a[2]),
+        OUT(dh));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return dh;
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(dh);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * additive_score(h, context, W, v, b=None) -> s (..., T)
+ */
+static PyObject *py_additive_score(PyObject *self, PyObject *args,
+                                   PyObject *kw)
+{
+    static char *kwlist[] = {"h", "context", "W", "v", "b", NULL};
+    Arg a[] = {ARG("h"), ARG("context"), ARG("W"), ARG("v"), ARG("b")};
+    PyObject *s = NULL;
+    void *work = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:additive_score",
+                                     kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
+                                     &a[3].obj, &a[4].obj) ||
+        prepare_floats(a, 5, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
+        expect_shape(&a[1], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
+        check_weights(&a[2], &a[3], &a[4], &L) < 0 ||
+        (s = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
+        (work = new_work(att_additive_score_workspace(L.d), tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, additive_score, L.d, DATA(&a[0]), DATA(&a[1]), DATA(&a[2]),
+        DATA(&a[3]), DATA(&a[4]), OUT(s), work);
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    return s;
+fail:
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    Py_XDECREF(s);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * additive_score_backward(grad_s, h, context, W, v, b=None)
+ *   -> (dh, dcontext, dW, dv, db or None)
+ */
+static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
+                                            PyObject *kw)
+{
+    static char *kwlist[] = {"grad_s", "h", "context", "W", "v", "b", NULL};
+    Arg a[] = {ARG("grad_s"), ARG("h"), ARG("context"), ARG("W"), ARG("v"),
+               ARG("b")};
+    PyObject *dh = NULL, *dctx = NULL, *dW = NULL, *dv = NULL, *db = NULL;
+    void *work = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "OOOOO|O:additive_score_backward", kwlist, &a[0].obj,
+            &a[1].obj, &a[2].obj, &a[3].obj, &a[4].obj, &a[5].obj) ||
+        prepare_floats(a, 6, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        expect_shape(&a[2], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
+        check_weights(&a[3], &a[4], &a[5], &L) < 0 ||
+        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL ||
+        (dctx = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
+        (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
+        (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
+        (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
+        (work = new_work(att_additive_score_backward_workspace(L.d), tn)) ==
+            NULL) {
+        goto fail;
+    }
+    RUN(st, tn, additive_score_backward, L.d, DATA(&a[0]), DATA(&a[1]),
+        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]), OUT(dh),
+        OUT(dctx), OUT(dW), OUT(dv), db ? OUT(db) : NULL, work);
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    return Py_BuildValue("(NNNNN)", dh, dctx, dW, dv,
+                         db ? db : Py_NewRef(Py_None));
+fail:
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    Py_XDECREF(dh);
+    Py_XDECREF(dctx);
+    Py_XDECREF(dW);
+    Py_XDECREF(dv);
+    Py_XDECREF(db);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * masked_softmax(scores, mask=None) -> alpha (..., T)
+ */
+static PyObject *py_masked_softmax(PyObject *self, PyObject *args,
+                                   PyObject *kw)
+{
+    static char *kwlist[] = {"scores", "mask", NULL};
+    Arg a[] = {ARG("scores"), ARG("mask")};
+    PyObject *alpha = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:masked_softmax", kwlist,
+                                     &a[0].obj, &a[1].obj) ||
+        prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 1, &L) < 0 ||
+        prepare_mask(&a[1], &L) < 0 ||
+        (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, masked_softmax, L.d, DATA(&a[0]), DATA(&a[1]), OUT(alpha));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return alpha;
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(alpha);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * masked_softmax_backward(grad_alpha, alpha) -> dscores (..., T)
+ */
+static PyObject *py_masked_softmax_backward(PyObject *self, PyObject *args,
+                                            PyObject *kw)
+{
+    static char *kwlist[] = {"grad_alpha", "alpha", NULL};
+    Arg a[] = {ARG("grad_alpha"), ARG("alpha")};
+    PyObject *ds = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:masked_softmax_backward",
+                                     kwlist, &a[0].obj, &a[1].obj) ||
+        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 1, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        (ds = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, masked_softmax_backward, L.d, DATA(&a[0]), DATA(&a[1]),
+        OUT(ds));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return ds;
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(ds);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * weighted_sum(alpha, h) -> out (..., H)
+ */
+static PyObject *py_weighted_sum(PyObject *self, PyObject *args,
+                                 PyObject *kw)
+{
+    static char *kwlist[] = {"alpha", "h", NULL};
+    Arg a[] = {ARG("alpha"), ARG("h")};
+    PyObject *out = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:weighted_sum", kwlist,
+                                     &a[0].obj, &a[1].obj) ||
+        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, weighted_sum, L.d, DATA(&a[0]), DATA(&a[1]), OUT(out));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return out;
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * weighted_sum_backward(grad_out, alpha, h) -> (dalpha, dh)
+ */
+static PyObject *py_weighted_sum_backward(PyObject *self, PyObject *args,
+                                          PyObject *kw)
+{
+    static char *kwlist[] = {"grad_out", "alpha", "h", NULL};
+    Arg a[] = {ARG("grad_out"), ARG("alpha"), ARG("h")};
+    PyObject *dalpha = NULL, *dh = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:weighted_sum_backward",
+                                     kwlist, &a[0].obj, &a[1].obj,
+                                     &a[2].obj) ||
+        prepare_floats(a, 3, &tn) < 0 || read_layout(&a[2], 2, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
+        expect_shape(&a[1], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        (dalpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
+        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, weighted_sum_backward, L.d, DATA(&a[0]), DATA(&a[1]),
+        DATA(&a[2]), OUT(dalpha), OUT(dh));
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    release(a, N_ARGS(a));
+    return Py_BuildValue("(NN)", dalpha, dh);
+fail:
+    release(a, N_ARGS(a));
+    Py_XDECREF(dalpha);
+    Py_XDECREF(dh);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * context_attention(h, W, v, b=None, mask=None) -> (out, alpha)
+ */
+static PyObject *py_context_attention(PyObject *self, PyObject *args,
+                                      PyObject *kw)
+{
+    static char *kwlist[] = {"h", "W", "v", "b", "mask", NULL};
+    Arg a[] = {ARG("h"), ARG("W"), ARG("v"), ARG("b"), ARG("mask")};
+    PyObject *out = NULL, *alpha = NULL;
+    void *work = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO:context_attention",
+                                     kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
+                                     &a[3].obj, &a[4].obj) ||
+        prepare_floats(a, 4, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
+        check_weights(&a[1], &a[2], &a[3], &L) < 0 ||
+        prepare_mask(&a[4], &L) < 0 ||
+        (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
+        (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
+        (work = new_work(att_context_attention_workspace(L.d), tn)) ==
+            NULL) {
+        goto fail;
+    }
+    RUN(st, tn, context_attention, L.d, DATA(&a[0]), DATA(&a[1]),
+        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha), work);
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    return Py_BuildValue("(NN)", out, alpha);
+fail:
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    Py_XDECREF(out);
+    Py_XDECREF(alpha);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
+ *                            grad_alpha=None) -> (dh, dW, dv, db or None)
+ */
+static PyObject *py_context_attention_backward(PyObject *self,
+                                               PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"grad_out", "h", "W", "v", "alpha", "b",
+                             "mask", "grad_alpha", NULL};
+    /* the floating arguments first, the mask last */
+    Arg a[] = {ARG("grad_out"), ARG("h"), ARG("W"), ARG("v"), ARG("alpha"),
+               ARG("b"), ARG("grad_alpha"), ARG("mask")};
+    PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
+    void *work = NULL;
+    Layout L;
+    int tn, st = ATT_OK;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "OOOOO|OOO:context_attention_backward", kwlist,
+            &a[0].obj, &a[1].obj, &a[2].obj, &a[3].obj, &a[4].obj,
+            &a[5].obj, &a[7].obj, &a[6].obj) ||
+        prepare_floats(a, 7, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
+        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
+        expect_shape(&a[4], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        expect_shape(&a[6], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
+        check_weights(&a[2], &a[3], &a[5], &L) < 0 ||
+        prepare_mask(&a[7], &L) < 0 ||
+        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL ||
+        (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
+        (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
+        (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
+        (work = new_work(att_context_attention_backward_workspace(L.d),
+                         tn)) == NULL) {
+        goto fail;
+    }
+    RUN(st, tn, context_attention_backward, L.d, DATA(&a[0]), DATA(&a[1]),
+        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]), DATA(&a[7]),
+        DATA(&a[6]), OUT(dh), OUT(dW), OUT(dv), db ? OUT(db) : NULL, work);
+    if (check_status(st) < 0) {
+        goto fail;
+    }
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    return Py_BuildValue("(NNNN)", dh, dW, dv, db ? db : Py_NewRef(Py_None));
+fail:
+    PyMem_RawFree(work);
+    release(a, N_ARGS(a));
+    Py_XDECREF(dh);
+    Py_XDECREF(dW);
+    Py_XDECREF(dv);
+    Py_XDECREF(db);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * The module
+ */
+
+#define METHOD(name)                                                         \
+    {#name, (PyCFunction)(void (*)(void))py_##name,                          \
+     METH_VARARGS | METH_KEYWORDS, NULL}
+
+static PyMethodDef methods[] = {
+    METHOD(mean_context),
+    METHOD(mean_context_backward),
+    METHOD(additive_score),
+    METHOD(additive_score_backward),
+    METHOD(masked_softmax),
+    METHOD(masked_softmax_backward),
+    METHOD(weighted_sum),
+    METHOD(weighted_sum_backward),
+    METHOD(context_attention),
+    METHOD(context_attention_backward),
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "attention_c._core",
+    .m_doc = "C kernels of attention_c; use the functions of attention_c.",
+    .m_size = 0,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    import_array();
+    return PyModule_Create(&module);
+}

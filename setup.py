@@ -1,0 +1,26 @@
+"""Build of the C extension attention_c._core (metadata: pyproject.toml)."""
+
+import sys
+
+import numpy as np
+from setuptools import Extension, setup
+
+if sys.platform == "win32":
+    compile_args = ["/O2"]
+else:
+    # -O3 but no -march=native: the wheel must run on any x86-64 (or other)
+    # CPU; faster instruction sets are chosen at run time, not build time.
+    compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra",
+                    "-fno-strict-aliasing"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "attention_c._core",
+            sources=["csrc/binding.c", "csrc/kernels.c"],
+            depends=["csrc/attention.h", "csrc/kernels_impl.h"],
+            include_dirs=["csrc", np.get_include()],
+            extra_compile_args=compile_args,
+        )
+    ],
+)
