@@ -17,8 +17,10 @@ setup(
     ext_modules=[
         Extension(
             "attention_c._core",
-            sources=["csrc/binding.c", "csrc/kernels.c"],
-            depends=["csrc/attention.h", "csrc/kernels_impl.h"],
+            sources=["csrc/binding.c", "csrc/kernels.c",
+                     "csrc/fast_avx2.c", "csrc/fast_avx512.c"],
+            depends=["csrc/attention.h", "csrc/kernels_impl.h",
+                     "csrc/fast.h", "csrc/fast_impl.h"],
             include_dirs=["csrc", np.get_include()],
             extra_compile_args=compile_args,
         )

@@ -20,8 +20,11 @@
  *     padding cannot reach any output.  A row with no valid item gives
  *     c = 0, alpha = 0, out = 0 and zero gradients.
  *   - The bias b (and its gradient db) may be NULL.
- *   - Kernels never allocate.  Those that need scratch take `work`, an
- *     aligned buffer of at least *_workspace(dims) elements of their type.
+ *   - Kernels never allocate.  Those that need scratch take `work`, a
+ *     buffer of at least *_workspace(d, simd) bytes, aligned for the type;
+ *     a workspace function returns -1 when the byte count overflows.
+ *   - The fused kernels take `simd` (enum att_simd), which must be at most
+ *     att_simd_best(); every path gives the same results within rounding.
  *   - Kernels write every element of their outputs (parameter gradients
  *     are zeroed, then summed over the batch), never print, never abort,
  *     keep no state, and return ATT_OK or ATT_EINVAL (bad sizes).
@@ -41,22 +44,31 @@ enum att_status {
     ATT_EINVAL = -1   /* a size is negative or T < 1 */
 };
 
+/* Instruction sets of the fused kernels, chosen at run time. */
+enum att_simd {
+    ATT_SIMD_SCALAR = 0,   /* portable C, the reference path */
+    ATT_SIMD_AVX2 = 1,     /* AVX2 + FMA */
+    ATT_SIMD_AVX512 = 2    /* AVX-512 F, DQ, BW, VL */
+};
+
+/* The widest instruction set this CPU (and OS) runs. */
+int att_simd_best(void);
+
 /* B sequences of T items with H features; A hidden units in the score. */
 typedef struct {
     ptrdiff_t B, T, H, A;
 } att_dims;
-
-/* Scratch sizes in elements (not bytes); -1 when the count overflows. */
-ptrdiff_t att_additive_score_workspace(att_dims d);
-ptrdiff_t att_additive_score_backward_workspace(att_dims d);
-ptrdiff_t att_context_attention_workspace(att_dims d);
-ptrdiff_t att_context_attention_backward_workspace(att_dims d);
 
 /*
  * The kernels, once per dtype: suffix _f32 takes float, _f64 double.
  * Shapes are given as (B, T, H) etc. in the comments of kernels_impl.h.
  */
 #define ATT_DECLARE(R, SFX)                                                  \
+    ptrdiff_t att_additive_score_workspace_##SFX(att_dims d);                \
+    ptrdiff_t att_additive_score_backward_workspace_##SFX(att_dims d);       \
+    ptrdiff_t att_context_attention_workspace_##SFX(att_dims d, int simd);   \
+    ptrdiff_t att_context_attention_backward_workspace_##SFX(att_dims d,     \
+                                                             int simd);      \
     int att_mean_context_##SFX(att_dims d, const R *h,                       \
                                const unsigned char *mask, R *c);             \
     int att_mean_context_backward_##SFX(att_dims d, const R *grad_c,         \
@@ -77,14 +89,15 @@ ptrdiff_t att_context_attention_backward_workspace(att_dims d);
     int att_weighted_sum_backward_##SFX(att_dims d, const R *grad_out,       \
                                         const R *alpha, const R *h,          \
                                         R *dalpha, R *dh);                   \
-    int att_context_attention_##SFX(att_dims d, const R *h, const R *W,      \
-                                    const R *v, const R *b,                  \
+    int att_context_attention_##SFX(att_dims d, int simd, const R *h,        \
+                                    const R *W, const R *v, const R *b,      \
                                     const unsigned char *mask, R *out,       \
-                                    R *alpha, R *work);                      \
+                                    R *alpha, void *work);                   \
     int att_context_attention_backward_##SFX(                                \
-        att_dims d, const R *grad_out, const R *h, const R *W, const R *v,   \
-        const R *alpha, const R *b, const unsigned char *mask,               \
-        const R *grad_alpha, R *dh, R *dW, R *dv, R *db, R *work);
+        att_dims d, int simd, const R *grad_out, const R *h, const R *W,     \
+        const R *v, const R *alpha, const R *b, const unsigned char *mask,   \
+        const R *grad_alpha, R *dh, R *dW, R *dv, R *db, void *work);       \
+    int att_tanh_##SFX(int simd, ptrdiff_t n, const R *x, R *y);
 
 ATT_DECLARE(float, f32)
 ATT_DECLARE(double, f64)

@@ -274,16 +274,16 @@ static PyObject *new_out(const Layout *L, int lead, int ntail, npy_intp t0,
     return PyArray_SimpleNew(nd, dims, typenum);
 }
 
-/* Scratch of `elems` elements of typenum; NULL with MemoryError set. */
-static void *new_work(ptrdiff_t elems, int typenum)
+/* Scratch of `bytes` bytes (-1: the count overflowed); NULL with
+ * MemoryError set. */
+static void *new_work(ptrdiff_t bytes)
 {
-    size_t item = typenum == NPY_FLOAT ? sizeof(float) : sizeof(double);
-    if (elems < 0 || (size_t)elems > PY_SSIZE_T_MAX / item) {
+    if (bytes < 0) {
         PyErr_SetString(PyExc_MemoryError,
                         "attention_c: sizes too large for scratch memory");
         return NULL;
     }
-    void *p = PyMem_RawMalloc((size_t)elems * item + 1);
+    void *p = PyMem_RawMalloc((size_t)bytes + 1);
     if (p == NULL) {
         PyErr_NoMemory();
     }
@@ -310,7 +310,18 @@ static int check_status(int st)
         Py_END_ALLOW_THREADS                                                 \
     } while (0)
 
+/* Bytes of scratch att_NAME needs for the computing dtype. */
+#define WORKSPACE(typenum, NAME, ...)                                        \
+    ((typenum) == NPY_FLOAT ? att_##NAME##_workspace_f32(__VA_ARGS__)        \
+                            : att_##NAME##_workspace_f64(__VA_ARGS__))
+
 #define N_ARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The instruction set of the fused kernels (enum att_simd): the best the
+ * CPU has, unless _set_simd (ATTENTION_C_SIMD) chose another.  Read and
+ * written with the GIL held. */
+static int simd_level = ATT_SIMD_SCALAR;
+static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
 /* ---------------------------------------------------------------------
  * mean_context(h, mask=None) -> c (..., H)
@@ -397,7 +408,7 @@ static PyObject *py_additive_score(PyObject *self, PyObject *args,
         expect_shape(&a[1], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         check_weights(&a[2], &a[3], &a[4], &L) < 0 ||
         (s = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
-        (work = new_work(att_additive_score_workspace(L.d), tn)) == NULL) {
+        (work = new_work(WORKSPACE(tn, additive_score, L.d))) == NULL) {
         goto fail;
     }
     RUN(st, tn, additive_score, L.d, DATA(&a[0]), DATA(&a[1]), DATA(&a[2]),
@@ -442,7 +453,7 @@ static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
         (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
         (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
         (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
-        (work = new_work(att_additive_score_backward_workspace(L.d), tn)) ==
+        (work = new_work(WORKSPACE(tn, additive_score_backward, L.d))) ==
             NULL) {
         goto fail;
     }
@@ -608,7 +619,7 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
     PyObject *out = NULL, *alpha = NULL;
     void *work = NULL;
     Layout L;
-    int tn, st = ATT_OK;
+    int tn, st = ATT_OK, simd = simd_level;
     (void)self;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO:context_attention",
                                      kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
@@ -618,11 +629,11 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
         prepare_mask(&a[4], &L) < 0 ||
         (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
         (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
-        (work = new_work(att_context_attention_workspace(L.d), tn)) ==
+        (work = new_work(WORKSPACE(tn, context_attention, L.d, simd))) ==
             NULL) {
         goto fail;
     }
-    RUN(st, tn, context_attention, L.d, DATA(&a[0]), DATA(&a[1]),
+    RUN(st, tn, context_attention, L.d, simd, DATA(&a[0]), DATA(&a[1]),
         DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha), work);
     if (check_status(st) < 0) {
         goto fail;
@@ -653,7 +664,7 @@ static PyObject *py_context_attention_backward(PyObject *self,
     PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
     void *work = NULL;
     Layout L;
-    int tn, st = ATT_OK;
+    int tn, st = ATT_OK, simd = simd_level;
     (void)self;
     if (!PyArg_ParseTupleAndKeywords(
             args, kw, "OOOOO|OOO:context_attention_backward", kwlist,
@@ -669,11 +680,12 @@ static PyObject *py_context_attention_backward(PyObject *self,
         (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
         (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
         (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
-        (work = new_work(att_context_attention_backward_workspace(L.d),
-                         tn)) == NULL) {
+        (work = new_work(WORKSPACE(tn, context_attention_backward, L.d,
+                                   simd))) == NULL) {
         goto fail;
     }
-    RUN(st, tn, context_attention_backward, L.d, DATA(&a[0]), DATA(&a[1]),
+    RUN(st, tn, context_attention_backward, L.d, simd, DATA(&a[0]),
+        DATA(&a[1]),
         DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]), DATA(&a[7]),
         DATA(&a[6]), OUT(dh), OUT(dW), OUT(dv), db ? OUT(db) : NULL, work);
     if (check_status(st) < 0) {
@@ -690,6 +702,97 @@ fail:
     Py_XDECREF(dv);
     Py_XDECREF(db);
     return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * Private: the instruction set, and the vector tanh for the tests
+ */
+
+static int simd_from_name(PyObject *name)
+{
+    for (int i = 0; i < 3; i++) {
+        if (PyUnicode_Check(name) &&
+            PyUnicode_CompareWithASCIIString(name, simd_names[i]) == 0) {
+            return i;
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "unknown SIMD path %R; expected 'scalar', 'avx2' or "
+                 "'avx512'", name);
+    return -1;
+}
+
+static PyObject *py_simd_best(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(simd_names[att_simd_best()]);
+}
+
+static PyObject *py_get_simd(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(simd_names[simd_level]);
+}
+
+static PyObject *py_set_simd(PyObject *self, PyObject *name)
+{
+    (void)self;
+    int level = simd_from_name(name);
+    if (level < 0) {
+        return NULL;
+    }
+    if (level > att_simd_best()) {
+        PyErr_Format(PyExc_ValueError,
+                     "this CPU cannot run the %s path; the best it has is %s",
+                     simd_names[level], simd_names[att_simd_best()]);
+        return NULL;
+    }
+    simd_level = level;
+    Py_RETURN_NONE;
+}
+
+/* _tanh(x, simd): tanh of a float32 or float64 array by a given path. */
+static PyObject *py_tanh(PyObject *self, PyObject *args)
+{
+    PyObject *obj, *name, *y = NULL;
+    PyArrayObject *x = NULL;
+    int st = ATT_OK, level;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OU:_tanh", &obj, &name) ||
+        (level = simd_from_name(name)) < 0) {
+        return NULL;
+    }
+    if (level > att_simd_best()) {
+        return PyErr_Format(PyExc_ValueError, "this CPU cannot run %s",
+                            simd_names[level]);
+    }
+    x = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, NPY_ARRAY_IN_ARRAY,
+                                         NULL);
+    if (x == NULL) {
+        return NULL;
+    }
+    int tn = PyArray_TYPE(x);
+    if (tn != NPY_FLOAT && tn != NPY_DOUBLE) {
+        PyErr_SetString(PyExc_TypeError, "_tanh takes float32 or float64");
+        goto done;
+    }
+    y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), tn);
+    if (y == NULL) {
+        goto done;
+    }
+    npy_intp n = PyArray_SIZE(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = tn == NPY_FLOAT ? att_tanh_f32(level, n, PyArray_DATA(x), OUT(y))
+                         : att_tanh_f64(level, n, PyArray_DATA(x), OUT(y));
+    Py_END_ALLOW_THREADS
+    if (check_status(st) < 0) {
+        Py_CLEAR(y);
+    }
+done:
+    Py_DECREF(x);
+    return y;
 }
 
 /* ---------------------------------------------------------------------
@@ -711,6 +814,14 @@ static PyMethodDef methods[] = {
     METHOD(weighted_sum_backward),
     METHOD(context_attention),
     METHOD(context_attention_backward),
+    {"_simd_best", py_simd_best, METH_NOARGS,
+     "Name of the widest SIMD path this CPU runs."},
+    {"_get_simd", py_get_simd, METH_NOARGS,
+     "Name of the SIMD path the fused kernels use."},
+    {"_set_simd", py_set_simd, METH_O,
+     "Choose the SIMD path: 'scalar', 'avx2' or 'avx512'."},
+    {"_tanh", py_tanh, METH_VARARGS,
+     "_tanh(x, simd): tanh of a float32/float64 array by one path."},
     {NULL, NULL, 0, NULL}
 };
 
@@ -725,5 +836,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
+    simd_level = att_simd_best();
     return PyModule_Create(&module);
 }

@@ -1,11 +1,35 @@
 /*
- * kernels.c - instantiates kernels_impl.h for float and double, and the
- * scratch sizes they share.  Plain C11 with libm; no Python here.
+ * kernels.c - instantiates kernels_impl.h for float and double, and picks
+ * the instruction set of the fused kernels.  Plain C11 with libm; no
+ * Python here.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "attention.h"
+#include "fast.h"
+
+#ifndef ATT_HAVE_X86
+#define ATT_HAVE_X86 0
+#endif
+
+int att_simd_best(void)
+{
+#if ATT_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+    /* libgcc's check includes the OS saving the wide registers (XGETBV) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl")) {
+        return ATT_SIMD_AVX512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return ATT_SIMD_AVX2;
+    }
+#endif
+    return ATT_SIMD_SCALAR;
+}
 
 /* Every kernel checks its sizes first: nonnegative, at least one item. */
 static int dims_ok(att_dims d)
@@ -13,11 +37,18 @@ static int dims_ok(att_dims d)
     return d.B >= 0 && d.T >= 1 && d.H >= 0 && d.A >= 0;
 }
 
-/* Sum of the scratch parts below; -1 when a count would overflow. */
-static ptrdiff_t workspace(att_dims d, ptrdiff_t n_h, ptrdiff_t n_a,
-                           ptrdiff_t n_t)
+static int simd_ok(int simd)
 {
-    /* n_h vectors of H, n_a of A, n_t of T, and WT (2H, A) */
+    return simd == ATT_SIMD_SCALAR ||
+           (ATT_HAVE_X86 && (simd == ATT_SIMD_AVX2 ||
+                             simd == ATT_SIMD_AVX512));
+}
+
+/* Elements of the scalar path's scratch: WT (2H, A), n_h vectors of H,
+ * n_a of A and n_t of T; -1 when a count would overflow. */
+static ptrdiff_t workspace_elems(att_dims d, ptrdiff_t n_h, ptrdiff_t n_a,
+                                 ptrdiff_t n_t)
+{
     if (!dims_ok(d) || d.H > PTRDIFF_MAX / 4 || d.A > PTRDIFF_MAX / 4 ||
         d.T > PTRDIFF_MAX / 4) {
         return -1;
@@ -29,43 +60,40 @@ static ptrdiff_t workspace(att_dims d, ptrdiff_t n_h, ptrdiff_t n_a,
     return rest > PTRDIFF_MAX - wt ? -1 : wt + rest;
 }
 
-ptrdiff_t att_additive_score_workspace(att_dims d)
+/* A fast path's byte count (0 = overflow) as a workspace result. */
+static ptrdiff_t fast_bytes(size_t bytes)
 {
-    return workspace(d, 0, 2, 0);             /* WT | q z */
+    return bytes == 0 || bytes > (size_t)PTRDIFF_MAX ? -1
+                                                     : (ptrdiff_t)bytes;
 }
 
-ptrdiff_t att_additive_score_backward_workspace(att_dims d)
-{
-    return workspace(d, 0, 4, 0);             /* WT | q z eps E */
-}
-
-ptrdiff_t att_context_attention_workspace(att_dims d)
-{
-    return workspace(d, 1, 2, 0);             /* WT | c | q z */
-}
-
-ptrdiff_t att_context_attention_backward_workspace(att_dims d)
-{
-    return workspace(d, 2, 4, 2);             /* WT | c dc | q z eps E |
-                                                 gamma ds */
-}
+/* name_<type>_avx512 or name_<type>_avx2, for the type TSFX. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define FAST(simd, name)                                                     \
+    ((simd) == ATT_SIMD_AVX512 ? CAT(CAT(name##_, TSFX), _avx512)            \
+                               : CAT(CAT(name##_, TSFX), _avx2))
 
 #define REAL float
 #define SFX(name) name##_f32
+#define TSFX f32
 #define TANH tanhf
 #define EXP expf
 #include "kernels_impl.h"
 #undef REAL
 #undef SFX
+#undef TSFX
 #undef TANH
 #undef EXP
 
 #define REAL double
 #define SFX(name) name##_f64
+#define TSFX f64
 #define TANH tanh
 #define EXP exp
 #include "kernels_impl.h"
 #undef REAL
 #undef SFX
+#undef TSFX
 #undef TANH
 #undef EXP

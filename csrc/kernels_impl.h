@@ -416,10 +416,11 @@ int SFX(att_weighted_sum_backward)(att_dims d, const REAL *grad_out,
  */
 
 /* out (B, H), alpha (B, T) of the whole layer on h (B, T, H). */
-int SFX(att_context_attention)(att_dims d, const REAL *h, const REAL *W,
-                               const REAL *v, const REAL *b,
-                               const unsigned char *mask, REAL *out,
-                               REAL *alpha, REAL *work)
+static int SFX(scalar_context_attention)(att_dims d, const REAL *h,
+                                         const REAL *W, const REAL *v,
+                                         const REAL *b,
+                                         const unsigned char *mask,
+                                         REAL *out, REAL *alpha, REAL *work)
 {
     if (!dims_ok(d)) {
         return ATT_EINVAL;
@@ -451,14 +452,11 @@ int SFX(att_context_attention)(att_dims d, const REAL *h, const REAL *W,
  * dv (A), db (A) or NULL summed over the batch.  Each step undoes the
  * forward step of the same number, in reverse order.
  */
-int SFX(att_context_attention_backward)(att_dims d, const REAL *grad_out,
-                                        const REAL *h, const REAL *W,
-                                        const REAL *v, const REAL *alpha,
-                                        const REAL *b,
-                                        const unsigned char *mask,
-                                        const REAL *grad_alpha, REAL *dh,
-                                        REAL *dW, REAL *dv, REAL *db,
-                                        REAL *work)
+static int SFX(scalar_context_attention_backward)(
+    att_dims d, const REAL *grad_out, const REAL *h, const REAL *W,
+    const REAL *v, const REAL *alpha, const REAL *b,
+    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
+    REAL *dv, REAL *db, REAL *work)
 {
     if (!dims_ok(d)) {
         return ATT_EINVAL;
@@ -514,6 +512,110 @@ int SFX(att_context_attention_backward)(att_dims d, const REAL *grad_out,
                 }
             }
         }
+    }
+    return ATT_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Dispatch of the fused kernels to the instruction set asked for
+ */
+
+/* Scratch in bytes of the scalar path: WT (2H, A) plus n_h vectors of H,
+ * n_a of A, n_t of T; -1 on overflow. */
+static ptrdiff_t SFX(scalar_workspace)(att_dims d, ptrdiff_t n_h,
+                                       ptrdiff_t n_a, ptrdiff_t n_t)
+{
+    ptrdiff_t elems = workspace_elems(d, n_h, n_a, n_t);
+    if (elems < 0 || elems > PTRDIFF_MAX / (ptrdiff_t)sizeof(REAL)) {
+        return -1;
+    }
+    return elems * (ptrdiff_t)sizeof(REAL);
+}
+
+ptrdiff_t SFX(att_additive_score_workspace)(att_dims d)
+{
+    return SFX(scalar_workspace)(d, 0, 2, 0);      /* WT | q z */
+}
+
+ptrdiff_t SFX(att_additive_score_backward_workspace)(att_dims d)
+{
+    return SFX(scalar_workspace)(d, 0, 4, 0);      /* WT | q z eps E */
+}
+
+ptrdiff_t SFX(att_context_attention_workspace)(att_dims d, int simd)
+{
+#if ATT_HAVE_X86
+    if (simd != ATT_SIMD_SCALAR) {
+        return fast_bytes(FAST(simd, att_fast_workspace)(d, 0));
+    }
+#endif
+    return SFX(scalar_workspace)(d, 1, 2, 0);      /* WT | c | q z */
+}
+
+ptrdiff_t SFX(att_context_attention_backward_workspace)(att_dims d, int simd)
+{
+#if ATT_HAVE_X86
+    if (simd != ATT_SIMD_SCALAR) {
+        return fast_bytes(FAST(simd, att_fast_workspace)(d, 1));
+    }
+#endif
+    return SFX(scalar_workspace)(d, 2, 4, 2);      /* WT | c dc |
+                                                      q z eps E | gamma ds */
+}
+
+int SFX(att_context_attention)(att_dims d, int simd, const REAL *h,
+                               const REAL *W, const REAL *v, const REAL *b,
+                               const unsigned char *mask, REAL *out,
+                               REAL *alpha, void *work)
+{
+    if (!dims_ok(d) || !simd_ok(simd)) {
+        return ATT_EINVAL;
+    }
+#if ATT_HAVE_X86
+    if (simd != ATT_SIMD_SCALAR) {
+        return FAST(simd, att_fast_context_attention)(d, h, W, v, b, mask,
+                                                      out, alpha, work);
+    }
+#endif
+    return SFX(scalar_context_attention)(d, h, W, v, b, mask, out, alpha,
+                                         work);
+}
+
+int SFX(att_context_attention_backward)(
+    att_dims d, int simd, const REAL *grad_out, const REAL *h, const REAL *W,
+    const REAL *v, const REAL *alpha, const REAL *b,
+    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
+    REAL *dv, REAL *db, void *work)
+{
+    if (!dims_ok(d) || !simd_ok(simd)) {
+        return ATT_EINVAL;
+    }
+#if ATT_HAVE_X86
+    if (simd != ATT_SIMD_SCALAR) {
+        return FAST(simd, att_fast_context_attention_backward)(
+            d, grad_out, h, W, v, alpha, b, mask, grad_alpha, dh, dW, dv, db,
+            work);
+    }
+#endif
+    return SFX(scalar_context_attention_backward)(
+        d, grad_out, h, W, v, alpha, b, mask, grad_alpha, dh, dW, dv, db,
+        work);
+}
+
+/* y = tanh(x) elementwise with the given path's tanh (for the tests). */
+int SFX(att_tanh)(int simd, ptrdiff_t n, const REAL *x, REAL *y)
+{
+    if (n < 0 || !simd_ok(simd)) {
+        return ATT_EINVAL;
+    }
+#if ATT_HAVE_X86
+    if (simd != ATT_SIMD_SCALAR) {
+        FAST(simd, att_fast_tanh)(n, x, y);
+        return ATT_OK;
+    }
+#endif
+    for (ptrdiff_t i = 0; i < n; i++) {
+        y[i] = TANH(x[i]);
     }
     return ATT_OK;
 }

@@ -1,0 +1,153 @@
+/*
+ * fast_avx2.c - the blocked path (fast_impl.h) for AVX2 with FMA (Haswell
+ * and later).  Compiled for that target by the pragmas below; called only
+ * when the CPU has it.  Micro-tile: 6 rows x 2 vectors (12 accumulators
+ * of the 16 registers).
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), \
+                             apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+#include "fast.h"
+
+#define MR 6
+
+static inline float hsum_ps(__m256 x)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x),
+                          _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline double hsum_pd(__m256d x)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(x),
+                           _mm256_extractf128_pd(x, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* x 2^n for integral n in [-126, 127] (NaN n: a NaN x makes it NaN). */
+static inline __m256 scale_ps(__m256 x, __m256 n)
+{
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                 _mm256_set1_epi32(127));
+    return _mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
+/* x 2^n for integral n in [-1022, 1023]: adding 1.5 2^52 puts n in the
+ * low bits of the mantissa, a 64-bit integer conversion AVX2 lacks. */
+static inline __m256d scale_pd(__m256d x, __m256d n)
+{
+    const __m256d magic = _mm256_set1_pd(6755399441055744.0);
+    __m256i i = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(n, magic)),
+                                 _mm256_castpd_si256(magic));
+    __m256i e = _mm256_add_epi64(i, _mm256_set1_epi64x(1023));
+    return _mm256_mul_pd(x, _mm256_castsi256_pd(_mm256_slli_epi64(e, 52)));
+}
+
+/* ---- float: 8 lanes ---- */
+#define REAL float
+#define FSFX(name) name##_f32_avx2
+#define VEC __m256
+#define VLEN 8
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(x) _mm256_set1_ps(x)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, x) _mm256_storeu_ps(p, x)
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VDIV _mm256_div_ps
+#define VFMA _mm256_fmadd_ps
+#define VMAX _mm256_max_ps
+#define VAND _mm256_and_ps
+#define VREDUCE hsum_ps
+#define VROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | \
+                                     _MM_FROUND_NO_EXC)
+#define VSCALE scale_ps
+#define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
+#define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
+    _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
+#define EXPM1_DEGREE 8
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860676533018e-06f
+#define TANH_CLAMP 40.0f
+#define EXP_MIN -87.0f
+#include "fast_impl.h"
+#undef REAL
+#undef FSFX
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VSET1
+#undef VLOAD
+#undef VSTORE
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VFMA
+#undef VMAX
+#undef VAND
+#undef VREDUCE
+#undef VROUND
+#undef VSCALE
+#undef VABS
+#undef VCOPYSIGN
+#undef EXPM1_DEGREE
+#undef LN2_HI
+#undef LN2_LO
+#undef TANH_CLAMP
+#undef EXP_MIN
+
+/* ---- double: 4 lanes ---- */
+#define REAL double
+#define FSFX(name) name##_f64_avx2
+#define VEC __m256d
+#define VLEN 4
+#define VZERO() _mm256_setzero_pd()
+#define VSET1(x) _mm256_set1_pd(x)
+#define VLOAD(p) _mm256_loadu_pd(p)
+#define VSTORE(p, x) _mm256_storeu_pd(p, x)
+#define VADD _mm256_add_pd
+#define VSUB _mm256_sub_pd
+#define VMUL _mm256_mul_pd
+#define VDIV _mm256_div_pd
+#define VFMA _mm256_fmadd_pd
+#define VMAX _mm256_max_pd
+#define VAND _mm256_and_pd
+#define VREDUCE hsum_pd
+#define VROUND(x) _mm256_round_pd(x, _MM_FROUND_TO_NEAREST_INT | \
+                                     _MM_FROUND_NO_EXC)
+#define VSCALE scale_pd
+#define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
+#define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
+    _mm256_and_pd(_mm256_set1_pd(-0.0), s))
+#define EXPM1_DEGREE 13
+#define LN2_HI 6.93147180369123816490e-01
+#define LN2_LO 1.90821492927058770002e-10
+#define TANH_CLAMP 80.0
+#define EXP_MIN -708.0
+#include "fast_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+#endif /* x86-64 */

@@ -1,0 +1,118 @@
+/*
+ * fast_avx512.c - the blocked path (fast_impl.h) for AVX-512 (F, DQ, BW,
+ * VL: Skylake-SP and later).  Compiled for that target by the pragmas
+ * below, whatever the build's flags; called only when the CPU has it.
+ * Micro-tile: 12 rows x 2 vectors (24 accumulators of the 32 registers).
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target( \
+    "avx512f,avx512dq,avx512bw,avx512vl,fma"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+#include "fast.h"
+
+#define MR 12
+
+/* ---- float: 16 lanes ---- */
+#define REAL float
+#define FSFX(name) name##_f32_avx512
+#define VEC __m512
+#define VLEN 16
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(x) _mm512_set1_ps(x)
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, x) _mm512_storeu_ps(p, x)
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VFMA _mm512_fmadd_ps
+#define VMAX _mm512_max_ps
+#define VAND _mm512_and_ps
+#define VREDUCE _mm512_reduce_add_ps
+#define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | \
+                                          _MM_FROUND_NO_EXC)
+#define VSCALE _mm512_scalef_ps
+#define VABS _mm512_abs_ps
+#define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
+    s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
+#define EXPM1_DEGREE 8
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860676533018e-06f
+#define TANH_CLAMP 40.0f
+#define EXP_MIN -87.0f
+#include "fast_impl.h"
+#undef REAL
+#undef FSFX
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VSET1
+#undef VLOAD
+#undef VSTORE
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VFMA
+#undef VMAX
+#undef VAND
+#undef VREDUCE
+#undef VROUND
+#undef VSCALE
+#undef VABS
+#undef VCOPYSIGN
+#undef EXPM1_DEGREE
+#undef LN2_HI
+#undef LN2_LO
+#undef TANH_CLAMP
+#undef EXP_MIN
+
+/* ---- double: 8 lanes ---- */
+#define REAL double
+#define FSFX(name) name##_f64_avx512
+#define VEC __m512d
+#define VLEN 8
+#define VZERO() _mm512_setzero_pd()
+#define VSET1(x) _mm512_set1_pd(x)
+#define VLOAD(p) _mm512_loadu_pd(p)
+#define VSTORE(p, x) _mm512_storeu_pd(p, x)
+#define VADD _mm512_add_pd
+#define VSUB _mm512_sub_pd
+#define VMUL _mm512_mul_pd
+#define VDIV _mm512_div_pd
+#define VFMA _mm512_fmadd_pd
+#define VMAX _mm512_max_pd
+#define VAND _mm512_and_pd
+#define VREDUCE _mm512_reduce_add_pd
+#define VROUND(x) _mm512_roundscale_pd(x, _MM_FROUND_TO_NEAREST_INT | \
+                                          _MM_FROUND_NO_EXC)
+#define VSCALE _mm512_scalef_pd
+#define VABS _mm512_abs_pd
+#define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
+    s, _mm512_castsi512_pd(_mm512_set1_epi64((long long)0x8000000000000000ull))))
+#define EXPM1_DEGREE 13
+#define LN2_HI 6.93147180369123816490e-01
+#define LN2_LO 1.90821492927058770002e-10
+#define TANH_CLAMP 80.0
+#define EXP_MIN -708.0
+#include "fast_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+#endif /* x86-64 */

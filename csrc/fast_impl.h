@@ -1,0 +1,658 @@
+/*
+ * fast_impl.h - the blocked SIMD path for one floating type and one
+ * instruction set.
+ *
+ * fast_avx512.c and fast_avx2.c include this file once per type, with
+ *   REAL, FSFX(x)            the type and the names' suffix (_f32_avx512 ...)
+ *   VEC, VLEN, MR            vector type, lanes, rows of the micro-tile
+ *   VZERO VSET1 VLOAD VSTORE VADD VSUB VMUL VDIV VFMA VMAX VAND VREDUCE
+ *   VROUND VSCALE VABS VCOPYSIGN   thin wrappers of the intrinsics
+ *   EXPM1_DEGREE, LN2_HI, LN2_LO, TANH_CLAMP, EXP_MIN
+ * Not a public header.
+ *
+ * The layer's cost is the product Z = H_valid W_h^T (n x A per sequence).
+ * It runs as a GotoBLAS-style loop: W_h^T is packed once per call into
+ * panels of NR = 2 VLEN columns; valid rows of h are gathered, MC at a
+ * time, into micro-panels of MR rows; a register-tiled micro-kernel
+ * computes an MR x NR tile of Z over the whole K = H (a panel of W_h^T,
+ * K x NR, stays in L1/L2).  The tile is consumed at once by an epilogue:
+ * the forward adds q = W_c c + b, applies tanh and dots with v; the
+ * backward also forms eps = ds v (1 - u^2).  So the n x A activations
+ * never reach memory in the forward, and only MC x A of them per block in
+ * the backward, where eps feeds two more products (dW_h and dh) that run
+ * through the same micro-kernel.
+ *
+ * Assumptions: packed buffers are 64-byte aligned (carved from the
+ * workspace); K loops need no unrolling beyond what the compiler does;
+ * masked rows are never loaded into the product, so NaN in padding stays
+ * out, and padded columns are cleared with a lane mask before they can
+ * turn inf * 0 into NaN.
+ */
+
+#define NR (2 * VLEN)
+#define MC (10 * MR)
+
+/* ---------------------------------------------------------------------
+ * Vector math.  expm1 is accurate to ~1 ulp over y <= 0 (Cody-Waite
+ * reduction y = n ln2 + r, |r| <= ln2/2, then a Taylor polynomial of r);
+ * tanh and exp are built on it, so tanh keeps full relative accuracy at
+ * small |x| where 1 - 2/(e^2x + 1) would cancel.
+ */
+
+/* y = n ln2 + r with n integral and |r| <= ln2/2; returns n and sets
+ * *p = expm1(r). */
+static inline VEC FSFX(v_reduce)(VEC y, VEC *p)
+{
+    VEC n = VROUND(VMUL(y, VSET1((REAL)1.4426950408889634)));
+    VEC r = VFMA(n, VSET1(-LN2_HI), y);
+    r = VFMA(n, VSET1(-LN2_LO), r);
+    /* t = sum_{k>=2} r^(k-2) / k!, Horner from the highest degree */
+    REAL coef = 1;
+    for (int k = 2; k <= EXPM1_DEGREE; k++) {
+        coef /= (REAL)k;
+    }
+    VEC t = VSET1(coef);
+    for (int k = EXPM1_DEGREE; k > 2; k--) {
+        coef *= (REAL)k;
+        t = VFMA(t, r, VSET1(coef));
+    }
+    *p = VFMA(t, VMUL(r, r), r);              /* expm1(r) = r + r^2 t */
+    return n;
+}
+
+/* expm1(y) for y in [-TANH_CLAMP, 0] or NaN (the callers clamp). */
+static inline VEC FSFX(v_expm1_neg)(VEC y)
+{
+    VEC p, n = FSFX(v_reduce)(y, &p);
+    VEC s = VSCALE(VSET1(1), n);              /* 2^n */
+    return VFMA(s, p, VSUB(s, VSET1(1)));     /* 2^n expm1(r) + 2^n - 1 */
+}
+
+/* tanh(x) = sign(x) * -e / (2 + e), e = expm1(-2|x|); exact at 0 and
+ * +-inf, NaN stays NaN. */
+static inline VEC FSFX(v_tanh)(VEC x)
+{
+    /* VMAX(a, b) returns b when either is NaN: a NaN x survives */
+    VEC y = VMAX(VSET1(-TANH_CLAMP), VMUL(VSET1(-2), VABS(x)));
+    VEC e = FSFX(v_expm1_neg)(y);
+    VEC t = VDIV(VSUB(VZERO(), e), VADD(VSET1(2), e));
+    return VCOPYSIGN(t, x);
+}
+
+/* exp(y) = 2^n (1 + expm1(r)) for y <= 0 (softmax: y = s - M); y below
+ * EXP_MIN (where exp is at most the least normal) is raised to it. */
+static inline VEC FSFX(v_exp_neg)(VEC y)
+{
+    VEC p, n = FSFX(v_reduce)(VMAX(VSET1(EXP_MIN), y), &p);
+    return VSCALE(VADD(p, VSET1(1)), n);
+}
+
+/* dot(x, y) of length n, VLEN lanes at a time. */
+static REAL FSFX(v_dot)(ptrdiff_t n, const REAL *x, const REAL *y)
+{
+    VEC acc0 = VZERO(), acc1 = VZERO();
+    ptrdiff_t i = 0;
+    for (; i + 2 * VLEN <= n; i += 2 * VLEN) {
+        acc0 = VFMA(VLOAD(x + i), VLOAD(y + i), acc0);
+        acc1 = VFMA(VLOAD(x + i + VLEN), VLOAD(y + i + VLEN), acc1);
+    }
+    for (; i + VLEN <= n; i += VLEN) {
+        acc0 = VFMA(VLOAD(x + i), VLOAD(y + i), acc0);
+    }
+    REAL tail = 0;
+    for (; i < n; i++) {
+        tail += x[i] * y[i];
+    }
+    return VREDUCE(VADD(acc0, acc1)) + tail;
+}
+
+/* y += a x (n); plain C, vectorised by the compiler for this target. */
+static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
+                       REAL *restrict y)
+{
+    for (ptrdiff_t i = 0; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Micro-kernel and packing
+ */
+
+/* tile (MR x NR, row-major) = Ap (K x MR) ^T  Bp (K x NR). */
+static void FSFX(micro_kernel)(ptrdiff_t K, const REAL *restrict Ap,
+                               const REAL *restrict Bp, REAL *restrict tile)
+{
+    VEC c0[MR], c1[MR];
+    for (int r = 0; r < MR; r++) {
+        c0[r] = VZERO();
+        c1[r] = VZERO();
+    }
+    for (ptrdiff_t k = 0; k < K; k++) {
+        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);
+        for (int r = 0; r < MR; r++) {
+            VEC a = VSET1(Ap[k * MR + r]);
+            c0[r] = VFMA(a, b0, c0[r]);
+            c1[r] = VFMA(a, b1, c1[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        VSTORE(tile + r * NR, c0[r]);
+        VSTORE(tile + r * NR + VLEN, c1[r]);
+    }
+}
+
+/* B panels of a K x N operand given as element (k, j) = src[j*ldj + k*ldk]
+ * for k < Kvalid: Bp[p][k][c] for column j = p NR + c, zero where j >= N
+ * or k >= Kvalid. */
+static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
+                         const REAL *src, ptrdiff_t ldk, ptrdiff_t ldj,
+                         REAL *Bp)
+{
+    for (ptrdiff_t p = 0; p * NR < N; p++) {
+        REAL *dst = Bp + p * K * NR;
+        for (ptrdiff_t k = 0; k < K; k++) {
+            for (ptrdiff_t c = 0; c < NR; c++) {
+                ptrdiff_t j = p * NR + c;
+                dst[k * NR + c] = j < N && k < Kvalid ?
+                                  src[j * ldj + k * ldk] : 0;
+            }
+        }
+    }
+}
+
+/* A micro-panels of m rows of length K, row i at rows[i] (contiguous):
+ * Ap[p][k][r] for row i = p MR + r, zero where i >= m. */
+static void FSFX(pack_A_rows)(ptrdiff_t m, ptrdiff_t K,
+                              const REAL *const *rows, REAL *Ap)
+{
+    for (ptrdiff_t p = 0; p * MR < m; p++) {
+        REAL *dst = Ap + p * K * MR;
+        for (int r = 0; r < MR; r++) {
+            ptrdiff_t i = p * MR + r;
+            if (i < m) {
+                const REAL *src = rows[i];
+                for (ptrdiff_t k = 0; k < K; k++) {
+                    dst[k * MR + r] = src[k];
+                }
+            }
+            else {
+                for (ptrdiff_t k = 0; k < K; k++) {
+                    dst[k * MR + r] = 0;
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Workspace: one buffer carved into 64-byte aligned parts.
+ */
+
+typedef struct {
+    ptrdiff_t Apad, Hpad, nA, nH;     /* padded sizes, panels of A and H */
+    REAL *Bz;        /* W_h^T panels (H x Apad): Z = h W_h^T            */
+    REAL *Bd;        /* W_h panels (Apad x Hpad): dh = eps W_h           */
+    REAL *q, *vp, *E, *dv, *colmask;  /* (Apad) each                     */
+    REAL *c, *dc;    /* (H)                                              */
+    REAL *sbuf;      /* (T + MR) scores or ds of the valid rows; the MR
+                        past the end absorb a partial last micro-panel   */
+    REAL *tile;      /* (MR x NR)                                        */
+    REAL *Ah;        /* h rows of a block (MC x H), A micro-panels       */
+    REAL *eps;       /* eps of a block (MC x Apad), row-major            */
+    REAL *Ae;        /* eps as A micro-panels (MC x Apad)                */
+    REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
+    REAL *Bh;        /* h rows of a block as B panels (MC x Hpad)        */
+    const REAL **rows;   /* (MC) row pointers                            */
+    ptrdiff_t *idx;      /* (T) indices of the valid items               */
+} FSFX(ws);
+
+/* Carves the parts from `base` (or only counts when base is NULL);
+ * returns the bytes needed, 0 when a size overflows. */
+static size_t FSFX(ws_carve)(att_dims d, int backward, char *base,
+                             FSFX(ws) *w)
+{
+    const size_t align = 64;
+    size_t used = 0;
+    ptrdiff_t Apad = (d.A + NR - 1) / NR * NR;
+    ptrdiff_t Hpad = (d.H + NR - 1) / NR * NR;
+    /* (elements, element size) of each part, in the struct's order */
+    struct { void *slot; ptrdiff_t n; size_t size; } parts[] = {
+        {&w->Bz, d.H * Apad, sizeof(REAL)},
+        {&w->Bd, backward ? Apad * Hpad : 0, sizeof(REAL)},
+        {&w->q, Apad, sizeof(REAL)}, {&w->vp, Apad, sizeof(REAL)},
+        {&w->E, Apad, sizeof(REAL)}, {&w->dv, Apad, sizeof(REAL)},
+        {&w->colmask, Apad, sizeof(REAL)},
+        {&w->c, d.H, sizeof(REAL)}, {&w->dc, d.H, sizeof(REAL)},
+        {&w->sbuf, d.T + MR, sizeof(REAL)},
+        {&w->tile, MR * NR, sizeof(REAL)},
+        {&w->Ah, MC * d.H, sizeof(REAL)},
+        {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
+        {&w->Ae, backward ? MC * Apad : 0, sizeof(REAL)},
+        {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
+        {&w->Bh, backward ? MC * Hpad : 0, sizeof(REAL)},
+        {&w->rows, MC, sizeof(REAL *)},
+        {&w->idx, d.T, sizeof(ptrdiff_t)},
+    };
+    /* every count above is at most a product of two sizes the caller
+     * already holds in memory, times a small constant */
+    if (d.H > PTRDIFF_MAX / 64 / (Apad + 1) || Hpad > PTRDIFF_MAX / 64 /
+        (Apad + 1) || d.T > PTRDIFF_MAX / 64) {
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        size_t bytes = (size_t)parts[i].n * parts[i].size;
+        bytes = (bytes + align - 1) / align * align;
+        if (base != NULL) {
+            *(void **)parts[i].slot = base + used;
+        }
+        used += bytes;
+    }
+    if (base != NULL) {
+        w->Apad = Apad;
+        w->Hpad = Hpad;
+        w->nA = Apad / NR;
+        w->nH = Hpad / NR;
+    }
+    return used + align;   /* slack to align the base itself */
+}
+
+static void FSFX(ws_init)(att_dims d, int backward, void *work, FSFX(ws) *w)
+{
+    char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    FSFX(ws_carve)(d, backward, base, w);
+}
+
+size_t FSFX(att_fast_workspace)(att_dims d, int backward)
+{
+    FSFX(ws) w;
+    return FSFX(ws_carve)(d, backward, NULL, &w);
+}
+
+/* Per-call setup shared by both directions: packed W_h^T, padded v and
+ * the lane mask of real columns (all bits set, or zero past A). */
+static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
+                        FSFX(ws) *w)
+{
+    FSFX(pack_B)(d.H, d.H, d.A, W, 1, 2 * d.H, w->Bz);
+    for (ptrdiff_t a = 0; a < w->Apad; a++) {
+        REAL ones;
+        memset(&ones, a < d.A ? 0xff : 0, sizeof ones);
+        w->vp[a] = a < d.A ? v[a] : 0;
+        w->colmask[a] = ones;
+    }
+}
+
+/* Per-sequence setup: the valid rows, c, q = W_c c + b.  Returns n. */
+static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
+                                 const unsigned char *m, const REAL *W,
+                                 const REAL *b, FSFX(ws) *w)
+{
+    ptrdiff_t n = 0;
+    for (ptrdiff_t k = 0; k < d.H; k++) {
+        w->c[k] = 0;
+    }
+    for (ptrdiff_t t = 0; t < d.T; t++) {
+        if (m == NULL || m[t]) {
+            w->idx[n++] = t;
+            FSFX(axpy)(d.H, 1, h + t * d.H, w->c);
+        }
+    }
+    for (ptrdiff_t k = 0; k < d.H && n > 0; k++) {
+        w->c[k] /= (REAL)n;
+    }
+    for (ptrdiff_t a = 0; a < w->Apad; a++) {
+        w->q[a] = a < d.A ? (b ? b[a] : 0) +
+                  FSFX(v_dot)(d.H, W + a * 2 * d.H + d.H, w->c) : 0;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------------
+ * Epilogues: consume one MR x NR tile of Z for rows r of a block and
+ * columns of panel p.
+ */
+
+/* s_r += sum_c v_c tanh(z_rc + q_c) */
+static void FSFX(epi_scores)(const REAL *tile, const REAL *q, const REAL *v,
+                             const REAL *mask, REAL *s)
+{
+    VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
+    VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
+    VEC m0 = VLOAD(mask), m1 = VLOAD(mask + VLEN);
+    for (int r = 0; r < MR; r++) {
+        VEC u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
+        VEC u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
+                      m1);
+        s[r] += VREDUCE(VFMA(u0, v0, VMUL(u1, v1)));
+    }
+}
+
+/* u = tanh(z + q);  dv += sum_r ds_r u_r;  eps_r = ds_r v (1 - u_r^2);
+ * E += sum_r eps_r; eps rows stored row-major with stride ld. */
+static void FSFX(epi_backward)(const REAL *tile, const REAL *q,
+                               const REAL *v, const REAL *mask,
+                               const REAL *ds, REAL *dv, REAL *E,
+                               REAL *eps, ptrdiff_t ld)
+{
+    VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
+    VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
+    VEC m0 = VLOAD(mask), m1 = VLOAD(mask + VLEN);
+    VEC dv0 = VZERO(), dv1 = VZERO(), E0 = VZERO(), E1 = VZERO();
+    VEC one = VSET1(1);
+    for (int r = 0; r < MR; r++) {
+        VEC g = VSET1(ds[r]);
+        VEC u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
+        VEC u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
+                      m1);
+        dv0 = VFMA(g, u0, dv0);
+        dv1 = VFMA(g, u1, dv1);
+        VEC e0 = VMUL(VMUL(g, v0), VSUB(one, VMUL(u0, u0)));
+        VEC e1 = VMUL(VMUL(g, v1), VSUB(one, VMUL(u1, u1)));
+        E0 = VADD(E0, e0);
+        E1 = VADD(E1, e1);
+        VSTORE(eps + r * ld, e0);
+        VSTORE(eps + r * ld + VLEN, e1);
+    }
+    VSTORE(dv, VADD(VLOAD(dv), dv0));
+    VSTORE(dv + VLEN, VADD(VLOAD(dv + VLEN), dv1));
+    VSTORE(E, VADD(VLOAD(E), E0));
+    VSTORE(E + VLEN, VADD(VLOAD(E + VLEN), E1));
+}
+
+/* dst[i][j] += tile[i][j] for i < mrows, j < ncols; row i at rows[i]. */
+static void FSFX(epi_add)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
+                          REAL *const *rows)
+{
+    for (ptrdiff_t i = 0; i < mrows; i++) {
+        for (ptrdiff_t j = 0; j < ncols; j++) {
+            rows[i][j] += tile[i * NR + j];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Per-sequence passes
+ */
+
+/* Scores of the n valid rows (w->idx) into w->sbuf[0..n). */
+static void FSFX(seq_scores)(att_dims d, const REAL *h, ptrdiff_t n,
+                             FSFX(ws) *w)
+{
+    for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
+        ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
+        for (ptrdiff_t i = 0; i < mc; i++) {
+            w->rows[i] = h + w->idx[i0 + i] * d.H;
+        }
+        FSFX(pack_A_rows)(mc, d.H, w->rows, w->Ah);
+        /* a partial last micro-panel writes into the slack past n */
+        REAL *s = w->sbuf + i0;
+        for (ptrdiff_t i = 0; i < mc; i++) {
+            s[i] = 0;
+        }
+        for (ptrdiff_t p = 0; p < w->nA; p++) {
+            for (ptrdiff_t i = 0; i < mc; i += MR) {
+                FSFX(micro_kernel)(d.H, w->Ah + i * d.H, w->Bz + p * d.H * NR,
+                                   w->tile);
+                FSFX(epi_scores)(w->tile, w->q + p * NR, w->vp + p * NR,
+                                 w->colmask + p * NR, s + i);
+            }
+        }
+    }
+}
+
+/* alpha over the n valid rows from their scores in w->sbuf. */
+static void FSFX(seq_softmax)(att_dims d, ptrdiff_t n, REAL *alpha,
+                              FSFX(ws) *w)
+{
+    REAL *s = w->sbuf, M = -INFINITY, total = 0;
+    for (ptrdiff_t t = 0; t < d.T; t++) {
+        alpha[t] = 0;
+    }
+    if (n == 0) {
+        return;
+    }
+    for (ptrdiff_t i = 0; i < n; i++) {
+        if (s[i] > M || isnan(s[i])) {
+            M = isnan(M) ? M : s[i];
+        }
+    }
+    ptrdiff_t i = 0;
+    VEC vM = VSET1(M);
+    for (; i + VLEN <= n; i += VLEN) {
+        VSTORE(s + i, FSFX(v_exp_neg)(VSUB(VLOAD(s + i), vM)));
+    }
+    if (i < n) {
+        REAL buf[VLEN];
+        for (int l = 0; l < VLEN; l++) {
+            buf[l] = i + l < n ? s[i + l] - M : 0;
+        }
+        VSTORE(buf, FSFX(v_exp_neg)(VLOAD(buf)));
+        for (int l = 0; i + l < n; l++) {
+            s[i + l] = buf[l];
+        }
+    }
+    for (i = 0; i < n; i++) {
+        total += s[i];
+    }
+    for (i = 0; i < n; i++) {
+        alpha[w->idx[i]] = s[i] / total;
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Public kernels of this instruction set
+ */
+
+int FSFX(att_fast_context_attention)(att_dims d, const REAL *h,
+                                     const REAL *W, const REAL *v,
+                                     const REAL *b, const unsigned char *mask,
+                                     REAL *out, REAL *alpha, void *work)
+{
+    FSFX(ws) w;
+    FSFX(ws_init)(d, 0, work, &w);
+    FSFX(setup)(d, W, v, &w);
+    for (ptrdiff_t i = 0; i < d.B; i++) {
+        const REAL *hi = h + i * d.T * d.H;
+        REAL *ai = alpha + i * d.T, *oi = out + i * d.H;
+        /* 1-2. valid rows, c = mean of them, q = W_c c + b */
+        ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
+                                      W, b, &w);
+        /* 3. s_t = v . tanh(W_h h_t + q), fused into the product */
+        FSFX(seq_scores)(d, hi, n, &w);
+        /* 4. alpha = masked softmax(s) */
+        FSFX(seq_softmax)(d, n, ai, &w);
+        /* 5. out = sum_t alpha_t h_t */
+        for (ptrdiff_t k = 0; k < d.H; k++) {
+            oi[k] = 0;
+        }
+        for (ptrdiff_t j = 0; j < n; j++) {
+            ptrdiff_t t = w.idx[j];
+            FSFX(axpy)(d.H, ai[t], hi + t * d.H, oi);
+        }
+    }
+    return ATT_OK;
+}
+
+/*
+ * Backward of the layer (see att_context_attention_backward in
+ * kernels_impl.h for the steps); per block of MC valid rows:
+ *   Z = H_blk W_h^T  -> epilogue: dv, E, eps (MC x A)
+ *   dW_h += eps^T H_blk        (A x H, K = MC)
+ *   dh_blk += eps W_h          (MC x H, K = A)
+ */
+int FSFX(att_fast_context_attention_backward)(
+    att_dims d, const REAL *grad_out, const REAL *h, const REAL *W,
+    const REAL *v, const REAL *alpha, const REAL *b,
+    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
+    REAL *dv, REAL *db, void *work)
+{
+    FSFX(ws) w;
+    FSFX(ws_init)(d, 1, work, &w);
+    FSFX(setup)(d, W, v, &w);
+    /* W_h as B panels for dh = eps W_h: element (a, k) = W[a*2H + k] */
+    FSFX(pack_B)(w.Apad, d.A, d.H, W, 2 * d.H, 1, w.Bd);
+    for (ptrdiff_t a = 0; a < d.A * 2 * d.H; a++) {
+        dW[a] = 0;
+    }
+    for (ptrdiff_t a = 0; db && a < d.A; a++) {
+        db[a] = 0;
+    }
+    for (ptrdiff_t a = 0; a < w.Apad; a++) {
+        w.dv[a] = 0;
+    }
+    for (ptrdiff_t i = 0; i < d.B; i++) {
+        const REAL *hi = h + i * d.T * d.H, *g = grad_out + i * d.H;
+        const REAL *ai = alpha + i * d.T;
+        const REAL *gai = grad_alpha ? grad_alpha + i * d.T : NULL;
+        REAL *dhi = dh + i * d.T * d.H;
+        ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
+                                      W, b, &w);
+        /* 5. out = sum alpha_t h_t -> gamma_t = g.h_t + ga_t, dh_t = alpha_t g
+         * 4. softmax               -> ds_t = alpha_t (gamma_t - alpha.gamma)
+         * (over the valid rows; masked rows of dh are 0) */
+        for (ptrdiff_t k = 0; k < d.T * d.H; k++) {
+            dhi[k] = 0;
+        }
+        REAL *ds = w.sbuf, mean = 0;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            ptrdiff_t t = w.idx[j];
+            ds[j] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
+            mean += ai[t] * ds[j];
+            for (ptrdiff_t k = 0; k < d.H; k++) {
+                dhi[t * d.H + k] = ai[t] * g[k];
+            }
+        }
+        for (ptrdiff_t j = 0; j < n; j++) {
+            ds[j] = ai[w.idx[j]] * (ds[j] - mean);
+        }
+        for (ptrdiff_t j = n; j < n + MR; j++) {
+            ds[j] = 0;   /* rows of a partial micro-panel add nothing */
+        }
+        /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block */
+        for (ptrdiff_t a = 0; a < w.Apad; a++) {
+            w.E[a] = 0;
+        }
+        for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
+            ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
+            for (ptrdiff_t j = 0; j < mc; j++) {
+                w.rows[j] = hi + w.idx[i0 + j] * d.H;
+            }
+            FSFX(pack_A_rows)(mc, d.H, w.rows, w.Ah);
+            /* Z tiles -> eps (rows of the block x Apad), dv, E */
+            for (ptrdiff_t p = 0; p < w.nA; p++) {
+                for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+                    FSFX(micro_kernel)(d.H, w.Ah + r0 * d.H,
+                                       w.Bz + p * d.H * NR, w.tile);
+                    FSFX(epi_backward)(w.tile, w.q + p * NR, w.vp + p * NR,
+                                       w.colmask + p * NR, ds + i0 + r0,
+                                       w.dv + p * NR,
+                                       w.E + p * NR,
+                                       w.eps + r0 * w.Apad + p * NR, w.Apad);
+                }
+            }
+            /* dW_h (A x H) += eps^T (A x mc) H_blk (mc x H) */
+            /* A: eps^T in micro-panels of MR columns of eps (k = row) */
+            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+                REAL *dst = w.AeT + a0 * mc;
+                for (ptrdiff_t r = 0; r < mc; r++) {
+                    for (ptrdiff_t x = 0; x < MR; x++) {
+                        dst[r * MR + x] = a0 + x < w.Apad ?
+                                          w.eps[r * w.Apad + a0 + x] : 0;
+                    }
+                }
+            }
+            /* B: the block's h rows in panels of NR columns */
+            for (ptrdiff_t p = 0; p < w.nH; p++) {
+                REAL *dst = w.Bh + p * mc * NR;
+                for (ptrdiff_t r = 0; r < mc; r++) {
+                    const REAL *src = hi + w.idx[i0 + r] * d.H + p * NR;
+                    for (ptrdiff_t c = 0; c < NR; c++) {
+                        dst[r * NR + c] = p * NR + c < d.H ? src[c] : 0;
+                    }
+                }
+            }
+            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+                REAL *dWrows[MR];
+                ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
+                for (ptrdiff_t x = 0; x < ma; x++) {
+                    dWrows[x] = dW + (a0 + x) * 2 * d.H;
+                }
+                for (ptrdiff_t p = 0; p < w.nH; p++) {
+                    FSFX(micro_kernel)(mc, w.AeT + a0 * mc,
+                                       w.Bh + p * mc * NR, w.tile);
+                    ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+                    FSFX(epi_add)(w.tile, ma, nc, dWrows);
+                    for (ptrdiff_t x = 0; x < ma; x++) {
+                        dWrows[x] += NR;
+                    }
+                }
+            }
+            /* dh_blk (mc x H) += eps (mc x Apad) W_h (Apad x H) */
+            for (ptrdiff_t r = 0; r < mc; r++) {
+                w.rows[r] = w.eps + r * w.Apad;
+            }
+            FSFX(pack_A_rows)(mc, w.Apad, w.rows, w.Ae);
+            for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+                REAL *dhrows[MR];
+                ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                for (ptrdiff_t x = 0; x < mr; x++) {
+                    dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H;
+                }
+                for (ptrdiff_t p = 0; p < w.nH; p++) {
+                    FSFX(micro_kernel)(w.Apad, w.Ae + r0 * w.Apad,
+                                       w.Bd + p * w.Apad * NR, w.tile);
+                    ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+                    FSFX(epi_add)(w.tile, mr, nc, dhrows);
+                    for (ptrdiff_t x = 0; x < mr; x++) {
+                        dhrows[x] += NR;
+                    }
+                }
+            }
+        }
+        /* 2. q = W_c c + b -> db += E, dW_c += E c^T, dc = W_c^T E */
+        for (ptrdiff_t k = 0; k < d.H; k++) {
+            w.dc[k] = 0;
+        }
+        for (ptrdiff_t a = 0; a < d.A; a++) {
+            if (db) {
+                db[a] += w.E[a];
+            }
+            FSFX(axpy)(d.H, w.E[a], w.c, dW + a * 2 * d.H + d.H);
+            FSFX(axpy)(d.H, w.E[a], W + a * 2 * d.H + d.H, w.dc);
+        }
+        /* 1. c = mean of valid h_t -> dh_t += dc / n */
+        for (ptrdiff_t j = 0; j < n; j++) {
+            REAL *dht = dhi + w.idx[j] * d.H;
+            for (ptrdiff_t k = 0; k < d.H; k++) {
+                dht[k] += w.dc[k] / (REAL)n;
+            }
+        }
+    }
+    for (ptrdiff_t a = 0; a < d.A; a++) {
+        dv[a] = w.dv[a];
+    }
+    return ATT_OK;
+}
+
+/* y = tanh(x), y = exp(x) (x <= 0) over n elements; for the tests. */
+void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
+{
+    ptrdiff_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) {
+        VSTORE(y + i, FSFX(v_tanh)(VLOAD(x + i)));
+    }
+    if (i < n) {
+        REAL buf[VLEN];
+        for (int l = 0; l < VLEN; l++) {
+            buf[l] = i + l < n ? x[i + l] : 0;
+        }
+        VSTORE(buf, FSFX(v_tanh)(VLOAD(buf)));
+        for (int l = 0; i + l < n; l++) {
+            y[i + l] = buf[l];
+        }
+    }
+}
+
+#undef NR
+#undef MC
