@@ -42,7 +42,7 @@ def _valid(mask, shape):
 
 def _rows(x):
     """Stack every leading axis: (..., n) -> (rows, n)."""
-    return x.reshape(-1, x.shape[-1])
+    return x.reshape(int(np.prod(x.shape[:-1])), x.shape[-1])
 
 
 def _split(W, H):
