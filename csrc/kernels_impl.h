@@ -182,13 +182,24 @@ static void SFX(seq_weighted_sum)(ptrdiff_t T, ptrdiff_t H,
  * Per-sequence backward helpers
  */
 
-/* ds_t = alpha_t (g_t - sum_j alpha_j g_j).   g, alpha, ds (T) */
+/* ds_t = alpha_t (g_t - sum_j alpha_j g_j), evaluated as
+ *   ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k))
+ * with k the item of largest weight: the same value (sum_j alpha_j = 1),
+ * but when alpha_k is near 1 the weighted mean no longer cancels against
+ * g_k, which costs float32 several digits otherwise.   g, alpha, ds (T) */
 static void SFX(seq_softmax_backward)(ptrdiff_t T, const REAL *g,
                                       const REAL *alpha, REAL *ds)
 {
-    REAL mean = SFX(dot)(T, alpha, g);
+    ptrdiff_t k = 0;
+    for (ptrdiff_t t = 1; t < T; t++) {
+        k = alpha[t] > alpha[k] ? t : k;
+    }
+    REAL ref = g[k], mean = 0;
     for (ptrdiff_t t = 0; t < T; t++) {
-        ds[t] = alpha[t] * (g[t] - mean);
+        mean += alpha[t] * (g[t] - ref);
+    }
+    for (ptrdiff_t t = 0; t < T; t++) {
+        ds[t] = alpha[t] * ((g[t] - ref) - mean);
     }
 }
 

@@ -1,0 +1,88 @@
+"""Shared helpers for the tests: random problems, masks and tolerances."""
+
+import numpy as np
+import pytest
+
+# Normwise relative error allowed against the float64 reference
+# (||x - ref|| / ||ref||), per computing dtype.
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+DTYPES = [np.float32, np.float64]
+
+# Masks every test should meet: none, random (with at least one fully
+# masked row when there are several), all masked, one valid item per row.
+MASK_KINDS = ["none", "random", "all_masked", "single"]
+
+
+def rel_err(x, ref):
+    """Normwise relative error ||x - ref|| / ||ref|| (absolute if ref = 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert x.shape == ref.shape, (x.shape, ref.shape)
+    scale = np.linalg.norm(ref)
+    diff = np.linalg.norm(x - ref)
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close(x, ref, dtype, what=""):
+    """x agrees with the float64 reference within TOL[dtype]."""
+    err = rel_err(x, ref)
+    assert err <= TOL[np.dtype(dtype).type], (
+        f"{what}: normwise relative error {err:.3g} > "
+        f"{TOL[np.dtype(dtype).type]:g} ({np.dtype(dtype).name})")
+
+
+def make_mask(rng, lead, T, kind):
+    """A boolean mask of shape lead + (T,), or None for kind 'none'."""
+    shape = tuple(lead) + (T,)
+    if kind == "none":
+        return None
+    if kind == "all_masked":
+        return np.zeros(shape, dtype=bool)
+    if kind == "single":
+        m = np.zeros(shape, dtype=bool)
+        idx = rng.integers(0, T, size=lead)
+        np.put_along_axis(m, np.asarray(idx)[..., None], True, axis=-1)
+        return m
+    m = rng.random(shape) < 0.7
+    flat = m.reshape(-1, T)
+    if flat.shape[0] > 1:
+        flat[1] = False           # one fully masked row
+    if flat.shape[0] > 2:
+        flat[2] = True            # and one fully valid row
+    return m
+
+
+class Problem:
+    """A random layer problem in float64; .cast(dtype) gives its inputs in
+    another dtype (the float64 reference is then computed from the cast
+    values, so the comparison measures only the kernel's rounding)."""
+
+    def __init__(self, rng, lead, T, H, A, bias=True, mask="random",
+                 scale=1.0):
+        self.lead, self.T, self.H, self.A = tuple(lead), T, H, A
+        self.h = rng.standard_normal(self.lead + (T, H)) * scale
+        self.W = rng.standard_normal((A, 2 * H)) / np.sqrt(max(2 * H, 1))
+        self.v = rng.standard_normal(A)
+        self.b = rng.standard_normal(A) * 0.1 if bias else None
+        self.mask = make_mask(rng, self.lead, T, mask)
+        self.context = rng.standard_normal(self.lead + (H,))
+        self.grad_out = rng.standard_normal(self.lead + (H,))
+        self.grad_alpha = rng.standard_normal(self.lead + (T,))
+        self.grad_s = rng.standard_normal(self.lead + (T,))
+
+    def cast(self, dtype):
+        """The float arrays of the problem in dtype (b stays None)."""
+        names = ["h", "W", "v", "b", "context", "grad_out", "grad_alpha",
+                 "grad_s"]
+        out = {}
+        for n in names:
+            x = getattr(self, n)
+            out[n] = None if x is None else x.astype(dtype)
+        out["mask"] = self.mask
+        return out
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
