@@ -20,10 +20,27 @@ A row with no valid item gives zeros, never NaN.  ``attention_c.reference``
 holds a plain NumPy version of every function.
 """
 
+import os
+import warnings
 from collections import namedtuple
 
 from . import _core
 from ._version import __version__
+
+
+def _simd_from_environment():
+    """Apply ATTENTION_C_SIMD=scalar|avx2|avx512, if set."""
+    name = os.environ.get("ATTENTION_C_SIMD", "").strip().lower()
+    if not name:
+        return
+    try:
+        _core._set_simd(name)
+    except ValueError as exc:
+        warnings.warn(f"ATTENTION_C_SIMD={name!r} ignored: {exc}",
+                      RuntimeWarning, stacklevel=3)
+
+
+_simd_from_environment()
 
 __all__ = [
     "mean_context", "mean_context_backward",

@@ -514,17 +514,24 @@ int FSFX(att_fast_context_attention_backward)(
         for (ptrdiff_t k = 0; k < d.T * d.H; k++) {
             dhi[k] = 0;
         }
+        /* gamma is shifted by the heaviest item's value before the mean,
+         * as in seq_softmax_backward of kernels_impl.h (no cancellation) */
         REAL *ds = w.sbuf, mean = 0;
+        ptrdiff_t heavy = 0;
         for (ptrdiff_t j = 0; j < n; j++) {
             ptrdiff_t t = w.idx[j];
             ds[j] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
-            mean += ai[t] * ds[j];
+            heavy = ai[t] > ai[w.idx[heavy]] ? j : heavy;
             for (ptrdiff_t k = 0; k < d.H; k++) {
                 dhi[t * d.H + k] = ai[t] * g[k];
             }
         }
+        REAL ref = n > 0 ? ds[heavy] : 0;
         for (ptrdiff_t j = 0; j < n; j++) {
-            ds[j] = ai[w.idx[j]] * (ds[j] - mean);
+            mean += ai[w.idx[j]] * (ds[j] - ref);
+        }
+        for (ptrdiff_t j = 0; j < n; j++) {
+            ds[j] = ai[w.idx[j]] * ((ds[j] - ref) - mean);
         }
         for (ptrdiff_t j = n; j < n + MR; j++) {
             ds[j] = 0;   /* rows of a partial micro-panel add nothing */
