@@ -119,28 +119,54 @@ static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
  * Micro-kernel and packing
  */
 
-/* tile (MR x NR, row-major) = Ap (K x MR) ^T  Bp (K x NR). */
-static void FSFX(micro_kernel)(ptrdiff_t K, const REAL *restrict Ap,
-                               const REAL *restrict Bp, REAL *restrict tile)
+/* The register tile: MR rows x 2 vectors of accumulators, updated by
+ * c[r] += a(r, k) b(k) for k < K, a(r, k) read through A_AT(r, k). */
+#define MICRO_KERNEL_BODY(A_AT)                                              \
+    VEC c0[MR], c1[MR];                                                      \
+    for (int r = 0; r < MR; r++) {                                           \
+        c0[r] = VZERO();                                                     \
+        c1[r] = VZERO();                                                     \
+    }                                                                        \
+    for (ptrdiff_t k = 0; k < K; k++) {                                      \
+        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);         \
+        for (int r = 0; r < MR; r++) {                                       \
+            VEC a = VSET1(A_AT(r, k));                                       \
+            c0[r] = VFMA(a, b0, c0[r]);                                      \
+            c1[r] = VFMA(a, b1, c1[r]);                                      \
+        }                                                                    \
+    }                                                                        \
+    for (int r = 0; r < MR; r++) {                                           \
+        VSTORE(tile + r * NR, c0[r]);                                        \
+        VSTORE(tile + r * NR + VLEN, c1[r]);                                 \
+    }
+
+/* tile (MR x NR, row-major) = A Bp for A given by MR row pointers (rows
+ * of h or of eps, read in place: no packing) and Bp a packed K x NR panel.
+ * Rows past the end of a block point to a row of zeros. */
+static void FSFX(micro_kernel_rows)(ptrdiff_t K, const REAL *const *rows,
+                                    const REAL *restrict Bp,
+                                    REAL *restrict tile)
 {
-    VEC c0[MR], c1[MR];
+    const REAL *a_rows[MR];
     for (int r = 0; r < MR; r++) {
-        c0[r] = VZERO();
-        c1[r] = VZERO();
+        a_rows[r] = rows[r];
     }
-    for (ptrdiff_t k = 0; k < K; k++) {
-        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);
-        for (int r = 0; r < MR; r++) {
-            VEC a = VSET1(Ap[k * MR + r]);
-            c0[r] = VFMA(a, b0, c0[r]);
-            c1[r] = VFMA(a, b1, c1[r]);
-        }
-    }
-    for (int r = 0; r < MR; r++) {
-        VSTORE(tile + r * NR, c0[r]);
-        VSTORE(tile + r * NR + VLEN, c1[r]);
-    }
+#define ROWS_AT(r, k) a_rows[r][k]
+    MICRO_KERNEL_BODY(ROWS_AT)
+#undef ROWS_AT
 }
+
+/* The same for A packed k-major in a K x MR micro-panel Ap. */
+static void FSFX(micro_kernel_packed)(ptrdiff_t K, const REAL *restrict Ap,
+                                      const REAL *restrict Bp,
+                                      REAL *restrict tile)
+{
+#define PACKED_AT(r, k) Ap[(k) * MR + (r)]
+    MICRO_KERNEL_BODY(PACKED_AT)
+#undef PACKED_AT
+}
+
+#undef MICRO_KERNEL_BODY
 
 /* B panels of a K x N operand given as element (k, j) = src[j*ldj + k*ldk]
  * for k < Kvalid: Bp[p][k][c] for column j = p NR + c, zero where j >= N
@@ -161,30 +187,6 @@ static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
     }
 }
 
-/* A micro-panels of m rows of length K, row i at rows[i] (contiguous):
- * Ap[p][k][r] for row i = p MR + r, zero where i >= m. */
-static void FSFX(pack_A_rows)(ptrdiff_t m, ptrdiff_t K,
-                              const REAL *const *rows, REAL *Ap)
-{
-    for (ptrdiff_t p = 0; p * MR < m; p++) {
-        REAL *dst = Ap + p * K * MR;
-        for (int r = 0; r < MR; r++) {
-            ptrdiff_t i = p * MR + r;
-            if (i < m) {
-                const REAL *src = rows[i];
-                for (ptrdiff_t k = 0; k < K; k++) {
-                    dst[k * MR + r] = src[k];
-                }
-            }
-            else {
-                for (ptrdiff_t k = 0; k < K; k++) {
-                    dst[k * MR + r] = 0;
-                }
-            }
-        }
-    }
-}
-
 /* ---------------------------------------------------------------------
  * Workspace: one buffer carved into 64-byte aligned parts.
  */
@@ -198,12 +200,12 @@ typedef struct {
     REAL *sbuf;      /* (T + MR) scores or ds of the valid rows; the MR
                         past the end absorb a partial last micro-panel   */
     REAL *tile;      /* (MR x NR)                                        */
-    REAL *Ah;        /* h rows of a block (MC x H), A micro-panels       */
+    REAL *sacc;      /* (MC x VLEN) score accumulators of a block's rows */
+    REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
     REAL *eps;       /* eps of a block (MC x Apad), row-major            */
-    REAL *Ae;        /* eps as A micro-panels (MC x Apad)                */
     REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
     REAL *Bh;        /* h rows of a block as B panels (MC x Hpad)        */
-    const REAL **rows;   /* (MC) row pointers                            */
+    const REAL **rows;   /* (MC + MR) row pointers of a block            */
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
 
@@ -226,12 +228,12 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, char *base,
         {&w->c, d.H, sizeof(REAL)}, {&w->dc, d.H, sizeof(REAL)},
         {&w->sbuf, d.T + MR, sizeof(REAL)},
         {&w->tile, MR * NR, sizeof(REAL)},
-        {&w->Ah, MC * d.H, sizeof(REAL)},
+        {&w->sacc, MC * VLEN, sizeof(REAL)},
+        {&w->zero, d.H > Apad ? d.H : Apad, sizeof(REAL)},
         {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
-        {&w->Ae, backward ? MC * Apad : 0, sizeof(REAL)},
         {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
         {&w->Bh, backward ? MC * Hpad : 0, sizeof(REAL)},
-        {&w->rows, MC, sizeof(REAL *)},
+        {&w->rows, MC + MR, sizeof(REAL *)},
         {&w->idx, d.T, sizeof(ptrdiff_t)},
     };
     /* every count above is at most a product of two sizes the caller
@@ -275,6 +277,9 @@ static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
                         FSFX(ws) *w)
 {
     FSFX(pack_B)(d.H, d.H, d.A, W, 1, 2 * d.H, w->Bz);
+    for (ptrdiff_t k = 0; k < (d.H > w->Apad ? d.H : w->Apad); k++) {
+        w->zero[k] = 0;
+    }
     for (ptrdiff_t a = 0; a < w->Apad; a++) {
         REAL ones;
         memset(&ones, a < d.A ? 0xff : 0, sizeof ones);
@@ -313,9 +318,10 @@ static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
  * columns of panel p.
  */
 
-/* s_r += sum_c v_c tanh(z_rc + q_c) */
+/* sacc_r += v_c tanh(z_rc + q_c), lane-wise: each row's score is the sum
+ * of its VLEN lanes, reduced once after the last panel. */
 static void FSFX(epi_scores)(const REAL *tile, const REAL *q, const REAL *v,
-                             const REAL *mask, REAL *s)
+                             const REAL *mask, REAL *sacc)
 {
     VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
     VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
@@ -324,7 +330,17 @@ static void FSFX(epi_scores)(const REAL *tile, const REAL *q, const REAL *v,
         VEC u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
         VEC u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
                       m1);
-        s[r] += VREDUCE(VFMA(u0, v0, VMUL(u1, v1)));
+        VEC acc = VFMA(u0, v0, VLOAD(sacc + r * VLEN));
+        VSTORE(sacc + r * VLEN, VFMA(u1, v1, acc));
+    }
+}
+
+/* Points rows[0 .. mc) at the given rows and the rest of the last
+ * micro-panel at the zero row. */
+static void FSFX(block_rows)(ptrdiff_t mc, FSFX(ws) *w)
+{
+    for (ptrdiff_t i = mc; i < (mc + MR - 1) / MR * MR; i++) {
+        w->rows[i] = w->zero;
     }
 }
 
@@ -384,19 +400,20 @@ static void FSFX(seq_scores)(att_dims d, const REAL *h, ptrdiff_t n,
         for (ptrdiff_t i = 0; i < mc; i++) {
             w->rows[i] = h + w->idx[i0 + i] * d.H;
         }
-        FSFX(pack_A_rows)(mc, d.H, w->rows, w->Ah);
-        /* a partial last micro-panel writes into the slack past n */
-        REAL *s = w->sbuf + i0;
-        for (ptrdiff_t i = 0; i < mc; i++) {
-            s[i] = 0;
+        FSFX(block_rows)(mc, w);
+        for (ptrdiff_t i = 0; i < (mc + MR - 1) / MR * MR * VLEN; i++) {
+            w->sacc[i] = 0;
         }
         for (ptrdiff_t p = 0; p < w->nA; p++) {
             for (ptrdiff_t i = 0; i < mc; i += MR) {
-                FSFX(micro_kernel)(d.H, w->Ah + i * d.H, w->Bz + p * d.H * NR,
-                                   w->tile);
+                FSFX(micro_kernel_rows)(d.H, w->rows + i,
+                                        w->Bz + p * d.H * NR, w->tile);
                 FSFX(epi_scores)(w->tile, w->q + p * NR, w->vp + p * NR,
-                                 w->colmask + p * NR, s + i);
+                                 w->colmask + p * NR, w->sacc + i * VLEN);
             }
+        }
+        for (ptrdiff_t i = 0; i < mc; i++) {
+            w->sbuf[i0 + i] = VREDUCE(VLOAD(w->sacc + i * VLEN));
         }
     }
 }
@@ -545,12 +562,12 @@ int FSFX(att_fast_context_attention_backward)(
             for (ptrdiff_t j = 0; j < mc; j++) {
                 w.rows[j] = hi + w.idx[i0 + j] * d.H;
             }
-            FSFX(pack_A_rows)(mc, d.H, w.rows, w.Ah);
+            FSFX(block_rows)(mc, &w);
             /* Z tiles -> eps (rows of the block x Apad), dv, E */
             for (ptrdiff_t p = 0; p < w.nA; p++) {
                 for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                    FSFX(micro_kernel)(d.H, w.Ah + r0 * d.H,
-                                       w.Bz + p * d.H * NR, w.tile);
+                    FSFX(micro_kernel_rows)(d.H, w.rows + r0,
+                                            w.Bz + p * d.H * NR, w.tile);
                     FSFX(epi_backward)(w.tile, w.q + p * NR, w.vp + p * NR,
                                        w.colmask + p * NR, ds + i0 + r0,
                                        w.dv + p * NR,
@@ -586,8 +603,8 @@ int FSFX(att_fast_context_attention_backward)(
                     dWrows[x] = dW + (a0 + x) * 2 * d.H;
                 }
                 for (ptrdiff_t p = 0; p < w.nH; p++) {
-                    FSFX(micro_kernel)(mc, w.AeT + a0 * mc,
-                                       w.Bh + p * mc * NR, w.tile);
+                    FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc,
+                                              w.Bh + p * mc * NR, w.tile);
                     ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
                     FSFX(epi_add)(w.tile, ma, nc, dWrows);
                     for (ptrdiff_t x = 0; x < ma; x++) {
@@ -599,7 +616,7 @@ int FSFX(att_fast_context_attention_backward)(
             for (ptrdiff_t r = 0; r < mc; r++) {
                 w.rows[r] = w.eps + r * w.Apad;
             }
-            FSFX(pack_A_rows)(mc, w.Apad, w.rows, w.Ae);
+            FSFX(block_rows)(mc, &w);
             for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
                 REAL *dhrows[MR];
                 ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
@@ -607,8 +624,8 @@ int FSFX(att_fast_context_attention_backward)(
                     dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H;
                 }
                 for (ptrdiff_t p = 0; p < w.nH; p++) {
-                    FSFX(micro_kernel)(w.Apad, w.Ae + r0 * w.Apad,
-                                       w.Bd + p * w.Apad * NR, w.tile);
+                    FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
+                                            w.Bd + p * w.Apad * NR, w.tile);
                     ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
                     FSFX(epi_add)(w.tile, mr, nc, dhrows);
                     for (ptrdiff_t x = 0; x < mr; x++) {
