@@ -75,7 +75,7 @@ static inline VEC FSFX(v_tanh)(VEC x)
     /* VMAX(a, b) returns b when either is NaN: a NaN x survives */
     VEC y = VMAX(VSET1(-TANH_CLAMP), VMUL(VSET1(-2), VABS(x)));
     VEC e = FSFX(v_expm1_neg)(y);
-    VEC t = VDIV(VSUB(VZERO(), e), VADD(VSET1(2), e));
+    VEC t = VDIV(VSUB(VZERO(), e), VADD(VSET1(2), e));   /* 2 + e >= 1 */
     return VCOPYSIGN(t, x);
 }
 
@@ -528,8 +528,10 @@ int FSFX(att_fast_context_attention_backward)(
         /* 5. out = sum alpha_t h_t -> gamma_t = g.h_t + ga_t, dh_t = alpha_t g
          * 4. softmax               -> ds_t = alpha_t (gamma_t - alpha.gamma)
          * (over the valid rows; masked rows of dh are 0) */
-        for (ptrdiff_t k = 0; k < d.T * d.H; k++) {
-            dhi[k] = 0;
+        for (ptrdiff_t t = 0; mask && t < d.T; t++) {
+            if (!mask[i * d.T + t]) {
+                memset(dhi + t * d.H, 0, (size_t)d.H * sizeof(REAL));
+            }
         }
         /* gamma is shifted by the heaviest item's value before the mean,
          * as in seq_softmax_backward of kernels_impl.h (no cancellation) */
@@ -539,9 +541,6 @@ int FSFX(att_fast_context_attention_backward)(
             ptrdiff_t t = w.idx[j];
             ds[j] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
             heavy = ai[t] > ai[w.idx[heavy]] ? j : heavy;
-            for (ptrdiff_t k = 0; k < d.H; k++) {
-                dhi[t * d.H + k] = ai[t] * g[k];
-            }
         }
         REAL ref = n > 0 ? ds[heavy] : 0;
         for (ptrdiff_t j = 0; j < n; j++) {
@@ -612,8 +611,13 @@ int FSFX(att_fast_context_attention_backward)(
                     }
                 }
             }
-            /* dh_blk (mc x H) += eps (mc x Apad) W_h (Apad x H) */
+            /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
+             * the first term written here while the rows are in cache */
             for (ptrdiff_t r = 0; r < mc; r++) {
+                ptrdiff_t t = w.idx[i0 + r];
+                for (ptrdiff_t k = 0; k < d.H; k++) {
+                    dhi[t * d.H + k] = ai[t] * g[k];
+                }
                 w.rows[r] = w.eps + r * w.Apad;
             }
             FSFX(block_rows)(mc, &w);
