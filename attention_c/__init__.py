@@ -226,7 +226,7 @@ def weighted_sum_backward(grad_out, alpha, h):
     return _core.weighted_sum_backward(grad_out, alpha, h)
 
 
-def context_attention(h, W, v, b=None, mask=None):
+def context_attention(h, W, v, b=None, mask=None, keep_activations=False):
     """The whole layer: mean context, additive score, masked softmax, sum.
 
     ``c = mean of valid h_t``; ``s_t = v . tanh(W_h h_t + W_c c + b)``;
@@ -242,6 +242,10 @@ def context_attention(h, W, v, b=None, mask=None):
     b : array_like (A,), optional
     mask : array_like of bool (..., T), optional
         True marks a valid item.  Masked items never influence any output.
+    keep_activations : bool, optional
+        Also return the activations ``u_t = tanh(z_t)``, which
+        :func:`context_attention_backward` then uses instead of recomputing
+        them: memory (..., T, A) for a faster backward.
 
     Returns
     -------
@@ -249,6 +253,9 @@ def context_attention(h, W, v, b=None, mask=None):
         Zero for a row with no valid item.
     alpha : ndarray (..., T)
         Attention weights; exactly 0 for masked items.
+    activations : ndarray (..., T, A)
+        Only with ``keep_activations=True``: ``tanh(z_t)``, 0 for masked
+        items.
 
     Examples
     --------
@@ -262,11 +269,11 @@ def context_attention(h, W, v, b=None, mask=None):
     >>> np.allclose(alpha.sum(axis=-1), 1)
     True
     """
-    return _core.context_attention(h, W, v, b, mask)
+    return _core.context_attention(h, W, v, b, mask, keep_activations)
 
 
 def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
-                               grad_alpha=None):
+                               grad_alpha=None, activations=None):
     """Gradients of the whole layer (SPEC.md section 2) in one call.
 
     Parameters
@@ -279,6 +286,11 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
         The attention weights returned by :func:`context_attention`.
     grad_alpha : array_like (..., T), optional
         Gradient of the loss with respect to ``alpha``, if the loss uses it.
+    activations : array_like (..., T, A), optional
+        The activations returned by ``context_attention(...,
+        keep_activations=True)`` for the same inputs; they spare
+        recomputing ``tanh(W_h h_t + W_c c + b)`` (the backward's largest
+        product).  Results are the same within rounding.
 
     Returns
     -------
@@ -288,4 +300,4 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
         is None when no bias was given.
     """
     return AttentionGrads(*_core.context_attention_backward(
-        grad_out, h, W, v, alpha, b, mask, grad_alpha))
+        grad_out, h, W, v, alpha, b, mask, grad_alpha, activations))

@@ -19,7 +19,9 @@
  *     Masked items are skipped, never multiplied by zero, so a NaN in the
  *     padding cannot reach any output.  A row with no valid item gives
  *     c = 0, alpha = 0, out = 0 and zero gradients.
- *   - The bias b (and its gradient db) may be NULL.
+ *   - The bias b (and its gradient db) may be NULL.  So may act (B, T, A),
+ *     the activations tanh(z) the fused forward can keep for its backward
+ *     (zero for masked items): memory for speed.
  *   - Kernels never allocate.  Those that need scratch take `work`, a
  *     buffer of at least *_workspace(d, simd) bytes, aligned for the type;
  *     a workspace function returns -1 when the byte count overflows.
@@ -92,11 +94,12 @@ typedef struct {
     int att_context_attention_##SFX(att_dims d, int simd, const R *h,        \
                                     const R *W, const R *v, const R *b,      \
                                     const unsigned char *mask, R *out,       \
-                                    R *alpha, void *work);                   \
+                                    R *alpha, R *act, void *work);           \
     int att_context_attention_backward_##SFX(                                \
         att_dims d, int simd, const R *grad_out, const R *h, const R *W,     \
         const R *v, const R *alpha, const R *b, const unsigned char *mask,   \
-        const R *grad_alpha, R *dh, R *dW, R *dv, R *db, void *work);       \
+        const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,      \
+        void *work);                                                         \
     int att_tanh_##SFX(int simd, ptrdiff_t n, const R *x, R *y);
 
 ATT_DECLARE(float, f32)

@@ -609,73 +609,81 @@ fail:
 }
 
 /* ---------------------------------------------------------------------
- * context_attention(h, W, v, b=None, mask=None) -> (out, alpha)
+ * context_attention(h, W, v, b=None, mask=None, keep_activations=False)
+ *   -> (out, alpha), or (out, alpha, activations (..., T, A))
  */
 static PyObject *py_context_attention(PyObject *self, PyObject *args,
                                       PyObject *kw)
 {
-    static char *kwlist[] = {"h", "W", "v", "b", "mask", NULL};
+    static char *kwlist[] = {"h", "W", "v", "b", "mask", "keep_activations",
+                             NULL};
     Arg a[] = {ARG("h"), ARG("W"), ARG("v"), ARG("b"), ARG("mask")};
-    PyObject *out = NULL, *alpha = NULL;
+    PyObject *out = NULL, *alpha = NULL, *act = NULL;
     void *work = NULL;
     Layout L;
-    int tn, st = ATT_OK, simd = simd_level;
+    int tn, st = ATT_OK, simd = simd_level, keep = 0;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO:context_attention",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOp:context_attention",
                                      kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
-                                     &a[3].obj, &a[4].obj) ||
+                                     &a[3].obj, &a[4].obj, &keep) ||
         prepare_floats(a, 4, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
         check_weights(&a[1], &a[2], &a[3], &L) < 0 ||
         prepare_mask(&a[4], &L) < 0 ||
         (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
         (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
+        (keep && (act = new_out(&L, 1, 2, L.d.T, L.d.A, tn)) == NULL) ||
         (work = new_work(WORKSPACE(tn, context_attention, L.d, simd))) ==
             NULL) {
         goto fail;
     }
     RUN(st, tn, context_attention, L.d, simd, DATA(&a[0]), DATA(&a[1]),
-        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha), work);
+        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha),
+        act ? OUT(act) : NULL, work);
     if (check_status(st) < 0) {
         goto fail;
     }
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
-    return Py_BuildValue("(NN)", out, alpha);
+    return act ? Py_BuildValue("(NNN)", out, alpha, act)
+               : Py_BuildValue("(NN)", out, alpha);
 fail:
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
     Py_XDECREF(out);
     Py_XDECREF(alpha);
+    Py_XDECREF(act);
     return NULL;
 }
 
 /* ---------------------------------------------------------------------
  * context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
- *                            grad_alpha=None) -> (dh, dW, dv, db or None)
+ *                            grad_alpha=None, activations=None)
+ *   -> (dh, dW, dv, db or None)
  */
 static PyObject *py_context_attention_backward(PyObject *self,
                                                PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"grad_out", "h", "W", "v", "alpha", "b",
-                             "mask", "grad_alpha", NULL};
+                             "mask", "grad_alpha", "activations", NULL};
     /* the floating arguments first, the mask last */
     Arg a[] = {ARG("grad_out"), ARG("h"), ARG("W"), ARG("v"), ARG("alpha"),
-               ARG("b"), ARG("grad_alpha"), ARG("mask")};
+               ARG("b"), ARG("grad_alpha"), ARG("activations"), ARG("mask")};
     PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
     void *work = NULL;
     Layout L;
     int tn, st = ATT_OK, simd = simd_level;
     (void)self;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "OOOOO|OOO:context_attention_backward", kwlist,
+            args, kw, "OOOOO|OOOO:context_attention_backward", kwlist,
             &a[0].obj, &a[1].obj, &a[2].obj, &a[3].obj, &a[4].obj,
-            &a[5].obj, &a[7].obj, &a[6].obj) ||
-        prepare_floats(a, 7, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
+            &a[5].obj, &a[8].obj, &a[6].obj, &a[7].obj) ||
+        prepare_floats(a, 8, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
         expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         expect_shape(&a[4], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
         expect_shape(&a[6], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
         check_weights(&a[2], &a[3], &a[5], &L) < 0 ||
-        prepare_mask(&a[7], &L) < 0 ||
+        expect_shape(&a[7], &L, 1, 2, L.d.T, L.d.A, "(..., T, A)") < 0 ||
+        prepare_mask(&a[8], &L) < 0 ||
         (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL ||
         (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
         (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
@@ -685,9 +693,9 @@ static PyObject *py_context_attention_backward(PyObject *self,
         goto fail;
     }
     RUN(st, tn, context_attention_backward, L.d, simd, DATA(&a[0]),
-        DATA(&a[1]),
-        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]), DATA(&a[7]),
-        DATA(&a[6]), OUT(dh), OUT(dW), OUT(dv), db ? OUT(db) : NULL, work);
+        DATA(&a[1]), DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]),
+        DATA(&a[8]), DATA(&a[6]), DATA(&a[7]), OUT(dh), OUT(dW), OUT(dv),
+        db ? OUT(db) : NULL, work);
     if (check_status(st) < 0) {
         goto fail;
     }

@@ -15,11 +15,12 @@
     size_t att_fast_workspace_##SFX(att_dims d, int backward);               \
     int att_fast_context_attention_##SFX(                                    \
         att_dims d, const R *h, const R *W, const R *v, const R *b,          \
-        const unsigned char *mask, R *out, R *alpha, void *work);            \
+        const unsigned char *mask, R *out, R *alpha, R *act, void *work);    \
     int att_fast_context_attention_backward_##SFX(                           \
         att_dims d, const R *grad_out, const R *h, const R *W, const R *v,   \
         const R *alpha, const R *b, const unsigned char *mask,               \
-        const R *grad_alpha, R *dh, R *dW, R *dv, R *db, void *work);        \
+        const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,       \
+        void *work);                                                         \
     void att_fast_tanh_##SFX(ptrdiff_t n, const R *x, R *y);
 
 #if defined(__x86_64__) || defined(_M_X64)

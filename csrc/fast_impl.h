@@ -320,8 +320,8 @@ static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
 
 /* sacc_r += v_c tanh(z_rc + q_c), lane-wise: each row's score is the sum
  * of its VLEN lanes, reduced once after the last panel. */
-static void FSFX(epi_scores)(const REAL *tile, const REAL *q, const REAL *v,
-                             const REAL *mask, REAL *sacc)
+static void FSFX(epi_scores)(REAL *tile, const REAL *q, const REAL *v,
+                             const REAL *mask, REAL *sacc, int keep_u)
 {
     VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
     VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
@@ -332,6 +332,10 @@ static void FSFX(epi_scores)(const REAL *tile, const REAL *q, const REAL *v,
                       m1);
         VEC acc = VFMA(u0, v0, VLOAD(sacc + r * VLEN));
         VSTORE(sacc + r * VLEN, VFMA(u1, v1, acc));
+        if (keep_u) {             /* the tile now holds u = tanh(z + q) */
+            VSTORE(tile + r * NR, u0);
+            VSTORE(tile + r * NR + VLEN, u1);
+        }
     }
 }
 
@@ -346,10 +350,10 @@ static void FSFX(block_rows)(ptrdiff_t mc, FSFX(ws) *w)
 
 /* u = tanh(z + q);  dv += sum_r ds_r u_r;  eps_r = ds_r v (1 - u_r^2);
  * E += sum_r eps_r; eps rows stored row-major with stride ld. */
-static void FSFX(epi_backward)(const REAL *tile, const REAL *q,
-                               const REAL *v, const REAL *mask,
-                               const REAL *ds, REAL *dv, REAL *E,
-                               REAL *eps, ptrdiff_t ld)
+static void FSFX(epi_backward)(const REAL *tile, int tile_is_u,
+                               const REAL *q, const REAL *v,
+                               const REAL *mask, const REAL *ds, REAL *dv,
+                               REAL *E, REAL *eps, ptrdiff_t ld)
 {
     VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
     VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
@@ -357,10 +361,16 @@ static void FSFX(epi_backward)(const REAL *tile, const REAL *q,
     VEC dv0 = VZERO(), dv1 = VZERO(), E0 = VZERO(), E1 = VZERO();
     VEC one = VSET1(1);
     for (int r = 0; r < MR; r++) {
-        VEC g = VSET1(ds[r]);
-        VEC u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
-        VEC u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
+        VEC g = VSET1(ds[r]), u0, u1;
+        if (tile_is_u) {
+            u0 = VLOAD(tile + r * NR);
+            u1 = VLOAD(tile + r * NR + VLEN);
+        }
+        else {
+            u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
+            u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
                       m1);
+        }
         dv0 = VFMA(g, u0, dv0);
         dv1 = VFMA(g, u1, dv1);
         VEC e0 = VMUL(VMUL(g, v0), VSUB(one, VMUL(u0, u0)));
@@ -374,6 +384,24 @@ static void FSFX(epi_backward)(const REAL *tile, const REAL *q,
     VSTORE(dv + VLEN, VADD(VLOAD(dv + VLEN), dv1));
     VSTORE(E, VADD(VLOAD(E), E0));
     VSTORE(E + VLEN, VADD(VLOAD(E + VLEN), E1));
+}
+
+/* rows[i][j] = tile[i][j] (to_tile = 0) or tile[i][j] = rows[i][j], zero
+ * past mrows x ncols (to_tile = 1): moves u between a tile and act. */
+static void FSFX(tile_copy)(REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
+                            REAL *const *rows, int to_tile)
+{
+    for (ptrdiff_t i = 0; i < MR; i++) {
+        for (ptrdiff_t j = 0; j < NR; j++) {
+            int in = i < mrows && j < ncols;
+            if (to_tile) {
+                tile[i * NR + j] = in ? rows[i][j] : 0;
+            }
+            else if (in) {
+                rows[i][j] = tile[i * NR + j];
+            }
+        }
+    }
 }
 
 /* dst[i][j] += tile[i][j] for i < mrows, j < ncols; row i at rows[i]. */
@@ -391,9 +419,10 @@ static void FSFX(epi_add)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
  * Per-sequence passes
  */
 
-/* Scores of the n valid rows (w->idx) into w->sbuf[0..n). */
+/* Scores of the n valid rows (w->idx) into w->sbuf[0..n); and their
+ * activations u = tanh(z) into act (T, A) when it is not NULL. */
 static void FSFX(seq_scores)(att_dims d, const REAL *h, ptrdiff_t n,
-                             FSFX(ws) *w)
+                             REAL *act, FSFX(ws) *w)
 {
     for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
         ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
@@ -409,7 +438,16 @@ static void FSFX(seq_scores)(att_dims d, const REAL *h, ptrdiff_t n,
                 FSFX(micro_kernel_rows)(d.H, w->rows + i,
                                         w->Bz + p * d.H * NR, w->tile);
                 FSFX(epi_scores)(w->tile, w->q + p * NR, w->vp + p * NR,
-                                 w->colmask + p * NR, w->sacc + i * VLEN);
+                                 w->colmask + p * NR, w->sacc + i * VLEN,
+                                 act != NULL);
+                if (act != NULL) {
+                    REAL *arows[MR];
+                    ptrdiff_t mr = mc - i < MR ? mc - i : MR;
+                    for (ptrdiff_t r = 0; r < mr; r++) {
+                        arows[r] = act + w->idx[i0 + i + r] * d.A + p * NR;
+                    }
+                    FSFX(tile_copy)(w->tile, mr, d.A - p * NR, arows, 0);
+                }
             }
         }
         for (ptrdiff_t i = 0; i < mc; i++) {
@@ -464,7 +502,8 @@ static void FSFX(seq_softmax)(att_dims d, ptrdiff_t n, REAL *alpha,
 int FSFX(att_fast_context_attention)(att_dims d, const REAL *h,
                                      const REAL *W, const REAL *v,
                                      const REAL *b, const unsigned char *mask,
-                                     REAL *out, REAL *alpha, void *work)
+                                     REAL *out, REAL *alpha, REAL *act,
+                                     void *work)
 {
     FSFX(ws) w;
     FSFX(ws_init)(d, 0, work, &w);
@@ -476,7 +515,13 @@ int FSFX(att_fast_context_attention)(att_dims d, const REAL *h,
         ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
                                       W, b, &w);
         /* 3. s_t = v . tanh(W_h h_t + q), fused into the product */
-        FSFX(seq_scores)(d, hi, n, &w);
+        REAL *acti = act ? act + i * d.T * d.A : NULL;
+        for (ptrdiff_t t = 0; acti && t < d.T; t++) {
+            if (mask && !mask[i * d.T + t]) {
+                memset(acti + t * d.A, 0, (size_t)d.A * sizeof(REAL));
+            }
+        }
+        FSFX(seq_scores)(d, hi, n, acti, &w);
         /* 4. alpha = masked softmax(s) */
         FSFX(seq_softmax)(d, n, ai, &w);
         /* 5. out = sum_t alpha_t h_t */
@@ -495,14 +540,15 @@ int FSFX(att_fast_context_attention)(att_dims d, const REAL *h,
  * Backward of the layer (see att_context_attention_backward in
  * kernels_impl.h for the steps); per block of MC valid rows:
  *   Z = H_blk W_h^T  -> epilogue: dv, E, eps (MC x A)
+ *                       (or u read from act, which skips this product)
  *   dW_h += eps^T H_blk        (A x H, K = MC)
  *   dh_blk += eps W_h          (MC x H, K = A)
  */
 int FSFX(att_fast_context_attention_backward)(
     att_dims d, const REAL *grad_out, const REAL *h, const REAL *W,
     const REAL *v, const REAL *alpha, const REAL *b,
-    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
-    REAL *dv, REAL *db, void *work)
+    const unsigned char *mask, const REAL *grad_alpha, const REAL *act,
+    REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
 {
     FSFX(ws) w;
     FSFX(ws_init)(d, 1, work, &w);
@@ -565,9 +611,21 @@ int FSFX(att_fast_context_attention_backward)(
             /* Z tiles -> eps (rows of the block x Apad), dv, E */
             for (ptrdiff_t p = 0; p < w.nA; p++) {
                 for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                    FSFX(micro_kernel_rows)(d.H, w.rows + r0,
-                                            w.Bz + p * d.H * NR, w.tile);
-                    FSFX(epi_backward)(w.tile, w.q + p * NR, w.vp + p * NR,
+                    if (act != NULL) {    /* u from the forward */
+                        REAL *arows[MR];
+                        ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                        for (ptrdiff_t r = 0; r < mr; r++) {
+                            arows[r] = (REAL *)act + (i * d.T +
+                                       w.idx[i0 + r0 + r]) * d.A + p * NR;
+                        }
+                        FSFX(tile_copy)(w.tile, mr, d.A - p * NR, arows, 1);
+                    }
+                    else {
+                        FSFX(micro_kernel_rows)(d.H, w.rows + r0,
+                                                w.Bz + p * d.H * NR, w.tile);
+                    }
+                    FSFX(epi_backward)(w.tile, act != NULL, w.q + p * NR,
+                                       w.vp + p * NR,
                                        w.colmask + p * NR, ds + i0 + r0,
                                        w.dv + p * NR,
                                        w.E + p * NR,

@@ -109,19 +109,28 @@ static void SFX(item_preact)(ptrdiff_t H, ptrdiff_t A, const REAL *WT,
 }
 
 /* s_t = v . tanh(W_h h_t + q) for the valid items; masked items get
- * s_t = 0, which nothing reads.   s (T); z is scratch (A) */
+ * s_t = 0, which nothing reads.  If act is not NULL, act_t = tanh(z_t)
+ * (zero for masked items) is kept for the backward.
+ * s (T), act (T, A) or NULL; z is scratch (A) */
 static void SFX(seq_scores)(ptrdiff_t T, ptrdiff_t H, ptrdiff_t A,
                             const REAL *h, const unsigned char *m,
                             const REAL *WT, const REAL *q, const REAL *v,
-                            REAL *z, REAL *s)
+                            REAL *z, REAL *s, REAL *act)
 {
     for (ptrdiff_t t = 0; t < T; t++) {
         REAL acc = 0;
         if (VALID(m, t)) {
             SFX(item_preact)(H, A, WT, h + t * H, q, z);
             for (ptrdiff_t a = 0; a < A; a++) {
-                acc += v[a] * TANH(z[a]);
+                REAL u = TANH(z[a]);
+                acc += v[a] * u;
+                if (act) {
+                    act[t * A + a] = u;
+                }
             }
+        }
+        else if (act) {
+            SFX(fill_zero)(A, act + t * A);
         }
         s[t] = acc;
     }
@@ -205,7 +214,8 @@ static void SFX(seq_softmax_backward)(ptrdiff_t T, const REAL *g,
 
 /*
  * Backward of  s_t = v . tanh(z_t),  z_t = W_h h_t + q  for the valid items
- * of one sequence, given ds (T).  Recomputes u_t = tanh(z_t), then
+ * of one sequence, given ds (T).  Takes u_t = tanh(z_t) from act (T, A)
+ * when the forward kept it, else recomputes it, then
  *   dv   += sum_t ds_t u_t
  *   eps_t = ds_t v (1 - u_t^2)                 (dL/dz_t)
  *   E    += sum_t eps_t                        (feeds db, dW_c, dc)
@@ -218,17 +228,20 @@ static void SFX(seq_scores_backward)(ptrdiff_t T, ptrdiff_t H, ptrdiff_t A,
                                      const REAL *h, const unsigned char *m,
                                      const REAL *W, const REAL *WT,
                                      const REAL *q, const REAL *v,
-                                     const REAL *ds, REAL *z, REAL *eps,
-                                     REAL *dh, REAL *dW, REAL *dv, REAL *E)
+                                     const REAL *ds, const REAL *act,
+                                     REAL *z, REAL *eps, REAL *dh, REAL *dW,
+                                     REAL *dv, REAL *E)
 {
     for (ptrdiff_t t = 0; t < T; t++) {
         if (!VALID(m, t)) {
             continue;
         }
         const REAL *ht = h + t * H;
-        SFX(item_preact)(H, A, WT, ht, q, z);
+        if (act == NULL) {
+            SFX(item_preact)(H, A, WT, ht, q, z);
+        }
         for (ptrdiff_t a = 0; a < A; a++) {
-            REAL u = TANH(z[a]);
+            REAL u = act ? act[t * A + a] : TANH(z[a]);
             dv[a] += ds[t] * u;
             eps[a] = ds[t] * v[a] * (1 - u * u);
             E[a] += eps[a];
@@ -318,7 +331,7 @@ int SFX(att_additive_score)(att_dims d, const REAL *h, const REAL *context,
     for (ptrdiff_t i = 0; i < d.B; i++) {
         SFX(seq_query)(d.H, d.A, WT, context + i * d.H, b, q);
         SFX(seq_scores)(d.T, d.H, d.A, h + i * d.T * d.H, NULL, WT, q, v, z,
-                        s + i * d.T);
+                        s + i * d.T, NULL);
     }
     return ATT_OK;
 }
@@ -350,7 +363,7 @@ int SFX(att_additive_score_backward)(att_dims d, const REAL *grad_s,
         SFX(seq_query)(d.H, d.A, WT, ci, b, q);
         SFX(fill_zero)(d.A, E);
         SFX(seq_scores_backward)(d.T, d.H, d.A, h + i * d.T * d.H, NULL, W,
-                                 WT, q, v, grad_s + i * d.T, z, eps,
+                                 WT, q, v, grad_s + i * d.T, NULL, z, eps,
                                  dh + i * d.T * d.H, dW, dv, E);
         SFX(seq_context_backward)(d.H, d.A, W, ci, E, dW, db,
                                   dcontext + i * d.H);
@@ -426,12 +439,14 @@ int SFX(att_weighted_sum_backward)(att_dims d, const REAL *grad_out,
  * O(H + A + T) scratch is live and the (T, A) activations never exist.
  */
 
-/* out (B, H), alpha (B, T) of the whole layer on h (B, T, H). */
+/* out (B, H), alpha (B, T) of the whole layer on h (B, T, H); act
+ * (B, T, A) = tanh(z) when not NULL. */
 static int SFX(scalar_context_attention)(att_dims d, const REAL *h,
                                          const REAL *W, const REAL *v,
                                          const REAL *b,
                                          const unsigned char *mask,
-                                         REAL *out, REAL *alpha, REAL *work)
+                                         REAL *out, REAL *alpha, REAL *act,
+                                         REAL *work)
 {
     if (!dims_ok(d)) {
         return ATT_EINVAL;
@@ -448,7 +463,8 @@ static int SFX(scalar_context_attention)(att_dims d, const REAL *h,
         /* 2. q = W_c c + b, once per sequence */
         SFX(seq_query)(d.H, d.A, WT, c, b, q);
         /* 3. s_t = v . tanh(W_h h_t + q), written into alpha */
-        SFX(seq_scores)(d.T, d.H, d.A, hi, m, WT, q, v, z, ai);
+        SFX(seq_scores)(d.T, d.H, d.A, hi, m, WT, q, v, z, ai,
+                        act ? act + i * d.T * d.A : NULL);
         /* 4. alpha = masked softmax(s), in place */
         SFX(seq_softmax)(d.T, ai, m, ai);
         /* 5. out = sum_t alpha_t h_t */
@@ -459,15 +475,16 @@ static int SFX(scalar_context_attention)(att_dims d, const REAL *h,
 
 /*
  * Backward of the layer given grad_out (B, H), the forward's alpha (B, T)
- * and optionally grad_alpha (B, T).  Writes dh (B, T, H) and dW (A, 2H),
+ * and optionally grad_alpha (B, T) and the forward's act (B, T, A), which
+ * spares recomputing tanh(z).  Writes dh (B, T, H) and dW (A, 2H),
  * dv (A), db (A) or NULL summed over the batch.  Each step undoes the
  * forward step of the same number, in reverse order.
  */
 static int SFX(scalar_context_attention_backward)(
     att_dims d, const REAL *grad_out, const REAL *h, const REAL *W,
     const REAL *v, const REAL *alpha, const REAL *b,
-    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
-    REAL *dv, REAL *db, REAL *work)
+    const unsigned char *mask, const REAL *grad_alpha, const REAL *act,
+    REAL *dh, REAL *dW, REAL *dv, REAL *db, REAL *work)
 {
     if (!dims_ok(d)) {
         return ATT_EINVAL;
@@ -511,7 +528,8 @@ static int SFX(scalar_context_attention_backward)(
         SFX(seq_softmax_backward)(d.T, gamma, ai, ds);
         /* 3. s_t = v . tanh(W_h h_t + q)  ->  dv, dW_h, dh_t += W_h^T eps_t */
         SFX(fill_zero)(d.A, E);
-        SFX(seq_scores_backward)(d.T, d.H, d.A, hi, m, W, WT, q, v, ds, z,
+        SFX(seq_scores_backward)(d.T, d.H, d.A, hi, m, W, WT, q, v, ds,
+                                 act ? act + i * d.T * d.A : NULL, z,
                                  eps, dhi, dW, dv, E);
         /* 2. q = W_c c + b  ->  db += E, dW_c += E c^T, dc = W_c^T E */
         SFX(seq_context_backward)(d.H, d.A, W, c, E, dW, db, dc);
@@ -577,7 +595,7 @@ ptrdiff_t SFX(att_context_attention_backward_workspace)(att_dims d, int simd)
 int SFX(att_context_attention)(att_dims d, int simd, const REAL *h,
                                const REAL *W, const REAL *v, const REAL *b,
                                const unsigned char *mask, REAL *out,
-                               REAL *alpha, void *work)
+                               REAL *alpha, REAL *act, void *work)
 {
     if (!dims_ok(d) || !simd_ok(simd)) {
         return ATT_EINVAL;
@@ -585,18 +603,18 @@ int SFX(att_context_attention)(att_dims d, int simd, const REAL *h,
 #if ATT_HAVE_X86
     if (simd != ATT_SIMD_SCALAR) {
         return FAST(simd, att_fast_context_attention)(d, h, W, v, b, mask,
-                                                      out, alpha, work);
+                                                      out, alpha, act, work);
     }
 #endif
     return SFX(scalar_context_attention)(d, h, W, v, b, mask, out, alpha,
-                                         work);
+                                         act, work);
 }
 
 int SFX(att_context_attention_backward)(
     att_dims d, int simd, const REAL *grad_out, const REAL *h, const REAL *W,
     const REAL *v, const REAL *alpha, const REAL *b,
-    const unsigned char *mask, const REAL *grad_alpha, REAL *dh, REAL *dW,
-    REAL *dv, REAL *db, void *work)
+    const unsigned char *mask, const REAL *grad_alpha, const REAL *act,
+    REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
 {
     if (!dims_ok(d) || !simd_ok(simd)) {
         return ATT_EINVAL;
@@ -604,12 +622,12 @@ int SFX(att_context_attention_backward)(
 #if ATT_HAVE_X86
     if (simd != ATT_SIMD_SCALAR) {
         return FAST(simd, att_fast_context_attention_backward)(
-            d, grad_out, h, W, v, alpha, b, mask, grad_alpha, dh, dW, dv, db,
-            work);
+            d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act, dh, dW, dv,
+            db, work);
     }
 #endif
     return SFX(scalar_context_attention_backward)(
-        d, grad_out, h, W, v, alpha, b, mask, grad_alpha, dh, dW, dv, db,
+        d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act, dh, dW, dv, db,
         work);
 }
 
