@@ -177,13 +177,17 @@ def masked_softmax_backward(grad_alpha, alpha):
     """Backward of :func:`masked_softmax`.
 
     ``ds_t = alpha_t (g_t - sum_j alpha_j g_j)``; masked items (alpha = 0)
-    get 0.
+    get 0.  Evaluated as ``alpha_t ((g_t - g_k) - sum_j alpha_j (g_j -
+    g_k))`` with k the item of largest weight, which is the same value
+    because the weights sum to 1, and stays accurate when one weight is
+    near 1.
 
     Parameters
     ----------
     grad_alpha : array_like (..., T)
     alpha : array_like (..., T)
-        The forward's output.
+        The forward's output (weights summing to 1 over the valid items,
+        or all 0).
 
     Returns
     -------

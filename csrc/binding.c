@@ -27,11 +27,13 @@
 
 typedef struct {
     const char *name;       /* for messages */
+    int optional;           /* may be None (or left out) */
     PyObject *obj;          /* borrowed; NULL or None when not given */
     PyArrayObject *arr;     /* owned; the converted array, or NULL */
 } Arg;
 
-#define ARG(nm) {.name = (nm), .obj = NULL, .arr = NULL}
+#define ARG(nm) {.name = (nm), .optional = 0, .obj = NULL, .arr = NULL}
+#define OPT(nm) {.name = (nm), .optional = 1, .obj = NULL, .arr = NULL}
 #define GIVEN(a) ((a)->obj != NULL && (a)->obj != Py_None)
 #define DATA(a) ((a)->arr ? PyArray_DATA((a)->arr) : NULL)
 #define OUT(o) PyArray_DATA((PyArrayObject *)(o))
@@ -67,7 +69,12 @@ static const char *fmt_shape(char *buf, size_t size, int nd,
 static int to_array(Arg *a)
 {
     if (!GIVEN(a)) {
-        return 0;
+        if (a->optional) {
+            return 0;
+        }
+        PyErr_Format(PyExc_TypeError, "%s is required and cannot be None",
+                     a->name);
+        return -1;
     }
     a->arr = (PyArrayObject *)PyArray_FromAny(a->obj, NULL, 0, 0, 0, NULL);
     if (a->arr == NULL) {
@@ -330,7 +337,7 @@ static PyObject *py_mean_context(PyObject *self, PyObject *args,
                                  PyObject *kw)
 {
     static char *kwlist[] = {"h", "mask", NULL};
-    Arg a[] = {ARG("h"), ARG("mask")};
+    Arg a[] = {ARG("h"), OPT("mask")};
     PyObject *c = NULL;
     Layout L;
     int tn, st = ATT_OK;
@@ -361,7 +368,7 @@ static PyObject *py_mean_context_backward(PyObject *self, PyObject *args,
                                           PyObject *kw)
 {
     static char *kwlist[] = {"grad_c", "h", "mask", NULL};
-    Arg a[] = {ARG("grad_c"), ARG("h"), ARG("mask")};
+    Arg a[] = {ARG("grad_c"), ARG("h"), OPT("mask")};
     PyObject *dh = NULL;
     Layout L;
     int tn, st = ATT_OK;
@@ -395,7 +402,7 @@ static PyObject *py_additive_score(PyObject *self, PyObject *args,
                                    PyObject *kw)
 {
     static char *kwlist[] = {"h", "context", "W", "v", "b", NULL};
-    Arg a[] = {ARG("h"), ARG("context"), ARG("W"), ARG("v"), ARG("b")};
+    Arg a[] = {ARG("h"), ARG("context"), ARG("W"), ARG("v"), OPT("b")};
     PyObject *s = NULL;
     void *work = NULL;
     Layout L;
@@ -435,7 +442,7 @@ static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
 {
     static char *kwlist[] = {"grad_s", "h", "context", "W", "v", "b", NULL};
     Arg a[] = {ARG("grad_s"), ARG("h"), ARG("context"), ARG("W"), ARG("v"),
-               ARG("b")};
+               OPT("b")};
     PyObject *dh = NULL, *dctx = NULL, *dW = NULL, *dv = NULL, *db = NULL;
     void *work = NULL;
     Layout L;
@@ -485,7 +492,7 @@ static PyObject *py_masked_softmax(PyObject *self, PyObject *args,
                                    PyObject *kw)
 {
     static char *kwlist[] = {"scores", "mask", NULL};
-    Arg a[] = {ARG("scores"), ARG("mask")};
+    Arg a[] = {ARG("scores"), OPT("mask")};
     PyObject *alpha = NULL;
     Layout L;
     int tn, st = ATT_OK;
@@ -617,7 +624,7 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
 {
     static char *kwlist[] = {"h", "W", "v", "b", "mask", "keep_activations",
                              NULL};
-    Arg a[] = {ARG("h"), ARG("W"), ARG("v"), ARG("b"), ARG("mask")};
+    Arg a[] = {ARG("h"), ARG("W"), ARG("v"), OPT("b"), OPT("mask")};
     PyObject *out = NULL, *alpha = NULL, *act = NULL;
     void *work = NULL;
     Layout L;
@@ -667,7 +674,7 @@ static PyObject *py_context_attention_backward(PyObject *self,
                              "mask", "grad_alpha", "activations", NULL};
     /* the floating arguments first, the mask last */
     Arg a[] = {ARG("grad_out"), ARG("h"), ARG("W"), ARG("v"), ARG("alpha"),
-               ARG("b"), ARG("grad_alpha"), ARG("activations"), ARG("mask")};
+               OPT("b"), OPT("grad_alpha"), OPT("activations"), OPT("mask")};
     PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
     void *work = NULL;
     Layout L;

@@ -285,6 +285,9 @@ int SFX(att_mean_context)(att_dims d, const REAL *h,
     if (!dims_ok(d)) {
         return ATT_EINVAL;
     }
+    if (d.H == 0) {
+        return ATT_OK;    /* c is empty; B T may be huge (h holds no data) */
+    }
     for (ptrdiff_t b = 0; b < d.B; b++) {
         SFX(seq_mean)(d.T, d.H, h + b * d.T * d.H,
                       mask ? mask + b * d.T : NULL, c + b * d.H);
@@ -299,6 +302,9 @@ int SFX(att_mean_context_backward)(att_dims d, const REAL *grad_c,
 {
     if (!dims_ok(d)) {
         return ATT_EINVAL;
+    }
+    if (d.H == 0) {
+        return ATT_OK;    /* dh is empty */
     }
     for (ptrdiff_t b = 0; b < d.B; b++) {
         const unsigned char *m = mask ? mask + b * d.T : NULL;

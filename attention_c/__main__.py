@@ -1,0 +1,119 @@
+"""python -m attention_c: a short self-check and demo of the layer.
+
+Computes context-pooled attention on a random masked batch, shows one
+sequence's weights and output, checks the C kernels and their gradients
+against the plain NumPy reference in float32 and float64, and times the
+fused C layer against the reference.  Exits with status 1 if a check fails.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+import attention_c as ac
+from attention_c import reference as ref
+
+# Normwise relative error allowed against the float64 reference.
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+def rel_err(x, r):
+    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
+    scale = np.linalg.norm(r)
+    return np.linalg.norm(x - r) / (scale if scale > 0 else 1.0)
+
+
+def median_time(fn, repeat=7):
+    """Median wall time of fn() in seconds over `repeat` runs."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def make_batch(rng, B, T, H, A):
+    h = rng.standard_normal((B, T, H))
+    W = rng.standard_normal((A, 2 * H)) / np.sqrt(2 * H)
+    v = rng.standard_normal(A)
+    b = 0.1 * rng.standard_normal(A)
+    lengths = rng.integers(1, T + 1, size=B)       # ragged sequences
+    lengths[-1] = 0                                # and one empty row
+    mask = np.arange(T) < lengths[:, None]
+    return h, W, v, b, mask
+
+
+def check(rng, dtype):
+    """Max normwise errors of the forward and the gradients vs reference."""
+    h, W, v, b, mask = make_batch(rng, 6, 19, 17, 13)
+    h, W, v, b = (x.astype(dtype) for x in (h, W, v, b))
+    g = rng.standard_normal((6, 17)).astype(dtype)
+    ga = rng.standard_normal((6, 19)).astype(dtype)
+    out, alpha = ac.context_attention(h, W, v, b, mask)
+    grads = ac.context_attention_backward(g, h, W, v, alpha, b, mask, ga)
+    f64 = [x.astype(np.float64) for x in (h, W, v, b, g, ga)]
+    r_out, r_alpha = ref.context_attention(*f64[:4], mask=mask)
+    r_grads = ref.context_attention_backward(
+        f64[4], f64[0], f64[1], f64[2], r_alpha, f64[3], mask, f64[5])
+    fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
+    bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads))
+    ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype]
+          and out.dtype == dtype and np.all(out[-1] == 0)
+          and np.all(alpha[-1] == 0) and np.all(grads.h[-1] == 0))
+    return fwd, bwd, ok
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print(f"attention_c {ac.__version__}: context-pooled additive attention")
+    print("  c = mean(h_t),  s_t = v . tanh(W [h_t; c] + b),  "
+          "alpha = softmax(s),  out = sum_t alpha_t h_t\n")
+
+    # 1. The demo: one batch, one sequence shown.
+    h, W, v, b, mask = make_batch(rng, 4, 8, 6, 5)
+    out, alpha = ac.context_attention(h, W, v, b, mask)
+    np.set_printoptions(precision=3, suppress=True)
+    print(f"batch h {h.shape}, W {W.shape}; sequence 0 has "
+          f"{mask[0].sum()} of 8 items valid")
+    print(f"  alpha[0] = {alpha[0]}   (sum {alpha[0].sum():.6f})")
+    print(f"  out[0]   = {out[0]}")
+    print(f"  row 3 is fully masked: out[3] = {out[3]}, "
+          f"alpha[3].max() = {alpha[3].max()}\n")
+
+    # 2. The self-check against the NumPy reference.
+    all_ok = True
+    print("check against attention_c.reference (normwise relative error):")
+    for dtype in (np.float32, np.float64):
+        fwd, bwd, ok = check(rng, dtype)
+        all_ok &= ok
+        print(f"  {np.dtype(dtype).name:8s} forward {fwd:.1e}  "
+              f"gradients {bwd:.1e}  (tolerance {TOL[dtype]:.0e})  "
+              f"{'ok' if ok else 'FAILED'}")
+
+    # 3. Call times, median of repeated runs in this process.
+    B, T, H, A = 32, 128, 128, 128
+    h, W, v, b, mask = make_batch(rng, B, T, H, A)
+    h32, W32, v32, b32 = (x.astype(np.float32) for x in (h, W, v, b))
+    g = rng.standard_normal((B, H)).astype(np.float32)
+    out, alpha = ac.context_attention(h32, W32, v32, b32, mask)
+    t_c = median_time(lambda: ac.context_attention(h32, W32, v32, b32, mask))
+    t_r = median_time(lambda: ref.context_attention(h32, W32, v32, b32,
+                                                    mask))
+    tb_c = median_time(lambda: ac.context_attention_backward(
+        g, h32, W32, v32, alpha, b32, mask))
+    tb_r = median_time(lambda: ref.context_attention_backward(
+        g, h32, W32, v32, alpha, b32, mask))
+    print(f"\ntimes, float32, B={B} T={T} H={H} A={A} (median of 7):")
+    print(f"  forward   C {t_c * 1e3:7.2f} ms   NumPy reference "
+          f"{t_r * 1e3:7.2f} ms   ratio {t_c / t_r:.2f}")
+    print(f"  backward  C {tb_c * 1e3:7.2f} ms   NumPy reference "
+          f"{tb_r * 1e3:7.2f} ms   ratio {tb_c / tb_r:.2f}")
+    print("\nall checks passed" if all_ok else "\nSELF-CHECK FAILED")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

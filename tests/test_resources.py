@@ -1,0 +1,385 @@
+"""Resources: no leaks (memory, references) and the GIL is released.
+
+Every good and bad call of the ten public functions is repeated thousands
+of times while tracemalloc's traced memory, the process RSS and the
+reference counts of all argument objects must stay flat; several threads
+calling the fused layer at once must get exactly the serial results; and a
+pure-Python thread must run while the main thread is inside a C kernel.
+"""
+
+import gc
+import os
+import sys
+import threading
+import time
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import reference
+from conftest import Problem, assert_close
+
+# Leak problems, float64 (float32 inputs below are cast to float64 because
+# W is float64).  The cost of a call is dominated by B*T*A tanh, so two
+# shapes share the work of making every output big:
+#   WIDE_BATCH  B = 128, T = 2, H = 2, A = 1: out, c, dcontext, alpha, s,
+#               dscores, dalpha are 128 x 2 = 2 KiB, dh 4 KiB;
+#   WIDE_HIDDEN B = 1, T = 1, H = 1, A = 256: dv, db are 2 KiB, dW 4 KiB,
+#               the kernels' scratch >= 4 KiB.
+# Every function's every output is >= 2 KiB in at least one of them (and
+# each converted copy of a float32 or strided h is 2-4 KiB), while a call
+# costs microseconds.  So if any single one of them leaked once per call,
+# RSS_ITERS loops would leak >= 10000 * 2 KiB = 19.5 MiB, ten times the
+# RSS slack, and TRACE_ITERS loops >= 5000 * 2 KiB, a hundred times the
+# tracemalloc slack (which also catches a leaked bare array object).
+WIDE_BATCH = dict(lead=(128,), T=2, H=2, A=1)
+WIDE_HIDDEN = dict(lead=(1,), T=1, H=1, A=256)
+RSS_ITERS = 10000
+TRACE_ITERS = 5000
+WARMUP_ITERS = 500
+TRACED_SLACK = 100 * 1024          # bytes
+RSS_SLACK = 2 * 1024 * 1024        # bytes
+
+
+class BombError(Exception):
+    """Raised by ArrayBomb."""
+
+
+class ArrayBomb:
+    """An array-like whose __array__ raises."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise BombError("boom")
+
+
+def _problem(rng, lead, T, H, A):
+    """A random Problem and a valid alpha for it."""
+    p = Problem(rng, lead, T, H, A)
+    alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+    return p, alpha
+
+
+def _calls_for(p, alpha):
+    h, W, v, b, m = p.h, p.W, p.v, p.b, p.mask
+    c, go, gs, ga = p.context, p.grad_out, p.grad_s, p.grad_alpha
+    h32s = np.asfortranarray(h.astype(np.float32))      # strided, cast
+    return [
+        (ac.mean_context, dict(h=h, mask=m)),
+        (ac.mean_context, dict(h=h32s, mask=m[:, ::-1])),
+        (ac.mean_context_backward, dict(grad_c=go, h=h, mask=m)),
+        (ac.additive_score, dict(h=h, context=c, W=W, v=v, b=b)),
+        (ac.additive_score, dict(h=h32s, context=c, W=W, v=v.tolist())),
+        (ac.additive_score_backward, dict(grad_s=gs, h=h, context=c, W=W,
+                                          v=v, b=b)),
+        (ac.additive_score_backward, dict(grad_s=gs, h=h32s, context=c,
+                                          W=W, v=v)),
+        (ac.masked_softmax, dict(scores=gs, mask=m)),
+        (ac.masked_softmax_backward, dict(grad_alpha=ga, alpha=alpha)),
+        (ac.weighted_sum, dict(alpha=alpha, h=h)),
+        (ac.weighted_sum_backward, dict(grad_out=go, alpha=alpha, h=h)),
+        (ac.context_attention, dict(h=h, W=W, v=v, b=b, mask=m)),
+        (ac.context_attention, dict(h=h32s, W=W, v=v)),
+        (ac.context_attention_backward, dict(grad_out=go, h=h, W=W, v=v,
+                                             alpha=alpha, b=b, mask=m,
+                                             grad_alpha=ga)),
+        (ac.context_attention_backward, dict(grad_out=go, h=h32s, W=W,
+                                             v=v, alpha=alpha)),
+    ]
+
+
+def good_calls(rng):
+    """(function, kwargs) of successful calls of all ten functions, with
+    contiguous float64, strided float32 and list inputs, in both shapes."""
+    return (_calls_for(*_problem(rng, **WIDE_BATCH))
+            + _calls_for(*_problem(rng, **WIDE_HIDDEN)))
+
+
+def bad_calls(rng):
+    """(function, kwargs, exception) of failing calls of several kinds."""
+    p, alpha = _problem(rng, **WIDE_BATCH)
+    h, W, v, b, m = p.h, p.W, p.v, p.b, p.mask
+    go, ga = p.grad_out, p.grad_alpha
+    h32s = np.asfortranarray(h.astype(np.float32))
+    W32, v32 = W.astype(np.float32), v.astype(np.float32)
+    huge = np.lib.stride_tricks.as_strided(
+        np.zeros(1, np.float32), shape=(4, 2 ** 57, 2), strides=(0, 0, 0))
+    empty = np.zeros((2 ** 30, 2 ** 30, 0), np.float32)
+    return [
+        # wrong shapes, after float32 -> float64 copies were made
+        (ac.context_attention, dict(h=h32s, W=W, v=v[:-1], b=b, mask=m),
+         ValueError),
+        (ac.context_attention_backward, dict(grad_out=go, h=h32s, W=W, v=v,
+                                             alpha=alpha[:, :-1], mask=m),
+         ValueError),
+        (ac.mean_context, dict(h=h, mask=m[:-1]), ValueError),
+        (ac.weighted_sum, dict(alpha=alpha, h=h[..., :-1, :]), ValueError),
+        (ac.additive_score, dict(h=h, context=p.context, W=W[:, 1:], v=v),
+         ValueError),
+        # wrong dtypes
+        (ac.context_attention, dict(h=h, W=W.astype(complex), v=v),
+         TypeError),
+        (ac.masked_softmax, dict(scores=p.grad_s, mask=m.astype(np.int8)),
+         TypeError),
+        (ac.masked_softmax_backward, dict(grad_alpha=ga.astype(object),
+                                          alpha=alpha), TypeError),
+        # T = 0
+        (ac.context_attention, dict(h=h[..., :0, :], W=W, v=v), ValueError),
+        (ac.masked_softmax_backward, dict(grad_alpha=ga[:, :0],
+                                          alpha=alpha[:, :0]), ValueError),
+        # conversion errors: __array__ raising, ragged list
+        (ac.context_attention, dict(h=h, W=W, v=v, b=b, mask=ArrayBomb()),
+         BombError),
+        (ac.additive_score_backward, dict(grad_s=p.grad_s, h=h,
+                                          context=ArrayBomb(), W=W, v=v),
+         BombError),
+        (ac.mean_context, dict(h=[[1.0, 2.0], [3.0]]), ValueError),
+        # sizes that cannot be allocated (input copy, then output)
+        (ac.context_attention, dict(h=huge, W=W32[:, :4], v=v32), MemoryError),
+        (ac.context_attention, dict(h=empty, W=np.zeros((3, 0), np.float32),
+                                    v=np.zeros(3, np.float32)), MemoryError),
+    ]
+
+
+def run_calls(goods, bads, iters):
+    """Runs every good and bad call iters times, dropping all results."""
+    for _ in range(iters):
+        for fn, kw in goods:
+            fn(**kw)
+        for fn, kw, exc in bads:
+            try:
+                fn(**kw)
+            except exc:
+                pass
+            else:
+                raise AssertionError(f"{fn.__name__} did not raise {exc}")
+
+
+def rss_bytes():
+    """Resident set size of this process, from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_calls_are_what_they_claim(rng):
+    """The leak loops' calls behave as claimed: outputs >= 2 KiB, bad raise."""
+    goods, bads = good_calls(rng), bad_calls(rng)
+    biggest = {}
+    for fn, kw in goods:
+        res = fn(**kw)
+        outs = res if isinstance(res, tuple) else (res,)
+        for i, out in enumerate(outs):
+            if out is not None:
+                key = (fn.__name__, i)
+                biggest[key] = max(biggest.get(key, 0), out.nbytes)
+    assert len({name for name, _ in biggest}) == 10
+    small = {k: n for k, n in biggest.items() if n < 2048}
+    assert not small, small
+    for fn, kw, exc in bads:
+        with pytest.raises(exc):
+            fn(**kw)
+
+
+def test_no_leak_tracemalloc(rng):
+    """Thousands of good and bad calls keep traced memory flat."""
+    goods, bads = good_calls(rng), bad_calls(rng)
+    run_calls(goods, bads, WARMUP_ITERS)
+    tracemalloc.start()
+    try:
+        run_calls(goods, bads, WARMUP_ITERS // 3)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        run_calls(goods, bads, TRACE_ITERS)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < TRACED_SLACK, (
+        f"traced memory grew by {(after - before) / 1024:.1f} KiB over "
+        f"{TRACE_ITERS} iterations")
+
+
+def test_no_leak_rss(rng):
+    """Thousands of good and bad calls keep the resident set flat."""
+    goods, bads = good_calls(rng), bad_calls(rng)
+    run_calls(goods, bads, WARMUP_ITERS)
+    gc.collect()
+    before = rss_bytes()
+    run_calls(goods, bads, RSS_ITERS)
+    gc.collect()
+    after = rss_bytes()
+    assert after - before < RSS_SLACK, (
+        f"RSS grew by {(after - before) / 2 ** 20:.2f} MiB over "
+        f"{RSS_ITERS} iterations")
+
+
+def test_argument_refcounts_unchanged(rng):
+    """Good and failing calls leave every argument's refcount unchanged."""
+    goods = [(fn, kw, None) for fn, kw in good_calls(rng)]
+    cases = goods + bad_calls(rng)
+    # None (the default of optional arguments) is passed explicitly too.
+    p, alpha = _problem(rng, **WIDE_BATCH)
+    cases.append((ac.context_attention_backward,
+                  dict(grad_out=p.grad_out, h=p.h, W=p.W, v=p.v, alpha=alpha,
+                       b=None, mask=None, grad_alpha=None), None))
+    for fn, kw, exc in cases:
+        objs = list(kw.values()) + [None]
+
+        def once():
+            try:
+                fn(**kw)
+            except BaseException as e:          # noqa: B036
+                if exc is None or not isinstance(e, exc):
+                    raise
+
+        once()                                  # warm any caches
+        before = [sys.getrefcount(o) for o in objs]
+        for _ in range(100):
+            once()
+        after = [sys.getrefcount(o) for o in objs]
+        assert before == after, (fn.__name__, list(kw), before, after)
+
+
+@pytest.mark.parametrize("name", [
+    "mean_context", "mean_context_backward", "additive_score",
+    "additive_score_backward", "masked_softmax", "masked_softmax_backward",
+    "weighted_sum", "weighted_sum_backward", "context_attention",
+    "context_attention_backward"])
+def test_returned_arrays_hold_no_extra_references(name, rng):
+    """Each returned array has the minimal refcount and owns its data."""
+    calls = [kw for fn, kw in good_calls(rng) if fn is getattr(ac, name)]
+    res = getattr(ac, name)(**calls[0])
+    if not isinstance(res, tuple):
+        # the name `res` and getrefcount's own argument
+        assert sys.getrefcount(res) == 2, "extra reference to the result"
+        outs = [res]
+    else:
+        outs = [x for x in res if x is not None]
+        for x in outs:
+            # the tuple, the list `outs`, the name `x`, getrefcount's arg
+            assert sys.getrefcount(x) == 4, "extra reference to an output"
+    for x in outs:
+        assert x.base is None and x.flags.owndata
+    refs = [weakref.ref(x) for x in outs]
+    del res, outs, x
+    gc.collect()
+    assert all(r() is None for r in refs), "an output outlived its result"
+
+
+# --------------------------------------------------------------------------
+# The GIL.
+
+def _layer_inputs(rng, lead, T_, H_):
+    """h, mask, grad_out, grad_alpha of a random problem."""
+    p = Problem(rng, lead, T_, H_, 1)
+    return p.h, p.mask, p.grad_out, p.grad_alpha
+
+
+def _layer(h, W, v, b, mask, g, ga):
+    """All outputs of the layer forward and backward."""
+    out, alpha = ac.context_attention(h, W, v, b, mask)
+    grads = ac.context_attention_backward(g, h, W, v, alpha, b, mask, ga)
+    return (out, alpha) + tuple(grads)
+
+
+def test_threads_get_serial_results(rng):
+    """4 threads running the layer at once get exactly the serial results."""
+    n_threads, repeats = 4, 3
+    Hs, As = 32, 48
+    W = rng.standard_normal((As, 2 * Hs)) / 8
+    v, b = rng.standard_normal(As), rng.standard_normal(As) * 0.1
+    inputs = [_layer_inputs(rng, (8,), 96 + 8 * i, Hs)
+              for i in range(n_threads)]
+    serial = [_layer(h, W, v, b, m, g, ga) for h, m, g, ga in inputs]
+    results = [[] for _ in range(n_threads)]
+    errors = []
+    barrier = threading.Barrier(n_threads)
+
+    def work(i):
+        try:
+            h, m, g, ga = inputs[i]
+            barrier.wait()
+            for _ in range(repeats):
+                results[i].append(_layer(h, W, v, b, m, g, ga))
+        except BaseException as e:              # noqa: B036
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,))
+               for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread hangs"
+    assert not errors, errors
+    for i in range(n_threads):
+        assert len(results[i]) == repeats
+        for res in results[i]:
+            for k, (got, want) in enumerate(zip(res, serial[i])):
+                assert np.array_equal(got, want), f"thread {i} output {k}"
+    # and the serial results are right
+    h, m, g, ga = inputs[0]
+    out, alpha = reference.context_attention(h, W, v, b, m)
+    assert_close(serial[0][0], out, np.float64, "out")
+    assert_close(serial[0][1], alpha, np.float64, "alpha")
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gil_released_during_kernel(direction, rng):
+    """A Python thread runs while the main thread is inside the C kernel.
+
+    The switch interval is raised to 60 s, so the interpreter never forces
+    the main thread to hand over the GIL: the helper thread can only run
+    when the main thread releases it.  Between t0 and t1 the main thread
+    executes nothing but the kernel call, so any helper timestamp in
+    (t0, t1) proves the call released the GIL.  A call takes ~40-80 ms;
+    with the GIL held there would be no timestamp in the window at all,
+    however long the call, so this is not a timing assertion.
+    """
+    p = Problem(rng, (48,), 256, 64, 64)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    if direction == "forward":
+        def kernel():
+            ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    else:
+        def kernel():
+            ac.context_attention_backward(p.grad_out, p.h, p.W, p.v, alpha,
+                                          p.b, p.mask)
+
+    ticks = []
+    ready, go, stop = (threading.Event() for _ in range(3))
+
+    def helper():
+        ready.set()
+        go.wait()
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)              # releases the GIL
+
+    old = sys.getswitchinterval()
+    thread = threading.Thread(target=helper)
+    windows = []
+    try:
+        thread.start()
+        assert ready.wait(10)
+        sys.setswitchinterval(60.0)
+        go.set()
+        for _ in range(3):                  # a loaded machine gets retries
+            t0 = time.perf_counter()
+            kernel()
+            t1 = time.perf_counter()
+            windows.append((t0, t1))
+            if any(t0 < t < t1 for t in ticks):
+                break
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    inside = [sum(t0 < t < t1 for t in ticks) for t0, t1 in windows]
+    assert max(inside) >= 1, (
+        f"the helper thread never ran during {len(windows)} kernel calls of "
+        f"{[round((b - a) * 1e3, 1) for a, b in windows]} ms: the GIL is "
+        f"held")
