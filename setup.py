@@ -11,16 +11,16 @@ else:
     # -O3 but no -march=native: the wheel must run on any x86-64 (or other)
     # CPU; faster instruction sets are chosen at run time, not build time.
     compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra",
-                    "-fno-strict-aliasing"]
+                    "-fno-strict-aliasing", "-pthread"]
 
 setup(
     ext_modules=[
         Extension(
             "attention_c._core",
-            sources=["csrc/binding.c", "csrc/kernels.c",
+            sources=["csrc/binding.c", "csrc/kernels.c", "csrc/pool.c",
                      "csrc/fast_avx2.c", "csrc/fast_avx512.c"],
             depends=["csrc/attention.h", "csrc/kernels_impl.h",
-                     "csrc/fast.h", "csrc/fast_impl.h"],
+                     "csrc/fast.h", "csrc/fast_impl.h", "csrc/pool.h"],
             include_dirs=["csrc", np.get_include()],
             extra_compile_args=compile_args,
         )

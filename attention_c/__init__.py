@@ -40,7 +40,89 @@ def _simd_from_environment():
                       RuntimeWarning, stacklevel=3)
 
 
+def _available_cores():
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _threads_from_environment():
+    """Default threads: ATTENTION_C_NUM_THREADS, else the available cores."""
+    text = os.environ.get("ATTENTION_C_NUM_THREADS", "").strip()
+    n = _available_cores()
+    if text:
+        try:
+            n = int(text)
+            _core._set_num_threads(n)
+            return
+        except ValueError as exc:
+            warnings.warn(f"ATTENTION_C_NUM_THREADS={text!r} ignored: {exc}",
+                          RuntimeWarning, stacklevel=3)
+            n = _available_cores()
+    _core._set_num_threads(min(n, 256))
+
+
 _simd_from_environment()
+_threads_from_environment()
+
+
+def set_num_threads(n):
+    """Set how many threads the fused layer (forward and backward) may use.
+
+    The default is the ``ATTENTION_C_NUM_THREADS`` environment variable, or
+    else the cores this process may run on.  Results are bitwise the same
+    for every thread count.  Problems too small to pay for waking a thread
+    run on the calling thread anyway.  The building-block kernels always run
+    on the calling thread.  The setting is per process, shared by all
+    Python threads.
+
+    Parameters
+    ----------
+    n : int
+        1 to 256.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        try:
+            n = n.__index__()
+        except AttributeError:
+            raise TypeError(f"set_num_threads expects an int, got "
+                            f"{type(n).__name__}") from None
+    _core._set_num_threads(n)
+
+
+def get_num_threads():
+    """The number of threads the fused layer may use (see set_num_threads)."""
+    return _core._get_num_threads()
+
+
+def show_config(file=None):
+    """Print the build and run-time configuration: version, compiler, SIMD
+    path in use (and the best this CPU has), threads, NumPy version.
+
+    Returns the same facts as a dict.
+    """
+    import platform
+    import sys
+
+    import numpy
+
+    info = {
+        "version": __version__,
+        "compiler": _core._compiler,
+        "simd": _core._get_simd(),
+        "simd_best": _core._simd_best(),
+        "num_threads": get_num_threads(),
+        "available_cores": _available_cores(),
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    width = max(map(len, info))
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value}", file=file or sys.stdout)
+    return info
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -48,7 +130,8 @@ __all__ = [
     "masked_softmax", "masked_softmax_backward",
     "weighted_sum", "weighted_sum_backward",
     "context_attention", "context_attention_backward",
-    "AttentionGrads", "__version__",
+    "AttentionGrads", "set_num_threads", "get_num_threads", "show_config",
+    "__version__",
 ]
 
 AttentionGrads = namedtuple("AttentionGrads", ["h", "W", "v", "b"])

@@ -25,8 +25,11 @@
  *   - Kernels never allocate.  Those that need scratch take `work`, a
  *     buffer of at least *_workspace(d, simd) bytes, aligned for the type;
  *     a workspace function returns -1 when the byte count overflows.
- *   - The fused kernels take `simd` (enum att_simd), which must be at most
- *     att_simd_best(); every path gives the same results within rounding.
+ *   - The fused kernels take an att_exec: the instruction set (every path
+ *     gives the same results within rounding) and the threads.  Their
+ *     results are bitwise the same for any thread count: work is split in
+ *     a way that depends on the sizes only, and summed in a fixed order.
+ *     Small problems run on the calling thread.
  *   - Kernels write every element of their outputs (parameter gradients
  *     are zeroed, then summed over the batch), never print, never abort,
  *     keep no state, and return ATT_OK or ATT_EINVAL (bad sizes).
@@ -56,6 +59,14 @@ enum att_simd {
 /* The widest instruction set this CPU (and OS) runs. */
 int att_simd_best(void);
 
+/* How the fused kernels run: instruction set and threads. */
+struct att_pool;
+typedef struct {
+    int simd;                 /* enum att_simd, at most att_simd_best() */
+    int threads;              /* use at most this many threads (>= 1) */
+    struct att_pool *pool;    /* the threads (pool.h); NULL: the caller's */
+} att_exec;
+
 /* B sequences of T items with H features; A hidden units in the score. */
 typedef struct {
     ptrdiff_t B, T, H, A;
@@ -68,9 +79,10 @@ typedef struct {
 #define ATT_DECLARE(R, SFX)                                                  \
     ptrdiff_t att_additive_score_workspace_##SFX(att_dims d);                \
     ptrdiff_t att_additive_score_backward_workspace_##SFX(att_dims d);       \
-    ptrdiff_t att_context_attention_workspace_##SFX(att_dims d, int simd);   \
-    ptrdiff_t att_context_attention_backward_workspace_##SFX(att_dims d,     \
-                                                             int simd);      \
+    ptrdiff_t att_context_attention_workspace_##SFX(att_dims d,              \
+                                                    const att_exec *ex);     \
+    ptrdiff_t att_context_attention_backward_workspace_##SFX(                \
+        att_dims d, const att_exec *ex);                                     \
     int att_mean_context_##SFX(att_dims d, const R *h,                       \
                                const unsigned char *mask, R *c);             \
     int att_mean_context_backward_##SFX(att_dims d, const R *grad_c,         \
@@ -91,12 +103,14 @@ typedef struct {
     int att_weighted_sum_backward_##SFX(att_dims d, const R *grad_out,       \
                                         const R *alpha, const R *h,          \
                                         R *dalpha, R *dh);                   \
-    int att_context_attention_##SFX(att_dims d, int simd, const R *h,        \
+    int att_context_attention_##SFX(att_dims d, const att_exec *ex,          \
+                                    const R *h,                              \
                                     const R *W, const R *v, const R *b,      \
                                     const unsigned char *mask, R *out,       \
                                     R *alpha, R *act, void *work);           \
     int att_context_attention_backward_##SFX(                                \
-        att_dims d, int simd, const R *grad_out, const R *h, const R *W,     \
+        att_dims d, const att_exec *ex, const R *grad_out, const R *h,       \
+        const R *W,                                                          \
         const R *v, const R *alpha, const R *b, const unsigned char *mask,   \
         const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,      \
         void *work);                                                         \

@@ -20,6 +20,7 @@
 #include <numpy/arrayobject.h>
 
 #include "attention.h"
+#include "pool.h"
 
 /* ---------------------------------------------------------------------
  * Arguments
@@ -330,6 +331,48 @@ static int check_status(int st)
 static int simd_level = ATT_SIMD_SCALAR;
 static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
 
+/* Threads of the fused kernels (set_num_threads), and the pool that runs
+ * them, made on first need.  A call holds the pool (pool_users) while it
+ * runs without the GIL, so it is freed only when no call uses it.  After
+ * fork() the child has the parent's pool but not its threads: it drops it
+ * (att_pool_abandon) and makes its own.  All of this under the GIL. */
+#define MAX_THREADS 256
+static int num_threads = 1;
+static att_pool *pool = NULL;
+static int pool_users = 0;
+
+/* The att_exec of one fused call: takes the pool (or NULL with one
+ * thread); every begin_exec is paired with one end_exec. */
+static att_exec begin_exec(void)
+{
+    att_exec ex = {simd_level, num_threads, NULL};
+    if (pool != NULL && !att_pool_owned(pool)) {
+        att_pool_abandon(pool);     /* inherited through fork() */
+        pool = NULL;
+        pool_users = 0;
+    }
+    if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
+        if (pool != NULL && pool_users == 0 &&
+            att_pool_threads(pool) < num_threads) {
+            att_pool_free(pool);
+            pool = NULL;
+        }
+        if (pool == NULL) {
+            pool = att_pool_new(num_threads);  /* NULL: run on one thread */
+        }
+        ex.pool = pool;
+        pool_users += pool != NULL;
+    }
+    return ex;
+}
+
+static void end_exec(const att_exec *ex)
+{
+    if (ex->pool != NULL && ex->pool == pool) {
+        pool_users--;
+    }
+}
+
 /* ---------------------------------------------------------------------
  * mean_context(h, mask=None) -> c (..., H)
  */
@@ -628,7 +671,8 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
     PyObject *out = NULL, *alpha = NULL, *act = NULL;
     void *work = NULL;
     Layout L;
-    int tn, st = ATT_OK, simd = simd_level, keep = 0;
+    int tn, st = ATT_OK, keep = 0;
+    att_exec ex = begin_exec();
     (void)self;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOp:context_attention",
                                      kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
@@ -639,21 +683,23 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
         (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
         (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
         (keep && (act = new_out(&L, 1, 2, L.d.T, L.d.A, tn)) == NULL) ||
-        (work = new_work(WORKSPACE(tn, context_attention, L.d, simd))) ==
+        (work = new_work(WORKSPACE(tn, context_attention, L.d, &ex))) ==
             NULL) {
         goto fail;
     }
-    RUN(st, tn, context_attention, L.d, simd, DATA(&a[0]), DATA(&a[1]),
+    RUN(st, tn, context_attention, L.d, &ex, DATA(&a[0]), DATA(&a[1]),
         DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha),
         act ? OUT(act) : NULL, work);
     if (check_status(st) < 0) {
         goto fail;
     }
+    end_exec(&ex);
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
     return act ? Py_BuildValue("(NNN)", out, alpha, act)
                : Py_BuildValue("(NN)", out, alpha);
 fail:
+    end_exec(&ex);
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
     Py_XDECREF(out);
@@ -678,7 +724,8 @@ static PyObject *py_context_attention_backward(PyObject *self,
     PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
     void *work = NULL;
     Layout L;
-    int tn, st = ATT_OK, simd = simd_level;
+    int tn, st = ATT_OK;
+    att_exec ex = begin_exec();
     (void)self;
     if (!PyArg_ParseTupleAndKeywords(
             args, kw, "OOOOO|OOOO:context_attention_backward", kwlist,
@@ -696,20 +743,22 @@ static PyObject *py_context_attention_backward(PyObject *self,
         (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
         (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
         (work = new_work(WORKSPACE(tn, context_attention_backward, L.d,
-                                   simd))) == NULL) {
+                                   &ex))) == NULL) {
         goto fail;
     }
-    RUN(st, tn, context_attention_backward, L.d, simd, DATA(&a[0]),
+    RUN(st, tn, context_attention_backward, L.d, &ex, DATA(&a[0]),
         DATA(&a[1]), DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]),
         DATA(&a[8]), DATA(&a[6]), DATA(&a[7]), OUT(dh), OUT(dW), OUT(dv),
         db ? OUT(db) : NULL, work);
     if (check_status(st) < 0) {
         goto fail;
     }
+    end_exec(&ex);
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
     return Py_BuildValue("(NNNN)", dh, dW, dv, db ? db : Py_NewRef(Py_None));
 fail:
+    end_exec(&ex);
     PyMem_RawFree(work);
     release(a, N_ARGS(a));
     Py_XDECREF(dh);
@@ -765,6 +814,34 @@ static PyObject *py_set_simd(PyObject *self, PyObject *name)
         return NULL;
     }
     simd_level = level;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(num_threads);
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 1 || n > MAX_THREADS) {
+        return PyErr_Format(PyExc_ValueError,
+                            "the number of threads must be in [1, %d], "
+                            "got %ld", MAX_THREADS, n);
+    }
+    num_threads = (int)n;
+    if (pool != NULL && pool_users == 0 && att_pool_owned(pool) &&
+        att_pool_threads(pool) != num_threads) {
+        att_pool_free(pool);    /* remade to size on the next call */
+        pool = NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -835,10 +912,29 @@ static PyMethodDef methods[] = {
      "Name of the SIMD path the fused kernels use."},
     {"_set_simd", py_set_simd, METH_O,
      "Choose the SIMD path: 'scalar', 'avx2' or 'avx512'."},
+    {"_get_num_threads", py_get_num_threads, METH_NOARGS,
+     "Threads the fused kernels may use."},
+    {"_set_num_threads", py_set_num_threads, METH_O,
+     "Set the threads the fused kernels may use (1 .. 256)."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
     {NULL, NULL, 0, NULL}
 };
+
+/* Stops the pool's threads when the module goes (interpreter exit). */
+static void module_free(void *m)
+{
+    (void)m;
+    if (pool != NULL && pool_users == 0) {
+        if (att_pool_owned(pool)) {
+            att_pool_free(pool);
+        }
+        else {
+            att_pool_abandon(pool);
+        }
+        pool = NULL;
+    }
+}
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
@@ -846,11 +942,26 @@ static struct PyModuleDef module = {
     .m_doc = "C kernels of attention_c; use the functions of attention_c.",
     .m_size = 0,
     .m_methods = methods,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
     simd_level = att_simd_best();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#if defined(__clang__)
+    const char *compiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *compiler = "gcc " __VERSION__;
+#elif defined(_MSC_VER)
+    const char *compiler = "msvc " Py_STRINGIFY(_MSC_VER);
+#else
+    const char *compiler = "unknown";
+#endif
+    if (m != NULL &&
+        PyModule_AddStringConstant(m, "_compiler", compiler) < 0) {
+        Py_CLEAR(m);
+    }
+    return m;
 }

@@ -188,20 +188,25 @@ static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
 }
 
 /* ---------------------------------------------------------------------
- * Workspace: one buffer carved into 64-byte aligned parts.
+ * Workspace: one buffer carved into 64-byte aligned parts: one ws struct
+ * per thread, the parts all threads share (packed W, padded v, ...), each
+ * thread's scratch, and the backward's per-chunk parameter gradients.
  */
 
 typedef struct {
+    /* shared by all threads, written once per call */
     ptrdiff_t Apad, Hpad, nA, nH;     /* padded sizes, panels of A and H */
     REAL *Bz;        /* W_h^T panels (H x Apad): Z = h W_h^T            */
     REAL *Bd;        /* W_h panels (Apad x Hpad): dh = eps W_h           */
-    REAL *q, *vp, *E, *dv, *colmask;  /* (Apad) each                     */
+    REAL *vp, *colmask;   /* (Apad) v padded; lane mask of real columns  */
+    REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
+    /* this thread's */
+    REAL *q, *E, *dv;     /* (Apad) each                                 */
     REAL *c, *dc;    /* (H)                                              */
     REAL *sbuf;      /* (T + MR) scores or ds of the valid rows; the MR
                         past the end absorb a partial last micro-panel   */
     REAL *tile;      /* (MR x NR)                                        */
     REAL *sacc;      /* (MC x VLEN) score accumulators of a block's rows */
-    REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
     REAL *eps;       /* eps of a block (MC x Apad), row-major            */
     REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
     REAL *Bh;        /* h rows of a block as B panels (MC x Hpad)        */
@@ -209,66 +214,107 @@ typedef struct {
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
 
-/* Carves the parts from `base` (or only counts when base is NULL);
- * returns the bytes needed, 0 when a size overflows. */
-static size_t FSFX(ws_carve)(att_dims d, int backward, char *base,
-                             FSFX(ws) *w)
+/* Backward chunks: sequences are summed in at most this many groups, each
+ * into its own partial dW, dv, db, then the groups in order; the grouping
+ * depends on B only, so results do not depend on the thread count. */
+#define MAX_CHUNKS 8
+
+static ptrdiff_t FSFX(n_chunks)(att_dims d)
+{
+    return d.B < MAX_CHUNKS ? (d.B > 0 ? d.B : 1) : MAX_CHUNKS;
+}
+
+/* Carves the workspace for `threads` threads from base (or only counts
+ * when base is NULL); sets *wsp to the ws structs and *partials to the
+ * chunk gradients.  Returns the bytes needed, 0 when a size overflows. */
+static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
+                             char *base, FSFX(ws) **wsp, REAL **partials)
 {
     const size_t align = 64;
     size_t used = 0;
     ptrdiff_t Apad = (d.A + NR - 1) / NR * NR;
     ptrdiff_t Hpad = (d.H + NR - 1) / NR * NR;
-    /* (elements, element size) of each part, in the struct's order */
-    struct { void *slot; ptrdiff_t n; size_t size; } parts[] = {
-        {&w->Bz, d.H * Apad, sizeof(REAL)},
-        {&w->Bd, backward ? Apad * Hpad : 0, sizeof(REAL)},
-        {&w->q, Apad, sizeof(REAL)}, {&w->vp, Apad, sizeof(REAL)},
-        {&w->E, Apad, sizeof(REAL)}, {&w->dv, Apad, sizeof(REAL)},
-        {&w->colmask, Apad, sizeof(REAL)},
-        {&w->c, d.H, sizeof(REAL)}, {&w->dc, d.H, sizeof(REAL)},
-        {&w->sbuf, d.T + MR, sizeof(REAL)},
-        {&w->tile, MR * NR, sizeof(REAL)},
-        {&w->sacc, MC * VLEN, sizeof(REAL)},
-        {&w->zero, d.H > Apad ? d.H : Apad, sizeof(REAL)},
-        {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
-        {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
-        {&w->Bh, backward ? MC * Hpad : 0, sizeof(REAL)},
-        {&w->rows, MC + MR, sizeof(REAL *)},
-        {&w->idx, d.T, sizeof(ptrdiff_t)},
-    };
-    /* every count above is at most a product of two sizes the caller
+    ptrdiff_t chunk = backward ? FSFX(n_chunks)(d) * (d.A * 2 * d.H + 2 *
+                                                       Apad) : 0;
+    /* every count below is at most a product of two sizes the caller
      * already holds in memory, times a small constant */
     if (d.H > PTRDIFF_MAX / 64 / (Apad + 1) || Hpad > PTRDIFF_MAX / 64 /
-        (Apad + 1) || d.T > PTRDIFF_MAX / 64) {
+        (Apad + 1) || d.T > PTRDIFF_MAX / 64 / MAX_CHUNKS ||
+        threads < 1 || threads > 1024) {
         return 0;
     }
-    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-        size_t bytes = (size_t)parts[i].n * parts[i].size;
-        bytes = (bytes + align - 1) / align * align;
-        if (base != NULL) {
-            *(void **)parts[i].slot = base + used;
+    FSFX(ws) w0;
+    FSFX(ws) *ws = base ? (FSFX(ws) *)base : &w0;
+    used += ((size_t)threads * sizeof(FSFX(ws)) + align - 1) / align * align;
+    for (int t = -1; t < threads; t++) {
+        FSFX(ws) *w = &ws[t < 0 ? 0 : (base ? t : 0)];
+        /* t = -1: the shared parts; t >= 0: thread t's parts */
+        struct { void *slot; ptrdiff_t n; size_t size; } shared[] = {
+            {&w->Bz, d.H * Apad, sizeof(REAL)},
+            {&w->Bd, backward ? Apad * Hpad : 0, sizeof(REAL)},
+            {&w->vp, Apad, sizeof(REAL)},
+            {&w->colmask, Apad, sizeof(REAL)},
+            {&w->zero, d.H > Apad ? d.H : Apad, sizeof(REAL)},
+            {partials, chunk, sizeof(REAL)},
+        }, own[] = {
+            {&w->q, Apad, sizeof(REAL)}, {&w->E, Apad, sizeof(REAL)},
+            {&w->dv, Apad, sizeof(REAL)},
+            {&w->c, d.H, sizeof(REAL)}, {&w->dc, d.H, sizeof(REAL)},
+            {&w->sbuf, d.T + MR, sizeof(REAL)},
+            {&w->tile, MR * NR, sizeof(REAL)},
+            {&w->sacc, MC * VLEN, sizeof(REAL)},
+            {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
+            {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
+            {&w->Bh, backward ? MC * Hpad : 0, sizeof(REAL)},
+            {&w->rows, MC + MR, sizeof(REAL *)},
+            {&w->idx, d.T, sizeof(ptrdiff_t)},
+        };
+        size_t nparts = t < 0 ? sizeof(shared) / sizeof(shared[0])
+                              : sizeof(own) / sizeof(own[0]);
+        for (size_t i = 0; i < nparts; i++) {
+            size_t bytes = (size_t)(t < 0 ? shared : own)[i].n *
+                           (t < 0 ? shared : own)[i].size;
+            if (base != NULL) {
+                *(void **)(t < 0 ? shared : own)[i].slot = base + used;
+            }
+            used += (bytes + align - 1) / align * align;
         }
-        used += bytes;
     }
     if (base != NULL) {
-        w->Apad = Apad;
-        w->Hpad = Hpad;
-        w->nA = Apad / NR;
-        w->nH = Hpad / NR;
+        for (int t = 0; t < threads; t++) {
+            FSFX(ws) *w = &ws[t];
+            /* every thread sees the shared parts */
+            w->Bz = ws[0].Bz;
+            w->Bd = ws[0].Bd;
+            w->vp = ws[0].vp;
+            w->colmask = ws[0].colmask;
+            w->zero = ws[0].zero;
+            w->Apad = Apad;
+            w->Hpad = Hpad;
+            w->nA = Apad / NR;
+            w->nH = Hpad / NR;
+        }
+        *wsp = ws;
     }
     return used + align;   /* slack to align the base itself */
 }
 
-static void FSFX(ws_init)(att_dims d, int backward, void *work, FSFX(ws) *w)
+static FSFX(ws) *FSFX(ws_init)(att_dims d, int backward, int threads,
+                               void *work, REAL **partials)
 {
     char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    FSFX(ws_carve)(d, backward, base, w);
+    FSFX(ws) *ws = NULL;
+    REAL *unused;
+    FSFX(ws_carve)(d, backward, threads, base, &ws,
+                   partials ? partials : &unused);
+    return ws;
 }
 
-size_t FSFX(att_fast_workspace)(att_dims d, int backward)
+size_t FSFX(att_fast_workspace)(att_dims d, int backward, int threads)
 {
-    FSFX(ws) w;
-    return FSFX(ws_carve)(d, backward, NULL, &w);
+    FSFX(ws) *ws;
+    REAL *partials;
+    return FSFX(ws_carve)(d, backward, threads, NULL, &ws, &partials);
 }
 
 /* Per-call setup shared by both directions: packed W_h^T, padded v and
@@ -419,49 +465,48 @@ static void FSFX(epi_add)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
  * Per-sequence passes
  */
 
-/* Scores of the n valid rows (w->idx) into w->sbuf[0..n); and their
- * activations u = tanh(z) into act (T, A) when it is not NULL. */
-static void FSFX(seq_scores)(att_dims d, const REAL *h, ptrdiff_t n,
-                             REAL *act, FSFX(ws) *w)
+/* Scores of the valid rows i0 .. i0 + mc (indices idx, q = W_c c + b of
+ * their sequence) into s[i0 ..]; their activations u = tanh(z) into act
+ * (T, A) when it is not NULL.  Uses w's scratch only. */
+static void FSFX(score_block)(att_dims d, const REAL *h, const ptrdiff_t *idx,
+                              ptrdiff_t i0, ptrdiff_t mc, const REAL *q,
+                              REAL *s, REAL *act, FSFX(ws) *w)
 {
-    for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
-        ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
-        for (ptrdiff_t i = 0; i < mc; i++) {
-            w->rows[i] = h + w->idx[i0 + i] * d.H;
-        }
-        FSFX(block_rows)(mc, w);
-        for (ptrdiff_t i = 0; i < (mc + MR - 1) / MR * MR * VLEN; i++) {
-            w->sacc[i] = 0;
-        }
-        for (ptrdiff_t p = 0; p < w->nA; p++) {
-            for (ptrdiff_t i = 0; i < mc; i += MR) {
-                FSFX(micro_kernel_rows)(d.H, w->rows + i,
-                                        w->Bz + p * d.H * NR, w->tile);
-                FSFX(epi_scores)(w->tile, w->q + p * NR, w->vp + p * NR,
-                                 w->colmask + p * NR, w->sacc + i * VLEN,
-                                 act != NULL);
-                if (act != NULL) {
-                    REAL *arows[MR];
-                    ptrdiff_t mr = mc - i < MR ? mc - i : MR;
-                    for (ptrdiff_t r = 0; r < mr; r++) {
-                        arows[r] = act + w->idx[i0 + i + r] * d.A + p * NR;
-                    }
-                    FSFX(tile_copy)(w->tile, mr, d.A - p * NR, arows, 0);
+    for (ptrdiff_t i = 0; i < mc; i++) {
+        w->rows[i] = h + idx[i0 + i] * d.H;
+    }
+    FSFX(block_rows)(mc, w);
+    for (ptrdiff_t i = 0; i < (mc + MR - 1) / MR * MR * VLEN; i++) {
+        w->sacc[i] = 0;
+    }
+    for (ptrdiff_t p = 0; p < w->nA; p++) {
+        for (ptrdiff_t i = 0; i < mc; i += MR) {
+            FSFX(micro_kernel_rows)(d.H, w->rows + i, w->Bz + p * d.H * NR,
+                                    w->tile);
+            FSFX(epi_scores)(w->tile, q + p * NR, w->vp + p * NR,
+                             w->colmask + p * NR, w->sacc + i * VLEN,
+                             act != NULL);
+            if (act != NULL) {
+                REAL *arows[MR];
+                ptrdiff_t mr = mc - i < MR ? mc - i : MR;
+                for (ptrdiff_t r = 0; r < mr; r++) {
+                    arows[r] = act + idx[i0 + i + r] * d.A + p * NR;
                 }
+                FSFX(tile_copy)(w->tile, mr, d.A - p * NR, arows, 0);
             }
         }
-        for (ptrdiff_t i = 0; i < mc; i++) {
-            w->sbuf[i0 + i] = VREDUCE(VLOAD(w->sacc + i * VLEN));
-        }
+    }
+    for (ptrdiff_t i = 0; i < mc; i++) {
+        s[i0 + i] = VREDUCE(VLOAD(w->sacc + i * VLEN));
     }
 }
 
-/* alpha over the n valid rows from their scores in w->sbuf. */
-static void FSFX(seq_softmax)(att_dims d, ptrdiff_t n, REAL *alpha,
-                              FSFX(ws) *w)
+/* alpha (T) over the n valid rows idx from their scores s[0 .. n). */
+static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
+                              REAL *s, REAL *alpha)
 {
-    REAL *s = w->sbuf, M = -INFINITY, total = 0;
-    for (ptrdiff_t t = 0; t < d.T; t++) {
+    REAL M = -INFINITY, total = 0;
+    for (ptrdiff_t t = 0; t < T; t++) {
         alpha[t] = 0;
     }
     if (n == 0) {
@@ -491,232 +536,337 @@ static void FSFX(seq_softmax)(att_dims d, ptrdiff_t n, REAL *alpha,
         total += s[i];
     }
     for (i = 0; i < n; i++) {
-        alpha[w->idx[i]] = s[i] / total;
+        alpha[idx[i]] = s[i] / total;
     }
 }
 
 /* ---------------------------------------------------------------------
- * Public kernels of this instruction set
+ * The forward: one task per sequence, or, when there are few sequences,
+ * one task per block of MC rows of each sequence in turn.  A row's score
+ * is computed the same way whichever thread does it.
  */
 
-int FSFX(att_fast_context_attention)(att_dims d, const REAL *h,
+typedef struct {
+    att_dims d;
+    const REAL *h, *W, *v, *b;
+    const unsigned char *mask;
+    REAL *out, *alpha, *act;
+    FSFX(ws) *ws;
+    ptrdiff_t seq, n;     /* block tasks: the sequence and its valid rows */
+} FSFX(fwd_job);
+
+/* Steps 1-2 of sequence i on w: valid rows, c, q; clears the masked rows
+ * of act.  Returns n. */
+static ptrdiff_t FSFX(fwd_start)(const FSFX(fwd_job) *j, ptrdiff_t i,
+                                 FSFX(ws) *w)
+{
+    att_dims d = j->d;
+    const unsigned char *m = j->mask ? j->mask + i * d.T : NULL;
+    for (ptrdiff_t t = 0; j->act && m && t < d.T; t++) {
+        if (!m[t]) {
+            memset(j->act + (i * d.T + t) * d.A, 0,
+                   (size_t)d.A * sizeof(REAL));
+        }
+    }
+    return FSFX(seq_setup)(d, j->h + i * d.T * d.H, m, j->W, j->b, w);
+}
+
+/* Steps 4-5 of sequence i from the scores in w->sbuf. */
+static void FSFX(fwd_finish)(const FSFX(fwd_job) *j, ptrdiff_t i,
+                             ptrdiff_t n, FSFX(ws) *w)
+{
+    att_dims d = j->d;
+    const REAL *hi = j->h + i * d.T * d.H;
+    REAL *ai = j->alpha + i * d.T, *oi = j->out + i * d.H;
+    /* 4. alpha = masked softmax(s) */
+    FSFX(seq_softmax)(d.T, n, w->idx, w->sbuf, ai);
+    /* 5. out = sum_t alpha_t h_t */
+    for (ptrdiff_t k = 0; k < d.H; k++) {
+        oi[k] = 0;
+    }
+    for (ptrdiff_t r = 0; r < n; r++) {
+        ptrdiff_t t = w->idx[r];
+        FSFX(axpy)(d.H, ai[t], hi + t * d.H, oi);
+    }
+}
+
+static void FSFX(fwd_sequence_task)(void *arg, ptrdiff_t i, int thread)
+{
+    const FSFX(fwd_job) *j = arg;
+    FSFX(ws) *w = &j->ws[thread];
+    att_dims d = j->d;
+    /* 1-2. valid rows, c = mean of them, q = W_c c + b */
+    ptrdiff_t n = FSFX(fwd_start)(j, i, w);
+    /* 3. s_t = v . tanh(W_h h_t + q), fused into the product */
+    for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
+        FSFX(score_block)(d, j->h + i * d.T * d.H, w->idx, i0,
+                          n - i0 < MC ? n - i0 : MC, w->q, w->sbuf,
+                          j->act ? j->act + i * d.T * d.A : NULL, w);
+    }
+    FSFX(fwd_finish)(j, i, n, w);
+}
+
+/* Block task: step 3 for rows blk MC .. of sequence j->seq, whose rows
+ * and q thread 0 prepared in ws[0]. */
+static void FSFX(fwd_block_task)(void *arg, ptrdiff_t blk, int thread)
+{
+    const FSFX(fwd_job) *j = arg;
+    att_dims d = j->d;
+    const FSFX(ws) *w0 = &j->ws[0];
+    ptrdiff_t i0 = blk * MC;
+    FSFX(score_block)(d, j->h + j->seq * d.T * d.H, w0->idx, i0,
+                      j->n - i0 < MC ? j->n - i0 : MC, w0->q, w0->sbuf,
+                      j->act ? j->act + j->seq * d.T * d.A : NULL,
+                      &j->ws[thread]);
+}
+
+int FSFX(att_fast_context_attention)(att_dims d, att_pool *pool,
+                                     int threads, const REAL *h,
                                      const REAL *W, const REAL *v,
                                      const REAL *b, const unsigned char *mask,
                                      REAL *out, REAL *alpha, REAL *act,
                                      void *work)
 {
-    FSFX(ws) w;
-    FSFX(ws_init)(d, 0, work, &w);
-    FSFX(setup)(d, W, v, &w);
+    FSFX(fwd_job) j = {d, h, W, v, b, mask, out, alpha, act, NULL, 0, 0};
+    j.ws = FSFX(ws_init)(d, 0, threads, work, NULL);
+    FSFX(setup)(d, W, v, &j.ws[0]);
+    if (threads == 1 || d.B >= 2 * threads) {
+        att_pool_run(pool, threads, d.B, FSFX(fwd_sequence_task), &j);
+        return ATT_OK;
+    }
     for (ptrdiff_t i = 0; i < d.B; i++) {
-        const REAL *hi = h + i * d.T * d.H;
-        REAL *ai = alpha + i * d.T, *oi = out + i * d.H;
-        /* 1-2. valid rows, c = mean of them, q = W_c c + b */
-        ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
-                                      W, b, &w);
-        /* 3. s_t = v . tanh(W_h h_t + q), fused into the product */
-        REAL *acti = act ? act + i * d.T * d.A : NULL;
-        for (ptrdiff_t t = 0; acti && t < d.T; t++) {
-            if (mask && !mask[i * d.T + t]) {
-                memset(acti + t * d.A, 0, (size_t)d.A * sizeof(REAL));
-            }
-        }
-        FSFX(seq_scores)(d, hi, n, acti, &w);
-        /* 4. alpha = masked softmax(s) */
-        FSFX(seq_softmax)(d, n, ai, &w);
-        /* 5. out = sum_t alpha_t h_t */
-        for (ptrdiff_t k = 0; k < d.H; k++) {
-            oi[k] = 0;
-        }
-        for (ptrdiff_t j = 0; j < n; j++) {
-            ptrdiff_t t = w.idx[j];
-            FSFX(axpy)(d.H, ai[t], hi + t * d.H, oi);
-        }
+        j.seq = i;
+        j.n = FSFX(fwd_start)(&j, i, &j.ws[0]);
+        att_pool_run(pool, threads, (j.n + MC - 1) / MC,
+                     FSFX(fwd_block_task), &j);
+        FSFX(fwd_finish)(&j, i, j.n, &j.ws[0]);
     }
     return ATT_OK;
 }
 
-/*
- * Backward of the layer (see att_context_attention_backward in
- * kernels_impl.h for the steps); per block of MC valid rows:
- *   Z = H_blk W_h^T  -> epilogue: dv, E, eps (MC x A)
- *                       (or u read from act, which skips this product)
- *   dW_h += eps^T H_blk        (A x H, K = MC)
- *   dh_blk += eps W_h          (MC x H, K = A)
+/* ---------------------------------------------------------------------
+ * The backward: one task per chunk of sequences (see MAX_CHUNKS); chunk k
+ * sums its parameter gradients into its own partials, added in order at
+ * the end.  dh rows belong to one sequence each.
  */
-int FSFX(att_fast_context_attention_backward)(
-    att_dims d, const REAL *grad_out, const REAL *h, const REAL *W,
-    const REAL *v, const REAL *alpha, const REAL *b,
-    const unsigned char *mask, const REAL *grad_alpha, const REAL *act,
-    REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
+
+typedef struct {
+    att_dims d;
+    const REAL *grad_out, *h, *W, *v, *alpha, *b;
+    const unsigned char *mask;
+    const REAL *grad_alpha, *act;
+    REAL *dh, *partials;
+    ptrdiff_t nchunks;
+    FSFX(ws) *ws;
+} FSFX(bwd_job);
+
+/* Sequence i's share of the gradients: dh rows, and dW, dv (Apad), db
+ * (Apad) accumulated.  Each step undoes the forward step of its number. */
+static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                               FSFX(ws) *wp, REAL *dW, REAL *dv, REAL *db)
 {
-    FSFX(ws) w;
-    FSFX(ws_init)(d, 1, work, &w);
-    FSFX(setup)(d, W, v, &w);
-    /* W_h as B panels for dh = eps W_h: element (a, k) = W[a*2H + k] */
-    FSFX(pack_B)(w.Apad, d.A, d.H, W, 2 * d.H, 1, w.Bd);
-    for (ptrdiff_t a = 0; a < d.A * 2 * d.H; a++) {
-        dW[a] = 0;
+    FSFX(ws) w = *wp;
+    att_dims d = j->d;
+    const REAL *W = j->W, *act = j->act;
+    const unsigned char *mask = j->mask;
+    const REAL *hi = j->h + i * d.T * d.H, *g = j->grad_out + i * d.H;
+    const REAL *ai = j->alpha + i * d.T;
+    const REAL *gai = j->grad_alpha ? j->grad_alpha + i * d.T : NULL;
+    REAL *dhi = j->dh + i * d.T * d.H;
+    /* recompute forward steps 1-2: the valid rows, c and q */
+    ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL, W,
+                                  j->b, &w);
+    for (ptrdiff_t t = 0; mask && t < d.T; t++) {
+        if (!mask[i * d.T + t]) {
+            memset(dhi + t * d.H, 0, (size_t)d.H * sizeof(REAL));
+        }
     }
-    for (ptrdiff_t a = 0; db && a < d.A; a++) {
-        db[a] = 0;
+    /* 5. out = sum alpha_t h_t -> gamma_t = g . h_t + ga_t (dh_t = alpha_t g
+     *    is written below, block by block)
+     * 4. softmax -> ds_t = alpha_t (gamma_t - alpha . gamma), with gamma
+     *    shifted by the heaviest item's value first, as in
+     *    seq_softmax_backward of kernels_impl.h (no cancellation) */
+    REAL *ds = w.sbuf, mean = 0;
+    ptrdiff_t heavy = 0;
+    for (ptrdiff_t r = 0; r < n; r++) {
+        ptrdiff_t t = w.idx[r];
+        ds[r] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
+        heavy = ai[t] > ai[w.idx[heavy]] ? r : heavy;
     }
+    REAL ref = n > 0 ? ds[heavy] : 0;
+    for (ptrdiff_t r = 0; r < n; r++) {
+        mean += ai[w.idx[r]] * (ds[r] - ref);
+    }
+    for (ptrdiff_t r = 0; r < n; r++) {
+        ds[r] = ai[w.idx[r]] * ((ds[r] - ref) - mean);
+    }
+    for (ptrdiff_t r = n; r < n + MR; r++) {
+        ds[r] = 0;   /* rows of a partial micro-panel add nothing */
+    }
+    /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block */
     for (ptrdiff_t a = 0; a < w.Apad; a++) {
-        w.dv[a] = 0;
+        w.E[a] = 0;
     }
-    for (ptrdiff_t i = 0; i < d.B; i++) {
-        const REAL *hi = h + i * d.T * d.H, *g = grad_out + i * d.H;
-        const REAL *ai = alpha + i * d.T;
-        const REAL *gai = grad_alpha ? grad_alpha + i * d.T : NULL;
-        REAL *dhi = dh + i * d.T * d.H;
-        ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
-                                      W, b, &w);
-        /* 5. out = sum alpha_t h_t -> gamma_t = g.h_t + ga_t, dh_t = alpha_t g
-         * 4. softmax               -> ds_t = alpha_t (gamma_t - alpha.gamma)
-         * (over the valid rows; masked rows of dh are 0) */
-        for (ptrdiff_t t = 0; mask && t < d.T; t++) {
-            if (!mask[i * d.T + t]) {
-                memset(dhi + t * d.H, 0, (size_t)d.H * sizeof(REAL));
-            }
+    for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
+        ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
+        for (ptrdiff_t j = 0; j < mc; j++) {
+            w.rows[j] = hi + w.idx[i0 + j] * d.H;
         }
-        /* gamma is shifted by the heaviest item's value before the mean,
-         * as in seq_softmax_backward of kernels_impl.h (no cancellation) */
-        REAL *ds = w.sbuf, mean = 0;
-        ptrdiff_t heavy = 0;
-        for (ptrdiff_t j = 0; j < n; j++) {
-            ptrdiff_t t = w.idx[j];
-            ds[j] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
-            heavy = ai[t] > ai[w.idx[heavy]] ? j : heavy;
-        }
-        REAL ref = n > 0 ? ds[heavy] : 0;
-        for (ptrdiff_t j = 0; j < n; j++) {
-            mean += ai[w.idx[j]] * (ds[j] - ref);
-        }
-        for (ptrdiff_t j = 0; j < n; j++) {
-            ds[j] = ai[w.idx[j]] * ((ds[j] - ref) - mean);
-        }
-        for (ptrdiff_t j = n; j < n + MR; j++) {
-            ds[j] = 0;   /* rows of a partial micro-panel add nothing */
-        }
-        /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block */
-        for (ptrdiff_t a = 0; a < w.Apad; a++) {
-            w.E[a] = 0;
-        }
-        for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
-            ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
-            for (ptrdiff_t j = 0; j < mc; j++) {
-                w.rows[j] = hi + w.idx[i0 + j] * d.H;
-            }
-            FSFX(block_rows)(mc, &w);
-            /* Z tiles -> eps (rows of the block x Apad), dv, E */
-            for (ptrdiff_t p = 0; p < w.nA; p++) {
-                for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                    if (act != NULL) {    /* u from the forward */
-                        REAL *arows[MR];
-                        ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-                        for (ptrdiff_t r = 0; r < mr; r++) {
-                            arows[r] = (REAL *)act + (i * d.T +
-                                       w.idx[i0 + r0 + r]) * d.A + p * NR;
-                        }
-                        FSFX(tile_copy)(w.tile, mr, d.A - p * NR, arows, 1);
-                    }
-                    else {
-                        FSFX(micro_kernel_rows)(d.H, w.rows + r0,
-                                                w.Bz + p * d.H * NR, w.tile);
-                    }
-                    FSFX(epi_backward)(w.tile, act != NULL, w.q + p * NR,
-                                       w.vp + p * NR,
-                                       w.colmask + p * NR, ds + i0 + r0,
-                                       w.dv + p * NR,
-                                       w.E + p * NR,
-                                       w.eps + r0 * w.Apad + p * NR, w.Apad);
-                }
-            }
-            /* dW_h (A x H) += eps^T (A x mc) H_blk (mc x H) */
-            /* A: eps^T in micro-panels of MR columns of eps (k = row) */
-            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-                REAL *dst = w.AeT + a0 * mc;
-                for (ptrdiff_t r = 0; r < mc; r++) {
-                    for (ptrdiff_t x = 0; x < MR; x++) {
-                        dst[r * MR + x] = a0 + x < w.Apad ?
-                                          w.eps[r * w.Apad + a0 + x] : 0;
-                    }
-                }
-            }
-            /* B: the block's h rows in panels of NR columns */
-            for (ptrdiff_t p = 0; p < w.nH; p++) {
-                REAL *dst = w.Bh + p * mc * NR;
-                for (ptrdiff_t r = 0; r < mc; r++) {
-                    const REAL *src = hi + w.idx[i0 + r] * d.H + p * NR;
-                    for (ptrdiff_t c = 0; c < NR; c++) {
-                        dst[r * NR + c] = p * NR + c < d.H ? src[c] : 0;
-                    }
-                }
-            }
-            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-                REAL *dWrows[MR];
-                ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
-                for (ptrdiff_t x = 0; x < ma; x++) {
-                    dWrows[x] = dW + (a0 + x) * 2 * d.H;
-                }
-                for (ptrdiff_t p = 0; p < w.nH; p++) {
-                    FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc,
-                                              w.Bh + p * mc * NR, w.tile);
-                    ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
-                    FSFX(epi_add)(w.tile, ma, nc, dWrows);
-                    for (ptrdiff_t x = 0; x < ma; x++) {
-                        dWrows[x] += NR;
-                    }
-                }
-            }
-            /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
-             * the first term written here while the rows are in cache */
-            for (ptrdiff_t r = 0; r < mc; r++) {
-                ptrdiff_t t = w.idx[i0 + r];
-                for (ptrdiff_t k = 0; k < d.H; k++) {
-                    dhi[t * d.H + k] = ai[t] * g[k];
-                }
-                w.rows[r] = w.eps + r * w.Apad;
-            }
-            FSFX(block_rows)(mc, &w);
+        FSFX(block_rows)(mc, &w);
+        /* Z tiles -> eps (rows of the block x Apad), dv, E */
+        for (ptrdiff_t p = 0; p < w.nA; p++) {
             for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                REAL *dhrows[MR];
-                ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-                for (ptrdiff_t x = 0; x < mr; x++) {
-                    dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H;
-                }
-                for (ptrdiff_t p = 0; p < w.nH; p++) {
-                    FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
-                                            w.Bd + p * w.Apad * NR, w.tile);
-                    ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
-                    FSFX(epi_add)(w.tile, mr, nc, dhrows);
-                    for (ptrdiff_t x = 0; x < mr; x++) {
-                        dhrows[x] += NR;
+                if (act != NULL) {    /* u from the forward */
+                    REAL *arows[MR];
+                    ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                    for (ptrdiff_t r = 0; r < mr; r++) {
+                        arows[r] = (REAL *)act + (i * d.T +
+                                   w.idx[i0 + r0 + r]) * d.A + p * NR;
                     }
+                    FSFX(tile_copy)(w.tile, mr, d.A - p * NR, arows, 1);
+                }
+                else {
+                    FSFX(micro_kernel_rows)(d.H, w.rows + r0,
+                                            w.Bz + p * d.H * NR, w.tile);
+                }
+                FSFX(epi_backward)(w.tile, act != NULL, w.q + p * NR,
+                                   w.vp + p * NR,
+                                   w.colmask + p * NR, ds + i0 + r0,
+                                   dv + p * NR,
+                                   w.E + p * NR,
+                                   w.eps + r0 * w.Apad + p * NR, w.Apad);
+            }
+        }
+        /* dW_h (A x H) += eps^T (A x mc) H_blk (mc x H) */
+        /* A: eps^T in micro-panels of MR columns of eps (k = row) */
+        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+            REAL *dst = w.AeT + a0 * mc;
+            for (ptrdiff_t r = 0; r < mc; r++) {
+                for (ptrdiff_t x = 0; x < MR; x++) {
+                    dst[r * MR + x] = a0 + x < w.Apad ?
+                                      w.eps[r * w.Apad + a0 + x] : 0;
                 }
             }
         }
-        /* 2. q = W_c c + b -> db += E, dW_c += E c^T, dc = W_c^T E */
-        for (ptrdiff_t k = 0; k < d.H; k++) {
-            w.dc[k] = 0;
-        }
-        for (ptrdiff_t a = 0; a < d.A; a++) {
-            if (db) {
-                db[a] += w.E[a];
+        /* B: the block's h rows in panels of NR columns */
+        for (ptrdiff_t p = 0; p < w.nH; p++) {
+            REAL *dst = w.Bh + p * mc * NR;
+            for (ptrdiff_t r = 0; r < mc; r++) {
+                const REAL *src = hi + w.idx[i0 + r] * d.H + p * NR;
+                for (ptrdiff_t c = 0; c < NR; c++) {
+                    dst[r * NR + c] = p * NR + c < d.H ? src[c] : 0;
+                }
             }
-            FSFX(axpy)(d.H, w.E[a], w.c, dW + a * 2 * d.H + d.H);
-            FSFX(axpy)(d.H, w.E[a], W + a * 2 * d.H + d.H, w.dc);
         }
-        /* 1. c = mean of valid h_t -> dh_t += dc / n */
-        for (ptrdiff_t j = 0; j < n; j++) {
-            REAL *dht = dhi + w.idx[j] * d.H;
+        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+            REAL *dWrows[MR];
+            ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
+            for (ptrdiff_t x = 0; x < ma; x++) {
+                dWrows[x] = dW + (a0 + x) * 2 * d.H;
+            }
+            for (ptrdiff_t p = 0; p < w.nH; p++) {
+                FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc,
+                                          w.Bh + p * mc * NR, w.tile);
+                ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+                FSFX(epi_add)(w.tile, ma, nc, dWrows);
+                for (ptrdiff_t x = 0; x < ma; x++) {
+                    dWrows[x] += NR;
+                }
+            }
+        }
+        /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
+         * the first term written here while the rows are in cache */
+        for (ptrdiff_t r = 0; r < mc; r++) {
+            ptrdiff_t t = w.idx[i0 + r];
             for (ptrdiff_t k = 0; k < d.H; k++) {
-                dht[k] += w.dc[k] / (REAL)n;
+                dhi[t * d.H + k] = ai[t] * g[k];
+            }
+            w.rows[r] = w.eps + r * w.Apad;
+        }
+        FSFX(block_rows)(mc, &w);
+        for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+            REAL *dhrows[MR];
+            ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+            for (ptrdiff_t x = 0; x < mr; x++) {
+                dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H;
+            }
+            for (ptrdiff_t p = 0; p < w.nH; p++) {
+                FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
+                                        w.Bd + p * w.Apad * NR, w.tile);
+                ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+                FSFX(epi_add)(w.tile, mr, nc, dhrows);
+                for (ptrdiff_t x = 0; x < mr; x++) {
+                    dhrows[x] += NR;
+                }
             }
         }
+    }
+    /* 2. q = W_c c + b -> db += E, dW_c += E c^T, dc = W_c^T E */
+    for (ptrdiff_t k = 0; k < d.H; k++) {
+        w.dc[k] = 0;
     }
     for (ptrdiff_t a = 0; a < d.A; a++) {
-        dv[a] = w.dv[a];
+        db[a] += w.E[a];
+        FSFX(axpy)(d.H, w.E[a], w.c, dW + a * 2 * d.H + d.H);
+        FSFX(axpy)(d.H, w.E[a], W + a * 2 * d.H + d.H, w.dc);
+    }
+    /* 1. c = mean of valid h_t -> dh_t += dc / n */
+    for (ptrdiff_t r = 0; r < n; r++) {
+        REAL *dht = dhi + w.idx[r] * d.H;
+        for (ptrdiff_t k = 0; k < d.H; k++) {
+            dht[k] += w.dc[k] / (REAL)n;
+        }
+    }
+}
+
+static void FSFX(bwd_chunk_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    att_dims d = j->d;
+    ptrdiff_t Apad = j->ws[0].Apad, size = d.A * 2 * d.H + 2 * Apad;
+    REAL *dW = j->partials + k * size, *dv = dW + d.A * 2 * d.H;
+    REAL *db = dv + Apad;
+    for (ptrdiff_t x = 0; x < size; x++) {
+        dW[x] = 0;
+    }
+    for (ptrdiff_t i = k * d.B / j->nchunks; i < (k + 1) * d.B / j->nchunks;
+         i++) {
+        FSFX(bwd_sequence)(j, i, &j->ws[thread], dW, dv, db);
+    }
+}
+
+int FSFX(att_fast_context_attention_backward)(
+    att_dims d, att_pool *pool, int threads, const REAL *grad_out,
+    const REAL *h, const REAL *W, const REAL *v, const REAL *alpha,
+    const REAL *b, const unsigned char *mask, const REAL *grad_alpha,
+    const REAL *act, REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
+{
+    FSFX(bwd_job) j = {d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act,
+                       dh, NULL, FSFX(n_chunks)(d), NULL};
+    j.ws = FSFX(ws_init)(d, 1, threads, work, &j.partials);
+    FSFX(setup)(d, W, v, &j.ws[0]);
+    /* W_h as B panels for dh = eps W_h: element (a, k) = W[a*2H + k] */
+    FSFX(pack_B)(j.ws[0].Apad, d.A, d.H, W, 2 * d.H, 1, j.ws[0].Bd);
+    att_pool_run(pool, threads, d.B > 0 ? j.nchunks : 0,
+                 FSFX(bwd_chunk_task), &j);
+    /* the chunks' partial sums, added in chunk order */
+    ptrdiff_t Apad = j.ws[0].Apad, size = d.A * 2 * d.H + 2 * Apad;
+    for (ptrdiff_t x = 0; x < d.A * 2 * d.H; x++) {
+        dW[x] = 0;
+    }
+    for (ptrdiff_t a = 0; a < d.A; a++) {
+        dv[a] = 0;
+        if (db) {
+            db[a] = 0;
+        }
+    }
+    for (ptrdiff_t k = 0; k < (d.B > 0 ? j.nchunks : 0); k++) {
+        const REAL *pW = j.partials + k * size, *pv = pW + d.A * 2 * d.H;
+        FSFX(axpy)(d.A * 2 * d.H, 1, pW, dW);
+        FSFX(axpy)(d.A, 1, pv, dv);
+        if (db) {
+            FSFX(axpy)(d.A, 1, pv + Apad, db);
+        }
     }
     return ATT_OK;
 }

@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "fast.h"
+#include "pool.h"
 
 #ifndef ATT_HAVE_X86
 #define ATT_HAVE_X86 0
@@ -42,6 +43,26 @@ static int simd_ok(int simd)
     return simd == ATT_SIMD_SCALAR ||
            (ATT_HAVE_X86 && (simd == ATT_SIMD_AVX2 ||
                              simd == ATT_SIMD_AVX512));
+}
+
+static int exec_ok(const att_exec *ex)
+{
+    return ex != NULL && simd_ok(ex->simd) && ex->threads >= 1;
+}
+
+/* Threads a fused kernel uses: a thread costs a wake-up, so each must get
+ * at least 2^23 multiply-adds (~50 us); the scalar path runs on one. */
+static int exec_threads(const att_exec *ex, att_dims d)
+{
+    if (ex->simd == ATT_SIMD_SCALAR || ex->pool == NULL) {
+        return 1;
+    }
+    double work = (double)d.B * (double)d.T * (double)(d.H + 1) *
+                  (double)(d.A + 1);
+    double by_work = work / (double)(1 << 23);
+    int threads = ex->threads < att_pool_threads(ex->pool)
+                  ? ex->threads : att_pool_threads(ex->pool);
+    return by_work < 1 ? 1 : (by_work < threads ? (int)by_work : threads);
 }
 
 /* Elements of the scalar path's scratch: WT (2H, A), n_h vectors of H,

@@ -577,39 +577,44 @@ ptrdiff_t SFX(att_additive_score_backward_workspace)(att_dims d)
     return SFX(scalar_workspace)(d, 0, 4, 0);      /* WT | q z eps E */
 }
 
-ptrdiff_t SFX(att_context_attention_workspace)(att_dims d, int simd)
+ptrdiff_t SFX(att_context_attention_workspace)(att_dims d,
+                                               const att_exec *ex)
 {
 #if ATT_HAVE_X86
-    if (simd != ATT_SIMD_SCALAR) {
-        return fast_bytes(FAST(simd, att_fast_workspace)(d, 0));
+    if (ex->simd != ATT_SIMD_SCALAR) {
+        return fast_bytes(FAST(ex->simd, att_fast_workspace)(
+            d, 0, exec_threads(ex, d)));
     }
 #endif
     return SFX(scalar_workspace)(d, 1, 2, 0);      /* WT | c | q z */
 }
 
-ptrdiff_t SFX(att_context_attention_backward_workspace)(att_dims d, int simd)
+ptrdiff_t SFX(att_context_attention_backward_workspace)(
+    att_dims d, const att_exec *ex)
 {
 #if ATT_HAVE_X86
-    if (simd != ATT_SIMD_SCALAR) {
-        return fast_bytes(FAST(simd, att_fast_workspace)(d, 1));
+    if (ex->simd != ATT_SIMD_SCALAR) {
+        return fast_bytes(FAST(ex->simd, att_fast_workspace)(
+            d, 1, exec_threads(ex, d)));
     }
 #endif
     return SFX(scalar_workspace)(d, 2, 4, 2);      /* WT | c dc |
                                                       q z eps E | gamma ds */
 }
 
-int SFX(att_context_attention)(att_dims d, int simd, const REAL *h,
-                               const REAL *W, const REAL *v, const REAL *b,
-                               const unsigned char *mask, REAL *out,
-                               REAL *alpha, REAL *act, void *work)
+int SFX(att_context_attention)(att_dims d, const att_exec *ex,
+                               const REAL *h, const REAL *W, const REAL *v,
+                               const REAL *b, const unsigned char *mask,
+                               REAL *out, REAL *alpha, REAL *act, void *work)
 {
-    if (!dims_ok(d) || !simd_ok(simd)) {
+    if (!dims_ok(d) || !exec_ok(ex)) {
         return ATT_EINVAL;
     }
 #if ATT_HAVE_X86
-    if (simd != ATT_SIMD_SCALAR) {
-        return FAST(simd, att_fast_context_attention)(d, h, W, v, b, mask,
-                                                      out, alpha, act, work);
+    if (ex->simd != ATT_SIMD_SCALAR) {
+        return FAST(ex->simd, att_fast_context_attention)(
+            d, ex->pool, exec_threads(ex, d), h, W, v, b, mask, out, alpha,
+            act, work);
     }
 #endif
     return SFX(scalar_context_attention)(d, h, W, v, b, mask, out, alpha,
@@ -617,19 +622,19 @@ int SFX(att_context_attention)(att_dims d, int simd, const REAL *h,
 }
 
 int SFX(att_context_attention_backward)(
-    att_dims d, int simd, const REAL *grad_out, const REAL *h, const REAL *W,
-    const REAL *v, const REAL *alpha, const REAL *b,
+    att_dims d, const att_exec *ex, const REAL *grad_out, const REAL *h,
+    const REAL *W, const REAL *v, const REAL *alpha, const REAL *b,
     const unsigned char *mask, const REAL *grad_alpha, const REAL *act,
     REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
 {
-    if (!dims_ok(d) || !simd_ok(simd)) {
+    if (!dims_ok(d) || !exec_ok(ex)) {
         return ATT_EINVAL;
     }
 #if ATT_HAVE_X86
-    if (simd != ATT_SIMD_SCALAR) {
-        return FAST(simd, att_fast_context_attention_backward)(
-            d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act, dh, dW, dv,
-            db, work);
+    if (ex->simd != ATT_SIMD_SCALAR) {
+        return FAST(ex->simd, att_fast_context_attention_backward)(
+            d, ex->pool, exec_threads(ex, d), grad_out, h, W, v, alpha, b,
+            mask, grad_alpha, act, dh, dW, dv, db, work);
     }
 #endif
     return SFX(scalar_context_attention_backward)(
