@@ -76,13 +76,16 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VMAX _mm256_max_ps
 #define VAND _mm256_and_ps
 #define VREDUCE hsum_ps
-#define VROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | \
-                                     _MM_FROUND_NO_EXC)
+#define REAL_DIGITS 24
 #define VSCALE scale_ps
 #define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
     _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
-#define EXPM1_DEGREE 8
+/* expm1(r) = r + r^2 t(r) on |r| <= ln2/2 with t of degree 4, fitted
+ * (Lawson's iteration) for relative error 1.3e-8 (0.2 ulp) in expm1 */
+#define EXPM1_COEFS {0.49999998155020553f, 0.1666654366696324f,         \
+                     0.041667199686921466f, 0.008366514313475985f,       \
+                     0.001388252050197691f}
 #define LN2_HI 0.693145751953125f
 #define LN2_LO 1.42860676533018e-06f
 #define TANH_CLAMP 40.0f
@@ -104,11 +107,12 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #undef VMAX
 #undef VAND
 #undef VREDUCE
-#undef VROUND
+#undef REAL_DIGITS
 #undef VSCALE
 #undef VABS
 #undef VCOPYSIGN
 #undef EXPM1_DEGREE
+#undef EXPM1_COEFS
 #undef LN2_HI
 #undef LN2_LO
 #undef TANH_CLAMP
@@ -131,8 +135,7 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VMAX _mm256_max_pd
 #define VAND _mm256_and_pd
 #define VREDUCE hsum_pd
-#define VROUND(x) _mm256_round_pd(x, _MM_FROUND_TO_NEAREST_INT | \
-                                     _MM_FROUND_NO_EXC)
+#define REAL_DIGITS 53
 #define VSCALE scale_pd
 #define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \

@@ -6,8 +6,10 @@
  *   REAL, FSFX(x)            the type and the names' suffix (_f32_avx512 ...)
  *   VEC, VLEN, MR            vector type, lanes, rows of the micro-tile
  *   VZERO VSET1 VLOAD VSTORE VADD VSUB VMUL VDIV VFMA VMAX VAND VREDUCE
- *   VROUND VSCALE VABS VCOPYSIGN   thin wrappers of the intrinsics
- *   EXPM1_DEGREE, LN2_HI, LN2_LO, TANH_CLAMP, EXP_MIN
+ *   VSCALE VABS VCOPYSIGN    thin wrappers of the intrinsics
+ *   REAL_DIGITS              bits of the significand (24, 53)
+ *   EXPM1_COEFS or EXPM1_DEGREE   expm1 polynomial: fitted or Taylor
+ *   LN2_HI, LN2_LO, TANH_CLAMP, EXP_MIN
  * Not a public header.
  *
  * The layer's cost is the product Z = H_valid W_h^T (n x A per sequence).
@@ -40,12 +42,24 @@
  */
 
 /* y = n ln2 + r with n integral and |r| <= ln2/2; returns n and sets
- * *p = expm1(r). */
+ * *p = expm1(r).  n is rounded by adding and removing 1.5 2^(digits - 1)
+ * (|y / ln2| is far below that for every caller). */
 static inline VEC FSFX(v_reduce)(VEC y, VEC *p)
 {
-    VEC n = VROUND(VMUL(y, VSET1((REAL)1.4426950408889634)));
+    const REAL shifter = (REAL)1.5 * (REAL)(1ULL << (REAL_DIGITS - 1));
+    VEC n = VSUB(VFMA(y, VSET1((REAL)1.4426950408889634), VSET1(shifter)),
+                 VSET1(shifter));
     VEC r = VFMA(n, VSET1(-LN2_HI), y);
     r = VFMA(n, VSET1(-LN2_LO), r);
+#ifdef EXPM1_COEFS
+    /* t ~ (expm1(r) - r) / r^2: a near-minimax fit (see EXPM1_COEFS) */
+    static const REAL coefs[] = EXPM1_COEFS;
+    const int ncoefs = (int)(sizeof(coefs) / sizeof(coefs[0]));
+    VEC t = VSET1(coefs[ncoefs - 1]);
+    for (int k = ncoefs - 2; k >= 0; k--) {
+        t = VFMA(t, r, VSET1(coefs[k]));
+    }
+#else
     /* t = sum_{k>=2} r^(k-2) / k!, Horner from the highest degree */
     REAL coef = 1;
     for (int k = 2; k <= EXPM1_DEGREE; k++) {
@@ -56,6 +70,7 @@ static inline VEC FSFX(v_reduce)(VEC y, VEC *p)
         coef *= (REAL)k;
         t = VFMA(t, r, VSET1(coef));
     }
+#endif
     *p = VFMA(t, VMUL(r, r), r);              /* expm1(r) = r + r^2 t */
     return n;
 }
@@ -75,7 +90,7 @@ static inline VEC FSFX(v_tanh)(VEC x)
     /* VMAX(a, b) returns b when either is NaN: a NaN x survives */
     VEC y = VMAX(VSET1(-TANH_CLAMP), VMUL(VSET1(-2), VABS(x)));
     VEC e = FSFX(v_expm1_neg)(y);
-    VEC t = VDIV(VSUB(VZERO(), e), VADD(VSET1(2), e));   /* 2 + e >= 1 */
+    VEC t = VDIV(e, VSUB(VSET1(-2), e));     /* -e / (2 + e), 2 + e >= 1 */
     return VCOPYSIGN(t, x);
 }
 
@@ -197,6 +212,7 @@ typedef struct {
     /* shared by all threads, written once per call */
     ptrdiff_t Apad, Hpad, nA, nH;     /* padded sizes, panels of A and H */
     REAL *Bz;        /* W_h^T panels (H x Apad): Z = h W_h^T            */
+    REAL *Bc;        /* W_c^T panels (H x Apad): q = W_c c + b          */
     REAL *Bd;        /* W_h panels (Apad x Hpad): dh = eps W_h           */
     REAL *vp, *colmask;   /* (Apad) v padded; lane mask of real columns  */
     REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
@@ -251,6 +267,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
         /* t = -1: the shared parts; t >= 0: thread t's parts */
         struct { void *slot; ptrdiff_t n; size_t size; } shared[] = {
             {&w->Bz, d.H * Apad, sizeof(REAL)},
+            {&w->Bc, d.H * Apad, sizeof(REAL)},
             {&w->Bd, backward ? Apad * Hpad : 0, sizeof(REAL)},
             {&w->vp, Apad, sizeof(REAL)},
             {&w->colmask, Apad, sizeof(REAL)},
@@ -285,6 +302,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             FSFX(ws) *w = &ws[t];
             /* every thread sees the shared parts */
             w->Bz = ws[0].Bz;
+            w->Bc = ws[0].Bc;
             w->Bd = ws[0].Bd;
             w->vp = ws[0].vp;
             w->colmask = ws[0].colmask;
@@ -323,6 +341,7 @@ static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
                         FSFX(ws) *w)
 {
     FSFX(pack_B)(d.H, d.H, d.A, W, 1, 2 * d.H, w->Bz);
+    FSFX(pack_B)(d.H, d.H, d.A, W + d.H, 1, 2 * d.H, w->Bc);
     for (ptrdiff_t k = 0; k < (d.H > w->Apad ? d.H : w->Apad); k++) {
         w->zero[k] = 0;
     }
@@ -336,8 +355,8 @@ static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
 
 /* Per-sequence setup: the valid rows, c, q = W_c c + b.  Returns n. */
 static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
-                                 const unsigned char *m, const REAL *W,
-                                 const REAL *b, FSFX(ws) *w)
+                                 const unsigned char *m, const REAL *b,
+                                 FSFX(ws) *w)
 {
     ptrdiff_t n = 0;
     for (ptrdiff_t k = 0; k < d.H; k++) {
@@ -352,9 +371,20 @@ static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
     for (ptrdiff_t k = 0; k < d.H && n > 0; k++) {
         w->c[k] /= (REAL)n;
     }
-    for (ptrdiff_t a = 0; a < w->Apad; a++) {
-        w->q[a] = a < d.A ? (b ? b[a] : 0) +
-                  FSFX(v_dot)(d.H, W + a * 2 * d.H + d.H, w->c) : 0;
+    /* q (Apad) = c^T W_c^T, a row times the packed panels, + b */
+    for (ptrdiff_t p = 0; p < w->nA; p++) {
+        const REAL *Bp = w->Bc + p * d.H * NR;
+        VEC q0 = VZERO(), q1 = VZERO();
+        for (ptrdiff_t k = 0; k < d.H; k++) {
+            VEC ck = VSET1(w->c[k]);
+            q0 = VFMA(ck, VLOAD(Bp + k * NR), q0);
+            q1 = VFMA(ck, VLOAD(Bp + k * NR + VLEN), q1);
+        }
+        VSTORE(w->q + p * NR, q0);
+        VSTORE(w->q + p * NR + VLEN, q1);
+    }
+    for (ptrdiff_t a = 0; b != NULL && a < d.A; a++) {
+        w->q[a] += b[a];
     }
     return n;
 }
@@ -365,17 +395,23 @@ static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
  */
 
 /* sacc_r += v_c tanh(z_rc + q_c), lane-wise: each row's score is the sum
- * of its VLEN lanes, reduced once after the last panel. */
+ * of its VLEN lanes, reduced once after the last panel.  In a panel with
+ * padded columns (their W and v are 0) the lane mask clears u there, lest
+ * an inf in h make inf * 0 = NaN. */
 static void FSFX(epi_scores)(REAL *tile, const REAL *q, const REAL *v,
-                             const REAL *mask, REAL *sacc, int keep_u)
+                             const REAL *mask, int padded, REAL *sacc,
+                             int keep_u)
 {
     VEC q0 = VLOAD(q), q1 = VLOAD(q + VLEN);
     VEC v0 = VLOAD(v), v1 = VLOAD(v + VLEN);
     VEC m0 = VLOAD(mask), m1 = VLOAD(mask + VLEN);
     for (int r = 0; r < MR; r++) {
-        VEC u0 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0)), m0);
-        VEC u1 = VAND(FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1)),
-                      m1);
+        VEC u0 = FSFX(v_tanh)(VADD(VLOAD(tile + r * NR), q0));
+        VEC u1 = FSFX(v_tanh)(VADD(VLOAD(tile + r * NR + VLEN), q1));
+        if (padded) {
+            u0 = VAND(u0, m0);
+            u1 = VAND(u1, m1);
+        }
         VEC acc = VFMA(u0, v0, VLOAD(sacc + r * VLEN));
         VSTORE(sacc + r * VLEN, VFMA(u1, v1, acc));
         if (keep_u) {             /* the tile now holds u = tanh(z + q) */
@@ -476,16 +512,15 @@ static void FSFX(score_block)(att_dims d, const REAL *h, const ptrdiff_t *idx,
         w->rows[i] = h + idx[i0 + i] * d.H;
     }
     FSFX(block_rows)(mc, w);
-    for (ptrdiff_t i = 0; i < (mc + MR - 1) / MR * MR * VLEN; i++) {
-        w->sacc[i] = 0;
-    }
+    memset(w->sacc, 0, (size_t)((mc + MR - 1) / MR * MR * VLEN) *
+                       sizeof(REAL));
     for (ptrdiff_t p = 0; p < w->nA; p++) {
         for (ptrdiff_t i = 0; i < mc; i += MR) {
             FSFX(micro_kernel_rows)(d.H, w->rows + i, w->Bz + p * d.H * NR,
                                     w->tile);
             FSFX(epi_scores)(w->tile, q + p * NR, w->vp + p * NR,
-                             w->colmask + p * NR, w->sacc + i * VLEN,
-                             act != NULL);
+                             w->colmask + p * NR, (p + 1) * NR > d.A,
+                             w->sacc + i * VLEN, act != NULL);
             if (act != NULL) {
                 REAL *arows[MR];
                 ptrdiff_t mr = mc - i < MR ? mc - i : MR;
@@ -568,7 +603,7 @@ static ptrdiff_t FSFX(fwd_start)(const FSFX(fwd_job) *j, ptrdiff_t i,
                    (size_t)d.A * sizeof(REAL));
         }
     }
-    return FSFX(seq_setup)(d, j->h + i * d.T * d.H, m, j->W, j->b, w);
+    return FSFX(seq_setup)(d, j->h + i * d.T * d.H, m, j->b, w);
 }
 
 /* Steps 4-5 of sequence i from the scores in w->sbuf. */
@@ -674,7 +709,7 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
     const REAL *gai = j->grad_alpha ? j->grad_alpha + i * d.T : NULL;
     REAL *dhi = j->dh + i * d.T * d.H;
     /* recompute forward steps 1-2: the valid rows, c and q */
-    ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL, W,
+    ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
                                   j->b, &w);
     for (ptrdiff_t t = 0; mask && t < d.T; t++) {
         if (!mask[i * d.T + t]) {
@@ -811,11 +846,11 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
         FSFX(axpy)(d.H, w.E[a], W + a * 2 * d.H + d.H, w.dc);
     }
     /* 1. c = mean of valid h_t -> dh_t += dc / n */
+    for (ptrdiff_t k = 0; k < d.H; k++) {
+        w.dc[k] /= (REAL)n;
+    }
     for (ptrdiff_t r = 0; r < n; r++) {
-        REAL *dht = dhi + w.idx[r] * d.H;
-        for (ptrdiff_t k = 0; k < d.H; k++) {
-            dht[k] += w.dc[k] / (REAL)n;
-        }
+        FSFX(axpy)(d.H, 1, w.dc, dhi + w.idx[r] * d.H);
     }
 }
 
