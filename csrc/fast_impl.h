@@ -473,6 +473,15 @@ static void FSFX(epi_backward)(const REAL *tile, int tile_is_u,
 static void FSFX(tile_copy)(REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
                             REAL *const *rows, int to_tile)
 {
+    if (mrows == MR && ncols >= NR) {
+        for (int i = 0; i < MR; i++) {
+            REAL *src = to_tile ? rows[i] : tile + i * NR;
+            REAL *dst = to_tile ? tile + i * NR : rows[i];
+            VSTORE(dst, VLOAD(src));
+            VSTORE(dst + VLEN, VLOAD(src + VLEN));
+        }
+        return;
+    }
     for (ptrdiff_t i = 0; i < MR; i++) {
         for (ptrdiff_t j = 0; j < NR; j++) {
             int in = i < mrows && j < ncols;
@@ -490,6 +499,14 @@ static void FSFX(tile_copy)(REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
 static void FSFX(epi_add)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
                           REAL *const *rows)
 {
+    if (ncols >= NR) {
+        for (ptrdiff_t i = 0; i < mrows; i++) {
+            VSTORE(rows[i], VADD(VLOAD(rows[i]), VLOAD(tile + i * NR)));
+            VSTORE(rows[i] + VLEN, VADD(VLOAD(rows[i] + VLEN),
+                                        VLOAD(tile + i * NR + VLEN)));
+        }
+        return;
+    }
     for (ptrdiff_t i = 0; i < mrows; i++) {
         for (ptrdiff_t j = 0; j < ncols; j++) {
             rows[i][j] += tile[i * NR + j];
@@ -788,6 +805,10 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
             REAL *dst = w.Bh + p * mc * NR;
             for (ptrdiff_t r = 0; r < mc; r++) {
                 const REAL *src = hi + w.idx[i0 + r] * d.H + p * NR;
+                if ((p + 1) * NR <= d.H) {
+                    memcpy(dst + r * NR, src, NR * sizeof(REAL));
+                    continue;
+                }
                 for (ptrdiff_t c = 0; c < NR; c++) {
                     dst[r * NR + c] = p * NR + c < d.H ? src[c] : 0;
                 }
