@@ -232,12 +232,19 @@ typedef struct {
 
 /* Backward chunks: sequences are summed in at most this many groups, each
  * into its own partial dW, dv, db, then the groups in order; the grouping
- * depends on B only, so results do not depend on the thread count. */
+ * depends on the sizes only, so results do not depend on the thread count.
+ * The partials together take at most CHUNK_BYTES when W is large (beyond
+ * glibc's largest mmap threshold, 32 MiB, each call would fault in fresh
+ * pages), but there are always two when B allows, for two threads. */
 #define MAX_CHUNKS 8
+#define CHUNK_BYTES ((size_t)16 << 20)
 
 static ptrdiff_t FSFX(n_chunks)(att_dims d)
 {
-    return d.B < MAX_CHUNKS ? (d.B > 0 ? d.B : 1) : MAX_CHUNKS;
+    double bytes = (double)d.A * (double)(2 * d.H + 2) * sizeof(REAL);
+    ptrdiff_t n = (ptrdiff_t)((double)CHUNK_BYTES / (bytes + 1));
+    n = n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
+    return d.B < n ? (d.B > 0 ? d.B : 1) : n;
 }
 
 /* Carves the workspace for `threads` threads from base (or only counts
@@ -814,20 +821,19 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
                 }
             }
         }
-        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-            REAL *dWrows[MR];
-            ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
-            for (ptrdiff_t x = 0; x < ma; x++) {
-                dWrows[x] = dW + (a0 + x) * 2 * d.H;
-            }
-            for (ptrdiff_t p = 0; p < w.nH; p++) {
+        /* panel p of the block's h (mc x NR) stays in L1 while every
+         * micro-panel of eps^T goes by */
+        for (ptrdiff_t p = 0; p < w.nH; p++) {
+            ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+                REAL *dWrows[MR];
+                ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
+                for (ptrdiff_t x = 0; x < ma; x++) {
+                    dWrows[x] = dW + (a0 + x) * 2 * d.H + p * NR;
+                }
                 FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc,
                                           w.Bh + p * mc * NR, w.tile);
-                ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
                 FSFX(epi_add)(w.tile, ma, nc, dWrows);
-                for (ptrdiff_t x = 0; x < ma; x++) {
-                    dWrows[x] += NR;
-                }
             }
         }
         /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
@@ -840,20 +846,19 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
             w.rows[r] = w.eps + r * w.Apad;
         }
         FSFX(block_rows)(mc, &w);
-        for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-            REAL *dhrows[MR];
-            ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-            for (ptrdiff_t x = 0; x < mr; x++) {
-                dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H;
-            }
-            for (ptrdiff_t p = 0; p < w.nH; p++) {
+        /* panel p of W_h (Apad x NR) stays in L2 while the block's eps
+         * rows go by (all of W_h may not fit) */
+        for (ptrdiff_t p = 0; p < w.nH; p++) {
+            ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+            for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+                REAL *dhrows[MR];
+                ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                for (ptrdiff_t x = 0; x < mr; x++) {
+                    dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H + p * NR;
+                }
                 FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
                                         w.Bd + p * w.Apad * NR, w.tile);
-                ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
                 FSFX(epi_add)(w.tile, mr, nc, dhrows);
-                for (ptrdiff_t x = 0; x < mr; x++) {
-                    dhrows[x] += NR;
-                }
             }
         }
     }
