@@ -136,14 +136,15 @@ static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
 
 /* The register tile: MR rows x 2 vectors of accumulators, updated by
  * c[r] += a(r, k) b(k) for k < K, a(r, k) read through A_AT(r, k). */
-#define MICRO_KERNEL_BODY(A_AT)                                              \
+#define MICRO_KERNEL_BODY(A_AT, B_AT)                                              \
     VEC c0[MR], c1[MR];                                                      \
     for (int r = 0; r < MR; r++) {                                           \
         c0[r] = VZERO();                                                     \
         c1[r] = VZERO();                                                     \
     }                                                                        \
     for (ptrdiff_t k = 0; k < K; k++) {                                      \
-        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);         \
+        const REAL *bk = B_AT(k);                                            \
+        VEC b0 = VLOAD(bk), b1 = VLOAD(bk + VLEN);                           \
         for (int r = 0; r < MR; r++) {                                       \
             VEC a = VSET1(A_AT(r, k));                                       \
             c0[r] = VFMA(a, b0, c0[r]);                                      \
@@ -167,7 +168,8 @@ static void FSFX(micro_kernel_rows)(ptrdiff_t K, const REAL *const *rows,
         a_rows[r] = rows[r];
     }
 #define ROWS_AT(r, k) a_rows[r][k]
-    MICRO_KERNEL_BODY(ROWS_AT)
+#define PANEL_AT(k) (Bp + (k) * NR)
+    MICRO_KERNEL_BODY(ROWS_AT, PANEL_AT)
 #undef ROWS_AT
 }
 
@@ -177,8 +179,22 @@ static void FSFX(micro_kernel_packed)(ptrdiff_t K, const REAL *restrict Ap,
                                       REAL *restrict tile)
 {
 #define PACKED_AT(r, k) Ap[(k) * MR + (r)]
-    MICRO_KERNEL_BODY(PACKED_AT)
+    MICRO_KERNEL_BODY(PACKED_AT, PANEL_AT)
+}
+
+/* The same for A packed and B read in place: row k of B is NR elements
+ * at brows[k] + off (rows of h for dW_h, no packing). */
+static void FSFX(micro_kernel_packed_rows)(ptrdiff_t K,
+                                           const REAL *restrict Ap,
+                                           const REAL *const *brows,
+                                           ptrdiff_t off,
+                                           REAL *restrict tile)
+{
+#define BROWS_AT(k) (brows[k] + off)
+    MICRO_KERNEL_BODY(PACKED_AT, BROWS_AT)
+#undef BROWS_AT
 #undef PACKED_AT
+#undef PANEL_AT
 }
 
 #undef MICRO_KERNEL_BODY
@@ -225,7 +241,7 @@ typedef struct {
     REAL *sacc;      /* (MC x VLEN) score accumulators of a block's rows */
     REAL *eps;       /* eps of a block (MC x Apad), row-major            */
     REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
-    REAL *Bh;        /* h rows of a block as B panels (MC x Hpad)        */
+    REAL *Bh;        /* a block's h rows, last partial panel (MC x NR)   */
     const REAL **rows;   /* (MC + MR) row pointers of a block            */
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
@@ -289,7 +305,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             {&w->sacc, MC * VLEN, sizeof(REAL)},
             {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
             {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
-            {&w->Bh, backward ? MC * Hpad : 0, sizeof(REAL)},
+            {&w->Bh, backward ? MC * NR : 0, sizeof(REAL)},
             {&w->rows, MC + MR, sizeof(REAL *)},
             {&w->idx, d.T, sizeof(ptrdiff_t)},
         };
@@ -517,6 +533,26 @@ static void FSFX(epi_add)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
     for (ptrdiff_t i = 0; i < mrows; i++) {
         for (ptrdiff_t j = 0; j < ncols; j++) {
             rows[i][j] += tile[i * NR + j];
+        }
+    }
+}
+
+/* dst[i][j] = alpha_i g_j + tile[i][j] for i < mrows, j < ncols. */
+static void FSFX(epi_dh)(const REAL *tile, ptrdiff_t mrows, ptrdiff_t ncols,
+                         const REAL *alpha, const REAL *g, REAL *const *rows)
+{
+    if (ncols >= NR) {
+        VEC g0 = VLOAD(g), g1 = VLOAD(g + VLEN);
+        for (ptrdiff_t i = 0; i < mrows; i++) {
+            VEC a = VSET1(alpha[i]);
+            VSTORE(rows[i], VFMA(a, g0, VLOAD(tile + i * NR)));
+            VSTORE(rows[i] + VLEN, VFMA(a, g1, VLOAD(tile + i * NR + VLEN)));
+        }
+        return;
+    }
+    for (ptrdiff_t i = 0; i < mrows; i++) {
+        for (ptrdiff_t j = 0; j < ncols; j++) {
+            rows[i][j] = alpha[i] * g[j] + tile[i * NR + j];
         }
     }
 }
@@ -798,27 +834,26 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
         }
         /* dW_h (A x H) += eps^T (A x mc) H_blk (mc x H) */
         /* A: eps^T in micro-panels of MR columns of eps (k = row) */
-        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-            REAL *dst = w.AeT + a0 * mc;
-            for (ptrdiff_t r = 0; r < mc; r++) {
+        for (ptrdiff_t r = 0; r < mc; r++) {
+            const REAL *src = w.eps + r * w.Apad;
+            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+                REAL *dst = w.AeT + a0 * mc + r * MR;
+                if (a0 + MR <= w.Apad) {
+                    memcpy(dst, src + a0, MR * sizeof(REAL));
+                    continue;
+                }
                 for (ptrdiff_t x = 0; x < MR; x++) {
-                    dst[r * MR + x] = a0 + x < w.Apad ?
-                                      w.eps[r * w.Apad + a0 + x] : 0;
+                    dst[x] = a0 + x < w.Apad ? src[a0 + x] : 0;
                 }
             }
         }
-        /* B: the block's h rows in panels of NR columns */
-        for (ptrdiff_t p = 0; p < w.nH; p++) {
-            REAL *dst = w.Bh + p * mc * NR;
-            for (ptrdiff_t r = 0; r < mc; r++) {
-                const REAL *src = hi + w.idx[i0 + r] * d.H + p * NR;
-                if ((p + 1) * NR <= d.H) {
-                    memcpy(dst + r * NR, src, NR * sizeof(REAL));
-                    continue;
-                }
-                for (ptrdiff_t c = 0; c < NR; c++) {
-                    dst[r * NR + c] = p * NR + c < d.H ? src[c] : 0;
-                }
+        /* B: the block's h rows (still in w.rows), read in place; only a
+         * last, partial panel of NR columns is copied, zero-padded */
+        ptrdiff_t pfull = d.H / NR;
+        for (ptrdiff_t r = 0; pfull < w.nH && r < mc; r++) {
+            for (ptrdiff_t c = 0; c < NR; c++) {
+                w.Bh[r * NR + c] = pfull * NR + c < d.H ?
+                                   w.rows[r][pfull * NR + c] : 0;
             }
         }
         /* panel p of the block's h (mc x NR) stays in L1 while every
@@ -831,18 +866,20 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
                 for (ptrdiff_t x = 0; x < ma; x++) {
                     dWrows[x] = dW + (a0 + x) * 2 * d.H + p * NR;
                 }
-                FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc,
-                                          w.Bh + p * mc * NR, w.tile);
+                if (p < pfull) {
+                    FSFX(micro_kernel_packed_rows)(mc, w.AeT + a0 * mc,
+                                                   w.rows, p * NR, w.tile);
+                }
+                else {
+                    FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc, w.Bh,
+                                              w.tile);
+                }
                 FSFX(epi_add)(w.tile, ma, nc, dWrows);
             }
         }
         /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
-         * the first term written here while the rows are in cache */
+         * both terms written by the product's epilogue */
         for (ptrdiff_t r = 0; r < mc; r++) {
-            ptrdiff_t t = w.idx[i0 + r];
-            for (ptrdiff_t k = 0; k < d.H; k++) {
-                dhi[t * d.H + k] = ai[t] * g[k];
-            }
             w.rows[r] = w.eps + r * w.Apad;
         }
         FSFX(block_rows)(mc, &w);
@@ -851,14 +888,16 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
         for (ptrdiff_t p = 0; p < w.nH; p++) {
             ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
             for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                REAL *dhrows[MR];
+                REAL *dhrows[MR], arow[MR];
                 ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
                 for (ptrdiff_t x = 0; x < mr; x++) {
-                    dhrows[x] = dhi + w.idx[i0 + r0 + x] * d.H + p * NR;
+                    ptrdiff_t t = w.idx[i0 + r0 + x];
+                    dhrows[x] = dhi + t * d.H + p * NR;
+                    arow[x] = ai[t];
                 }
                 FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
                                         w.Bd + p * w.Apad * NR, w.tile);
-                FSFX(epi_add)(w.tile, mr, nc, dhrows);
+                FSFX(epi_dh)(w.tile, mr, nc, arow, g + p * NR, dhrows);
             }
         }
     }
