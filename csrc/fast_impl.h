@@ -201,18 +201,31 @@ static void FSFX(micro_kernel_packed_rows)(ptrdiff_t K,
 
 /* B panels of a K x N operand given as element (k, j) = src[j*ldj + k*ldk]
  * for k < Kvalid: Bp[p][k][c] for column j = p NR + c, zero where j >= N
- * or k >= Kvalid. */
+ * or k >= Kvalid.  The inner loop runs along whichever index is contiguous
+ * in src. */
 static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
                          const REAL *src, ptrdiff_t ldk, ptrdiff_t ldj,
                          REAL *Bp)
 {
     for (ptrdiff_t p = 0; p * NR < N; p++) {
         REAL *dst = Bp + p * K * NR;
-        for (ptrdiff_t k = 0; k < K; k++) {
-            for (ptrdiff_t c = 0; c < NR; c++) {
-                ptrdiff_t j = p * NR + c;
-                dst[k * NR + c] = j < N && k < Kvalid ?
-                                  src[j * ldj + k * ldk] : 0;
+        const REAL *sp = src + p * NR * ldj;
+        ptrdiff_t nc = N - p * NR < NR ? N - p * NR : NR;
+        if (nc < NR || Kvalid < K) {
+            memset(dst, 0, (size_t)(K * NR) * sizeof(REAL));
+        }
+        if (ldj == 1) {
+            for (ptrdiff_t k = 0; k < Kvalid; k++) {
+                for (ptrdiff_t c = 0; c < nc; c++) {
+                    dst[k * NR + c] = sp[k * ldk + c];
+                }
+            }
+        }
+        else {
+            for (ptrdiff_t c = 0; c < nc; c++) {
+                for (ptrdiff_t k = 0; k < Kvalid; k++) {
+                    dst[k * NR + c] = sp[c * ldj + k * ldk];
+                }
             }
         }
     }
