@@ -83,13 +83,10 @@ def set_num_threads(n):
     n : int
         1 to 256.
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        try:
-            n = n.__index__()
-        except AttributeError:
-            raise TypeError(f"set_num_threads expects an int, got "
-                            f"{type(n).__name__}") from None
-    _core._set_num_threads(n)
+    if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+        raise TypeError(f"set_num_threads expects an int, got "
+                        f"{type(n).__name__}")
+    _core._set_num_threads(n.__index__())
 
 
 def get_num_threads():

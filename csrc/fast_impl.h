@@ -389,21 +389,41 @@ static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
     }
 }
 
+/* out = sum_r w_t h_t over the valid rows t = idx[r], r < n (w_t = 1 when
+ * w is NULL), summed in double: float32 sums over long sequences would
+ * otherwise lose digits (error ~ n eps).  O(n H), beside the O(n H A)
+ * product.  Columns go 64 at a time so the accumulators stay in L1. */
+static void FSFX(sum_rows)(ptrdiff_t H, ptrdiff_t n, const ptrdiff_t *idx,
+                           const REAL *h, const REAL *w, REAL *out)
+{
+    for (ptrdiff_t k0 = 0; k0 < H; k0 += 64) {
+        ptrdiff_t nk = H - k0 < 64 ? H - k0 : 64;
+        double acc[64] = {0};
+        for (ptrdiff_t r = 0; r < n; r++) {
+            const REAL *ht = h + idx[r] * H + k0;
+            double wt = w ? (double)w[idx[r]] : 1.0;
+            for (ptrdiff_t k = 0; k < nk; k++) {
+                acc[k] += wt * (double)ht[k];
+            }
+        }
+        for (ptrdiff_t k = 0; k < nk; k++) {
+            out[k0 + k] = (REAL)acc[k];
+        }
+    }
+}
+
 /* Per-sequence setup: the valid rows, c, q = W_c c + b.  Returns n. */
 static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
                                  const unsigned char *m, const REAL *b,
                                  FSFX(ws) *w)
 {
     ptrdiff_t n = 0;
-    for (ptrdiff_t k = 0; k < d.H; k++) {
-        w->c[k] = 0;
-    }
     for (ptrdiff_t t = 0; t < d.T; t++) {
         if (m == NULL || m[t]) {
             w->idx[n++] = t;
-            FSFX(axpy)(d.H, 1, h + t * d.H, w->c);
         }
     }
+    FSFX(sum_rows)(d.H, n, w->idx, h, NULL, w->c);
     for (ptrdiff_t k = 0; k < d.H && n > 0; k++) {
         w->c[k] /= (REAL)n;
     }
@@ -613,7 +633,8 @@ static void FSFX(score_block)(att_dims d, const REAL *h, const ptrdiff_t *idx,
 static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
                               REAL *s, REAL *alpha)
 {
-    REAL M = -INFINITY, total = 0;
+    REAL M = -INFINITY;
+    double total = 0;     /* double: see sum_rows */
     for (ptrdiff_t t = 0; t < T; t++) {
         alpha[t] = 0;
     }
@@ -644,7 +665,7 @@ static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
         total += s[i];
     }
     for (i = 0; i < n; i++) {
-        alpha[idx[i]] = s[i] / total;
+        alpha[idx[i]] = (REAL)(s[i] / total);
     }
 }
 
@@ -689,13 +710,7 @@ static void FSFX(fwd_finish)(const FSFX(fwd_job) *j, ptrdiff_t i,
     /* 4. alpha = masked softmax(s) */
     FSFX(seq_softmax)(d.T, n, w->idx, w->sbuf, ai);
     /* 5. out = sum_t alpha_t h_t */
-    for (ptrdiff_t k = 0; k < d.H; k++) {
-        oi[k] = 0;
-    }
-    for (ptrdiff_t r = 0; r < n; r++) {
-        ptrdiff_t t = w->idx[r];
-        FSFX(axpy)(d.H, ai[t], hi + t * d.H, oi);
-    }
+    FSFX(sum_rows)(d.H, n, w->idx, hi, ai, oi);
 }
 
 static void FSFX(fwd_sequence_task)(void *arg, ptrdiff_t i, int thread)
@@ -802,9 +817,11 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
         heavy = ai[t] > ai[w.idx[heavy]] ? r : heavy;
     }
     REAL ref = n > 0 ? ds[heavy] : 0;
+    double acc = 0;       /* double: see sum_rows */
     for (ptrdiff_t r = 0; r < n; r++) {
-        mean += ai[w.idx[r]] * (ds[r] - ref);
+        acc += (double)ai[w.idx[r]] * (double)(ds[r] - ref);
     }
+    mean = (REAL)acc;
     for (ptrdiff_t r = 0; r < n; r++) {
         ds[r] = ai[w.idx[r]] * ((ds[r] - ref) - mean);
     }

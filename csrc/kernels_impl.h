@@ -63,18 +63,38 @@ static void SFX(transpose)(ptrdiff_t A, ptrdiff_t K, const REAL *W, REAL *WT)
  */
 
 /* c = (1/n) sum_t m_t h_t, c = 0 when n = 0.  Returns n.   c (H) */
+/* out = sum_t w_t h_t over the valid items (w_t = 1 when w is NULL),
+ * summed in double: float32 sums over long sequences would otherwise lose
+ * digits (error ~ T eps).  Columns go 64 at a time so that the
+ * accumulators stay in registers or L1.   out (H) */
+static void SFX(sum_rows)(ptrdiff_t T, ptrdiff_t H, const REAL *h,
+                          const unsigned char *m, const REAL *w, REAL *out)
+{
+    for (ptrdiff_t k0 = 0; k0 < H; k0 += 64) {
+        ptrdiff_t nk = H - k0 < 64 ? H - k0 : 64;
+        double acc[64] = {0};
+        for (ptrdiff_t t = 0; t < T; t++) {
+            if (VALID(m, t)) {
+                double wt = w ? (double)w[t] : 1.0;
+                for (ptrdiff_t k = 0; k < nk; k++) {
+                    acc[k] += wt * (double)h[t * H + k0 + k];
+                }
+            }
+        }
+        for (ptrdiff_t k = 0; k < nk; k++) {
+            out[k0 + k] = (REAL)acc[k];
+        }
+    }
+}
+
 static ptrdiff_t SFX(seq_mean)(ptrdiff_t T, ptrdiff_t H, const REAL *h,
                                const unsigned char *m, REAL *c)
 {
     ptrdiff_t n = 0;
-    SFX(fill_zero)(H, c);
     for (ptrdiff_t t = 0; t < T; t++) {
-        if (!VALID(m, t)) {
-            continue;
-        }
-        SFX(axpy)(H, 1, h + t * H, c);
-        n++;
+        n += VALID(m, t) ? 1 : 0;
     }
+    SFX(sum_rows)(T, H, h, m, NULL, c);
     if (n > 0) {
         for (ptrdiff_t k = 0; k < H; k++) {
             c[k] /= (REAL)n;
@@ -142,7 +162,8 @@ static void SFX(seq_scores)(ptrdiff_t T, ptrdiff_t H, ptrdiff_t A,
 static void SFX(seq_softmax)(ptrdiff_t T, const REAL *s,
                              const unsigned char *m, REAL *alpha)
 {
-    REAL M = -INFINITY, total = 0;
+    REAL M = -INFINITY;
+    double total = 0;     /* double: see sum_rows */
     ptrdiff_t n = 0;
     /* pass 1: M = max of the valid scores; a NaN wins, as in np.max */
     for (ptrdiff_t t = 0; t < T; t++) {
@@ -169,7 +190,7 @@ static void SFX(seq_softmax)(ptrdiff_t T, const REAL *s,
     /* pass 3: normalise the valid items only, so padding stays exactly 0 */
     for (ptrdiff_t t = 0; t < T; t++) {
         if (VALID(m, t)) {
-            alpha[t] /= total;
+            alpha[t] = (REAL)(alpha[t] / total);
         }
     }
 }
@@ -179,12 +200,7 @@ static void SFX(seq_weighted_sum)(ptrdiff_t T, ptrdiff_t H,
                                   const REAL *alpha, const REAL *h,
                                   const unsigned char *m, REAL *out)
 {
-    SFX(fill_zero)(H, out);
-    for (ptrdiff_t t = 0; t < T; t++) {
-        if (VALID(m, t)) {
-            SFX(axpy)(H, alpha[t], h + t * H, out);
-        }
-    }
+    SFX(sum_rows)(T, H, h, m, alpha, out);
 }
 
 /* ---------------------------------------------------------------------
@@ -203,10 +219,12 @@ static void SFX(seq_softmax_backward)(ptrdiff_t T, const REAL *g,
     for (ptrdiff_t t = 1; t < T; t++) {
         k = alpha[t] > alpha[k] ? t : k;
     }
-    REAL ref = g[k], mean = 0;
+    REAL ref = g[k];
+    double acc = 0;       /* double: see sum_rows */
     for (ptrdiff_t t = 0; t < T; t++) {
-        mean += alpha[t] * (g[t] - ref);
+        acc += (double)alpha[t] * (double)(g[t] - ref);
     }
+    REAL mean = (REAL)acc;
     for (ptrdiff_t t = 0; t < T; t++) {
         ds[t] = alpha[t] * ((g[t] - ref) - mean);
     }
