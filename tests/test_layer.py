@@ -351,3 +351,12 @@ def test_from_torch_rejects_wrong_shapes():
     with pytest.raises(ValueError, match="score.weight"):
         ac.ContextAttention.from_torch(torch.nn.Linear(7, A),
                                        torch.nn.Linear(A, 1))
+
+
+def test_importing_attention_c_does_not_import_torch():
+    """torch is optional: only ``import attention_c.torch`` loads it."""
+    import subprocess
+    import sys
+    code = ("import sys, attention_c; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
