@@ -158,3 +158,11 @@ def test_committed_bags_numbers_are_current(executed):
         assert abs(committed[pooling] - fresh[pooling]) <= 0.03, (
             pooling, committed, fresh,
             "re-run python notebooks/run_notebooks.py")
+
+
+def test_readme_shows_the_notebook_figure():
+    """The README's picture is the one run_notebooks.py exports."""
+    png = NOTEBOOKS / "img" / "bags_of_digits.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    assert "(notebooks/img/bags_of_digits.png)" in readme
