@@ -94,7 +94,7 @@ class ContextAttentionFunction(torch.autograd.Function):
                 b: torch.Tensor | None, mask: torch.Tensor | None,
                 keep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         keep = keep and _KEEPS_ACTIVATIONS
-        kwargs = {"keep_activations": True} if keep else {}
+        kwargs: dict[str, Any] = {"keep_activations": True} if keep else {}
         act: list[np.ndarray]               # [activations] or []
         out, alpha, *act = _ac.context_attention(
             _np(h), _np(W), _np(v), _np_opt(b), _np_opt(mask), **kwargs)
@@ -120,7 +120,8 @@ class ContextAttentionFunction(torch.autograd.Function):
             go = np.zeros(h.shape[:-2] + h.shape[-1:], h.dtype)
         else:
             go = _np(grad_out)
-        kwargs = {} if ctx.act is None else {"activations": ctx.act}
+        kwargs: dict[str, Any] = ({} if ctx.act is None
+                                  else {"activations": ctx.act})
         g = _ac.context_attention_backward(go, h, W, v, alpha, b, mask,
                                            _np_opt(grad_alpha), **kwargs)
 
