@@ -27,7 +27,10 @@ NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb"]
 # Cell timeout, seconds: the slowest cell (training in 02) takes ~10 s.
 TIMEOUT = 600
 
-PROBE = "import sys, attention_c; print(sys.executable); print(attention_c.__file__)"
+# Prepended to each copy: which Python and which attention_c the kernel runs.
+PROBE = ("import sys, attention_c\n"
+         "print(sys.executable)\n"
+         "print(attention_c.__file__)")
 
 
 def outputs(nb, kind):
