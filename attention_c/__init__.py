@@ -385,3 +385,9 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
     """
     return AttentionGrads(*_core.context_attention_backward(
         grad_out, h, W, v, alpha, b, mask, grad_alpha, activations))
+
+
+# The trainable layer builds on the functions above, so it comes last.
+from .layer import ContextAttention, adam_step, sgd_step  # noqa: E402
+
+__all__ += ["ContextAttention", "sgd_step", "adam_step"]

@@ -1,0 +1,171 @@
+"""The notebooks in notebooks/ run from scratch and show what they claim.
+
+Each notebook is executed top to bottom with nbclient in a fresh "python3"
+kernel, from a temporary copy (the committed file is not touched), with
+the package under test first on the kernel's path.  The tests then read the
+outputs: no error, the figures are there, the numbers hold.  Other tests
+check that the committed notebooks carry their outputs (so the plots show
+without running anything) and that those outputs are not stale.
+"""
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import attention_c
+
+ROOT = Path(attention_c.__file__).resolve().parent.parent
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb"]
+
+# Cell timeout, seconds: the slowest cell (training in 02) takes ~10 s.
+TIMEOUT = 600
+
+# Prepended to each copy: which Python and which attention_c the kernel runs.
+PROBE = ("import sys, attention_c\n"
+         "print(sys.executable)\n"
+         "print(attention_c.__file__)")
+
+
+def outputs(nb, kind):
+    """All outputs of the given output_type of the notebook's code cells."""
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if o.output_type == kind]
+
+
+def text(nb):
+    """Everything the notebook printed or displayed as text."""
+    parts = [o.text for o in outputs(nb, "stream")]
+    for kind in ("execute_result", "display_data"):
+        for o in outputs(nb, kind):
+            parts += [o.data.get("text/markdown", ""),
+                      o.data.get("text/plain", "")]
+    return "\n".join(parts)
+
+
+def images(nb):
+    return [o for kind in ("execute_result", "display_data")
+            for o in outputs(nb, kind) if "image/png" in o.data]
+
+
+def held_out_accuracies(nb):
+    """{pooling: accuracy} from the lines 'held-out accuracy, P: X'."""
+    found = re.findall(r"held-out accuracy, ([\w -]+): ([0-9.]+)", text(nb))
+    return {p: float(x) for p, x in found}
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Run each notebook once (lazily) and keep the result for the module."""
+    cache = {}
+    folder = tmp_path_factory.mktemp("notebooks")
+
+    def run(name):
+        if name not in cache:
+            path = folder / name
+            shutil.copy(NOTEBOOKS / name, path)
+            nb = nbformat.read(path, as_version=4)
+            nb.cells.insert(0, nbformat.v4.new_code_cell(PROBE))
+            env_path = os.pathsep.join(
+                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            old = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = env_path   # read at kernel launch
+            try:
+                NotebookClient(nb, kernel_name="python3", timeout=TIMEOUT,
+                               resources={"metadata": {"path": str(folder)}}
+                               ).execute()
+            finally:
+                if old is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = old
+            cache[name] = nb
+        return cache[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_from_scratch(executed, name):
+    """No cell fails (nbclient raises on an error), the kernel used the
+    package under test, and every figure was drawn."""
+    nb = executed(name)
+    probe = nb.cells[0].outputs[0].text.split("\n")
+    assert Path(probe[0]).resolve() == Path(sys.executable).resolve(), (
+        f"the python3 kernel runs {probe[0]}, not {sys.executable}")
+    assert Path(probe[1]).resolve() == Path(attention_c.__file__).resolve(), (
+        f"the kernel imported another attention_c: {probe[1]}")
+    assert not outputs(nb, "error")
+    committed = nbformat.read(NOTEBOOKS / name, as_version=4)
+    assert len(images(nb)) == len(images(committed)) >= 3
+
+
+def test_quickstart_shows_agreement_and_masks(executed):
+    nb = executed("01_quickstart.ipynb")
+    out = text(nb)
+    rows = re.findall(r"^d([hWvb])\s+([0-9.e+-]+)\s+([0-9.e+-]+)$", out,
+                      flags=re.M)
+    assert [r[0] for r in rows] == list("hWvb"), out
+    for name, vs_ref, vs_fd in rows:
+        assert float(vs_ref) < 1e-12 and float(vs_fd) < 1e-6, (name, out)
+    assert "any NaN in outputs or gradients? False" in out
+    assert re.search(r"without the path through c:\s+[0-9.]+e-0[12]", out)
+    assert "naive weights of the empty row:   [0.1 0.1" in out
+
+
+def test_bags_of_digits_attention_beats_averaging(executed):
+    """The claim of the notebook: attention pooling reaches a clearly
+    better held-out accuracy than averaging, and it says the numbers."""
+    nb = executed("02_bags_of_digits.ipynb")
+    acc = held_out_accuracies(nb)
+    assert set(acc) == {"averaging", "plain attention",
+                        "mean-context attention"}, acc
+    for pooling in ["plain attention", "mean-context attention"]:
+        assert acc[pooling] >= acc["averaging"] + 0.03, acc
+        assert acc[pooling] >= 0.9, acc
+    closing = [o.data["text/markdown"] for o in outputs(nb, "display_data")
+               if "text/markdown" in o.data]
+    assert closing and all(f"**{x:.3f}**" in closing[-1]
+                           for x in acc.values()), closing
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_notebook_has_its_outputs(name):
+    """Committed executed, in order, with the plots embedded (a reader sees
+    them without running anything) and without oversized outputs."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{name} is not stored executed top to bottom; run "
+        f"python notebooks/run_notebooks.py")
+    assert len(images(nb)) >= 3
+    assert (NOTEBOOKS / name).stat().st_size < 400_000
+
+
+def test_committed_bags_numbers_are_current(executed):
+    """The committed accuracies are those a fresh run gives (within the
+    rounding noise of another CPU), so the stored notebook is not stale."""
+    committed = held_out_accuracies(
+        nbformat.read(NOTEBOOKS / "02_bags_of_digits.ipynb", as_version=4))
+    fresh = held_out_accuracies(executed("02_bags_of_digits.ipynb"))
+    assert committed.keys() == fresh.keys()
+    for pooling in fresh:
+        assert abs(committed[pooling] - fresh[pooling]) <= 0.03, (
+            pooling, committed, fresh,
+            "re-run python notebooks/run_notebooks.py")
+
+
+def test_readme_shows_the_notebook_figure():
+    """The README's picture is the one run_notebooks.py exports."""
+    png = NOTEBOOKS / "img" / "bags_of_digits.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    assert "(notebooks/img/bags_of_digits.png)" in readme

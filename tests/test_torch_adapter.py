@@ -1,0 +1,353 @@
+"""The PyTorch adapter attention_c.torch (skipped when torch is absent).
+
+Gradients are checked with torch.autograd.gradcheck in float64 (masks with
+fully masked rows, with and without the bias, both outputs); float32
+results against a pure-PyTorch implementation of SPEC section 1 and its
+autograd gradients; the errors for non-CPU tensors, a mask that requires
+grad and bad dtypes; strided inputs; that nothing is copied on the way in;
+and that the nn.Module trains inside a small model.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import attention_c  # noqa: E402
+import attention_c.torch as act  # noqa: E402
+from conftest import rel_err  # noqa: E402
+
+B, T, H, A = 3, 4, 3, 5
+
+MASKS = {
+    "none": None,
+    # a fully valid row, a fully masked row, a row with one valid item
+    "edge": [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 1, 0]],
+    "partial": [[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]],
+}
+
+
+def make(dtype=torch.float64, bias=True, mask="edge", seed=0, grad=True):
+    """Random (h, W, v, b, mask) tensors, the float ones requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype,
+                           requires_grad=grad)
+
+    m = None if MASKS[mask] is None else torch.tensor(MASKS[mask], dtype=bool)
+    return rnd(B, T, H), rnd(A, 2 * H), rnd(A), rnd(A) if bias else None, m
+
+
+def pure_torch(h, W, v, b=None, mask=None):
+    """SPEC section 1 in plain PyTorch (its gradients come from autograd)."""
+    Hs = h.shape[-1]
+    if mask is None:
+        mask = torch.ones(h.shape[:-1], dtype=torch.bool)
+    m = mask.to(h.dtype)
+    n = m.sum(-1, keepdim=True)
+    c = (h * m[..., None]).sum(-2) / n.clamp(min=1)
+    z = h @ W[:, :Hs].T + (c @ W[:, Hs:].T)[..., None, :]
+    if b is not None:
+        z = z + b
+    s = torch.tanh(z) @ v
+    any_valid = mask.any(-1, keepdim=True)
+    M = torch.where(mask, s, -torch.inf).amax(-1, keepdim=True)
+    M = torch.where(any_valid, M, torch.zeros_like(M)).detach()
+    e = torch.where(mask, torch.exp(s - M), torch.zeros_like(s))
+    alpha = e / torch.where(any_valid, e.sum(-1, keepdim=True),
+                            torch.ones_like(M))
+    return (alpha[..., None] * h).sum(-2), alpha
+
+
+# --------------------------------------------------------------------------
+# Gradients
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_gradcheck_float64(bias, mask):
+    """gradcheck of both outputs (out and alpha) for h, W, v and b."""
+    inputs = make(torch.float64, bias, mask)
+    assert torch.autograd.gradcheck(act.context_attention, inputs)
+
+
+def test_gradcheck_some_inputs_only():
+    """Only h requires grad, or only the parameters: the others get None."""
+    h, W, v, b, m = make(mask="partial")
+    hc = h.detach()
+    assert torch.autograd.gradcheck(
+        lambda W, v, b: act.context_attention(hc, W, v, b, m), (W, v, b))
+    Wc, vc, bc = W.detach(), v.detach(), b.detach()
+    assert torch.autograd.gradcheck(
+        lambda h: act.context_attention(h, Wc, vc, bc, m)[0], (h,))
+
+
+def test_gradcheck_leading_batch_axes():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 2, T, H, dtype=torch.float64, generator=g,
+                    requires_grad=True)
+    m = torch.rand(2, 2, T, generator=g) < 0.7
+    m[0, 1] = False
+    _, W, v, b, _ = make()
+    assert torch.autograd.gradcheck(act.context_attention, (h, W, v, b, m))
+
+
+@pytest.mark.parametrize("use", ["out", "alpha", "both"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_float32_equals_pure_pytorch(bias, mask, use):
+    """float32 forward and gradients equal the pure-PyTorch float32
+    implementation (within float32 rounding); a loss that uses only one
+    output exercises the backward with the other gradient None."""
+    ours = make(torch.float32, bias, mask, seed=2)
+    theirs = [None if t is None else t.detach().clone().requires_grad_(
+        t.requires_grad) for t in ours]
+    g = torch.Generator().manual_seed(3)
+    Go, Ga = torch.randn(B, H, generator=g), torch.randn(B, T, generator=g)
+
+    def loss(out, alpha):
+        terms = {"out": (out * Go).sum(), "alpha": (alpha * Ga).sum()}
+        return sum(terms.values()) if use == "both" else terms[use]
+
+    out, alpha = act.context_attention(*ours)
+    r_out, r_alpha = pure_torch(*theirs)
+    assert out.dtype == torch.float32 and alpha.dtype == torch.float32
+    assert rel_err(out.detach(), r_out.detach()) < 1e-6
+    assert rel_err(alpha.detach(), r_alpha.detach()) < 1e-6
+    loss(out, alpha).backward()
+    loss(r_out, r_alpha).backward()
+    for name, a, r in zip("hWvb", ours, theirs):
+        if a is None:
+            continue
+        assert a.grad.dtype == torch.float32
+        err = rel_err(a.grad, r.grad)
+        assert err < 1e-5, f"d{name}: relative error {err:.3g}"
+
+
+def test_fully_masked_row_gives_zeros_and_zero_gradients():
+    h, W, v, b, m = make(mask="edge")
+    out, alpha = act.context_attention(h, W, v, b, m)
+    (out.sum() + alpha.sum()).backward()
+    assert torch.all(out[1] == 0) and torch.all(alpha[1] == 0)
+    assert torch.all(h.grad[1] == 0)
+    assert all(torch.isfinite(t.grad).all() for t in (h, W, v, b))
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+def test_non_cpu_tensors_are_refused():
+    """A tensor on another device (here 'meta', which every build has; a
+    CUDA tensor takes the same path: device.type != 'cpu') raises a clear
+    error before any data is touched, for every tensor argument."""
+    for i, name in enumerate(["h", "W", "v", "b"]):
+        args = list(make(grad=False))
+        args[i] = args[i].to("meta")
+        with pytest.raises(ValueError,
+                           match=f"CPU only, but {name} is on device 'meta'"):
+            act.context_attention(*args)
+    module = act.ContextAttention(H, A).to("meta")
+    with pytest.raises(ValueError, match="CPU only.*move the module"):
+        module(torch.zeros(B, T, H))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_are_refused():
+    args = list(make(grad=False))
+    args[0] = args[0].cuda()
+    with pytest.raises(ValueError, match="CPU only, but h is on device "
+                                         "'cuda:0'"):
+        act.context_attention(*args)
+
+
+def test_mask_that_requires_grad_is_refused():
+    h, W, v, b, _ = make()
+    m = torch.ones(B, T, requires_grad=True)
+    with pytest.raises(ValueError, match="mask requires grad"):
+        act.context_attention(h, W, v, b, m)
+    with pytest.raises(TypeError, match="mask has dtype torch.float32"):
+        act.context_attention(h, W, v, b, m.detach())
+
+
+def test_bad_dtypes_are_refused():
+    h, W, v, b, m = make(grad=False)
+    with pytest.raises(TypeError, match="W has dtype torch.float32 but h "
+                                        "has torch.float64"):
+        act.context_attention(h, W.float(), v, b, m)
+    with pytest.raises(TypeError, match="h has dtype torch.float16"):
+        act.context_attention(h.half(), W.half(), v.half(), None, m)
+    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+        act.context_attention(h, W, v.numpy(), b, m)
+    with pytest.raises(TypeError, match="dtype must be"):
+        act.ContextAttention(H, A, dtype=torch.int32)
+
+
+def test_shape_errors_come_from_the_kernels():
+    h, W, v, b, m = make(grad=False)
+    with pytest.raises(ValueError, match="mask"):
+        act.context_attention(h, W, v, b, m[:, :2])
+
+
+def test_alpha_modified_in_place_is_detected():
+    """alpha is saved for the backward; autograd reports its modification."""
+    h, W, v, b, m = make()
+    out, alpha = act.context_attention(h, W, v, b, m)
+    loss = (alpha * 2).sum() + out.sum()
+    alpha.mul_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace"):
+        loss.backward()
+
+
+# --------------------------------------------------------------------------
+# Memory: strided inputs, no copies
+
+
+def test_non_contiguous_inputs():
+    """Transposed and sliced views give the values and gradients of their
+    contiguous copies."""
+    h, W, v, b, m = make(mask="partial")
+    h_big = torch.randn(B, H, 2 * T, dtype=torch.float64, requires_grad=True)
+    h_view = h_big[:, :, ::2].transpose(1, 2)          # (B, T, H), strided
+    W_big = torch.randn(2 * A, 2 * H, dtype=torch.float64,
+                        requires_grad=True)
+    W_view = W_big[::2]
+    assert not h_view.is_contiguous() and not W_view.is_contiguous()
+    out, alpha = act.context_attention(h_view, W_view, v, b, m)
+    h_c, W_c = (h_view.detach().contiguous().requires_grad_(),
+                W_view.detach().contiguous().requires_grad_())
+    out_c, alpha_c = act.context_attention(h_c, W_c, v, b, m)
+    torch.testing.assert_close(out, out_c, rtol=1e-14, atol=0)
+    (out.sum() + alpha[:, 0].sum()).backward()
+    (out_c.sum() + alpha_c[:, 0].sum()).backward()
+    torch.testing.assert_close(h_big.grad[:, :, ::2].transpose(1, 2),
+                               h_c.grad, rtol=1e-14, atol=0)
+    torch.testing.assert_close(W_big.grad[::2], W_c.grad, rtol=1e-14,
+                               atol=0)
+    assert torch.all(h_big.grad[:, :, 1::2] == 0)
+    assert torch.autograd.gradcheck(act.context_attention,
+                                    (h_view, W_view, v, b, m))
+
+
+def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
+    """The arrays given to the C functions are the tensors' own memory,
+    and the tensors returned are the C functions' own results."""
+    seen = {}
+    real_fwd = attention_c.context_attention
+    real_bwd = attention_c.context_attention_backward
+
+    def fwd(*args, **kwargs):
+        seen["fwd_in"] = args
+        seen["fwd_out"] = real_fwd(*args, **kwargs)
+        return seen["fwd_out"]
+
+    def bwd(*args, **kwargs):
+        seen["bwd_in"] = args
+        seen["bwd_out"] = real_bwd(*args, **kwargs)
+        return seen["bwd_out"]
+
+    monkeypatch.setattr(attention_c, "context_attention", fwd)
+    monkeypatch.setattr(attention_c, "context_attention_backward", bwd)
+    h, W, v, b, m = make(mask="partial")
+    h_view = h.detach().transpose(0, 1).requires_grad_()   # strided too
+    out, alpha = act.context_attention(h_view.transpose(0, 1), W, v, b, m)
+    for t, arr in zip([h_view.transpose(0, 1), W, v, b, m],
+                      seen["fwd_in"]):
+        assert arr.__array_interface__["data"][0] == t.data_ptr()
+        assert arr.strides == tuple(s * t.element_size() for s in t.stride())
+    assert out.data_ptr() == seen["fwd_out"][0].ctypes.data
+    assert alpha.data_ptr() == seen["fwd_out"][1].ctypes.data
+    grad_out = torch.randn(B, H, dtype=torch.float64)
+    out.backward(grad_out)
+    assert seen["bwd_in"][0].ctypes.data == grad_out.data_ptr()
+    assert W.grad.data_ptr() == seen["bwd_out"].W.ctypes.data
+
+
+def test_no_grad_mode():
+    h, W, v, b, m = make()
+    with torch.no_grad():
+        out, alpha = act.context_attention(h, W, v, b, m)
+    assert not out.requires_grad and not alpha.requires_grad
+    out2, _ = act.context_attention(h, W, v, b, m)
+    torch.testing.assert_close(out, out2.detach(), rtol=1e-13, atol=0)
+
+
+# --------------------------------------------------------------------------
+# The nn.Module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_module_parameters_and_init(dtype):
+    torch.manual_seed(0)
+    module = act.ContextAttention(H, A, dtype=dtype)
+    names = dict(module.named_parameters())
+    assert list(names) == ["W", "v", "b"]
+    assert module.W.shape == (A, 2 * H) and module.W.dtype == dtype
+    assert module.W.abs().max() <= 1 / np.sqrt(2 * H)
+    assert module.v.abs().max() <= 1 / np.sqrt(A)
+    assert "bias=True" in repr(module)
+    nob = act.ContextAttention(H, A, bias=False)
+    assert list(dict(nob.named_parameters())) == ["W", "v"]
+    assert nob.b is None
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_module_from_linear_equals_the_linear_pair(bias):
+    """from_linear copies the weights of Linear(2H, A), Linear(A, 1) and
+    computes what those layers compute (the scalar bias drops out)."""
+    torch.manual_seed(1)
+    score = torch.nn.Linear(2 * H, A, bias=bias, dtype=torch.float64)
+    out_lin = torch.nn.Linear(A, 1, dtype=torch.float64)
+    module = act.ContextAttention.from_linear(score, out_lin)
+    h, _, _, _, m = make(mask="partial", grad=False)
+    out, alpha = module(h, m, return_weights=True)
+    n = m.sum(-1, keepdim=True).to(h.dtype)
+    c = (h * m[..., None]).sum(-2) / n
+    s = out_lin(torch.tanh(score(torch.cat(
+        [h, c[:, None].expand_as(h)], -1))))[..., 0]
+    r_alpha = torch.softmax(s.masked_fill(~m, -torch.inf), -1)
+    torch.testing.assert_close(alpha, r_alpha, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(out, (r_alpha[..., None] * h).sum(-2),
+                               rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="Linear"):
+        act.ContextAttention.from_linear(score, torch.nn.Linear(A, 2))
+
+
+def test_module_trains_inside_a_model():
+    """Swapped into a small model (embedding -> attention pooling ->
+    linear), the module trains with a stock optimiser: the loss of a task
+    that needs the right item (is token 0 in the bag?) falls."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    n, length, vocab = 256, 8, 10
+    tokens = torch.randint(1, vocab, (n, length), generator=g)
+    y = (torch.rand(n, generator=g) < 0.5)
+    pos = torch.randint(0, length, (n,), generator=g)
+    tokens[y, pos[y]] = 0
+    lengths = torch.randint(3, length + 1, (n,), generator=g)
+    lengths[y] = torch.maximum(lengths[y], pos[y] + 1)
+    mask = torch.arange(length) < lengths[:, None]
+
+    model = torch.nn.ModuleDict({
+        "embed": torch.nn.Embedding(vocab, 16),
+        "pool": act.ContextAttention(16, 8),
+        "head": torch.nn.Linear(16, 1),
+    })
+    opt = torch.optim.Adam(model.parameters(), lr=0.03)
+
+    def loss_fn():
+        pooled = model["pool"](torch.tanh(model["embed"](tokens)), mask)
+        logits = model["head"](pooled)[:, 0]
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, y.to(logits.dtype))
+
+    first = loss_fn().item()
+    for _ in range(60):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    assert model["pool"].W.grad is not None
+    last = loss_fn().item()
+    assert last < 0.3 * first, (first, last)

@@ -1,0 +1,55 @@
+"""Type information: mypy --strict accepts a user's script, and the stubs
+(attention_c/__init__.pyi) agree with the running package (mypy.stubtest).
+
+mypy runs in a subprocess on the package that the tests import (its parent
+folder goes first on MYPYPATH and PYTHONPATH), in a fresh temporary folder,
+so the result does not depend on an earlier run.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attention_c
+
+HERE = Path(__file__).parent / "typing_examples"
+ROOT = Path(attention_c.__file__).resolve().parent.parent
+
+
+def run(args, cwd):
+    """Run python -m <args> on the imported package in the folder cwd (a
+    temporary one, for mypy's cache); (exit code, output)."""
+    env = dict(os.environ)
+    for var in ("MYPYPATH", "PYTHONPATH"):
+        env[var] = os.pathsep.join(filter(None, [str(ROOT), env.get(var)]))
+    proc = subprocess.run([sys.executable, "-m", *map(str, args)], env=env,
+                          cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_package_declares_typing():
+    assert (ROOT / "attention_c" / "py.typed").is_file()
+    assert (ROOT / "attention_c" / "__init__.pyi").is_file()
+
+
+def test_mypy_strict_accepts_example_script(tmp_path):
+    rc, out = run(["mypy", "--strict", HERE / "example.py"], tmp_path)
+    assert rc == 0, out
+
+
+def test_stubs_match_runtime(tmp_path):
+    """Fails when a function's signature changes without its stub."""
+    rc, out = run(["mypy.stubtest", "attention_c",
+                   "--mypy-config-file", HERE / "stubtest.ini",
+                   "--allowlist", HERE / "stubtest_allowlist.txt"], tmp_path)
+    assert rc == 0, out
+
+
+def test_mypy_strict_accepts_torch_example(tmp_path):
+    pytest.importorskip("torch")
+    rc, out = run(["mypy", "--strict", HERE / "example_torch.py"], tmp_path)
+    assert rc == 0, out
