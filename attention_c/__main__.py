@@ -106,7 +106,9 @@ def main():
         g, h32, W32, v32, alpha, b32, mask))
     tb_r = median_time(lambda: ref.context_attention_backward(
         g, h32, W32, v32, alpha, b32, mask))
-    print(f"\ntimes, float32, B={B} T={T} H={H} A={A} (median of 7):")
+    print(f"\ntimes, float32, B={B} T={T} H={H} A={A} (median of 7; "
+          f"SIMD path {ac._core._get_simd()}, {ac.get_num_threads()} "
+          f"thread(s); python -m attention_c.bench measures more):")
     print(f"  forward   C {t_c * 1e3:7.2f} ms   NumPy reference "
           f"{t_r * 1e3:7.2f} ms   ratio {t_c / t_r:.2f}")
     print(f"  backward  C {tb_c * 1e3:7.2f} ms   NumPy reference "
