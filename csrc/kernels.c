@@ -50,8 +50,9 @@ static int exec_ok(const att_exec *ex)
     return ex != NULL && simd_ok(ex->simd) && ex->threads >= 1;
 }
 
-/* Threads a fused kernel uses: a thread costs a wake-up, so each must get
- * at least 2^23 multiply-adds (~50 us); the scalar path runs on one. */
+/* Threads a fused kernel uses: a thread costs a wake-up (~5-10 us), so
+ * each must get at least 2^22 multiply-adds (~25 us); the scalar path
+ * runs on one. */
 static int exec_threads(const att_exec *ex, att_dims d)
 {
     if (ex->simd == ATT_SIMD_SCALAR || ex->pool == NULL) {
@@ -59,7 +60,7 @@ static int exec_threads(const att_exec *ex, att_dims d)
     }
     double work = (double)d.B * (double)d.T * (double)(d.H + 1) *
                   (double)(d.A + 1);
-    double by_work = work / (double)(1 << 23);
+    double by_work = work / (double)(1 << 22);
     int threads = ex->threads < att_pool_threads(ex->pool)
                   ? ex->threads : att_pool_threads(ex->pool);
     return by_work < 1 ? 1 : (by_work < threads ? (int)by_work : threads);
