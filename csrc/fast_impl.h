@@ -247,6 +247,7 @@ typedef struct {
     REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
     /* this thread's */
     REAL *q, *E, *dv;     /* (Apad) each                                 */
+    double *sums;         /* (2 Apad) E and dv of a sequence, in double  */
     REAL *c, *dc;    /* (H)                                              */
     REAL *sbuf;      /* (T + MR) scores or ds of the valid rows; the MR
                         past the end absorb a partial last micro-panel   */
@@ -312,6 +313,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
         }, own[] = {
             {&w->q, Apad, sizeof(REAL)}, {&w->E, Apad, sizeof(REAL)},
             {&w->dv, Apad, sizeof(REAL)},
+            {&w->sums, backward ? 2 * Apad : 0, sizeof(double)},
             {&w->c, d.H, sizeof(REAL)}, {&w->dc, d.H, sizeof(REAL)},
             {&w->sbuf, d.T + MR, sizeof(REAL)},
             {&w->tile, MR * NR, sizeof(REAL)},
@@ -835,12 +837,18 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
     for (ptrdiff_t r = n; r < n + MR; r++) {
         ds[r] = 0;   /* rows of a partial micro-panel add nothing */
     }
-    /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block */
-    for (ptrdiff_t a = 0; a < w.Apad; a++) {
-        w.E[a] = 0;
+    /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block.
+     * dv and E are summed per block in REAL, the blocks in double (sums
+     * over a long sequence would lose digits; see sum_rows) */
+    for (ptrdiff_t a = 0; a < 2 * w.Apad; a++) {
+        w.sums[a] = 0;
     }
     for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
         ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
+        for (ptrdiff_t a = 0; a < w.Apad; a++) {
+            w.E[a] = 0;
+            w.dv[a] = 0;
+        }
         for (ptrdiff_t j = 0; j < mc; j++) {
             w.rows[j] = hi + w.idx[i0 + j] * d.H;
         }
@@ -864,7 +872,7 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
                 FSFX(epi_backward)(w.tile, act != NULL, w.q + p * NR,
                                    w.vp + p * NR,
                                    w.colmask + p * NR, ds + i0 + r0,
-                                   dv + p * NR,
+                                   w.dv + p * NR,
                                    w.E + p * NR,
                                    w.eps + r0 * w.Apad + p * NR, w.Apad);
             }
@@ -937,6 +945,14 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
                 FSFX(epi_dh)(w.tile, mr, nc, arow, g + p * NR, dhrows);
             }
         }
+        for (ptrdiff_t a = 0; a < w.Apad; a++) {
+            w.sums[a] += (double)w.E[a];
+            w.sums[w.Apad + a] += (double)w.dv[a];
+        }
+    }
+    for (ptrdiff_t a = 0; a < w.Apad; a++) {
+        w.E[a] = (REAL)w.sums[a];
+        dv[a] += (REAL)w.sums[w.Apad + a];
     }
     /* 2. q = W_c c + b -> db += E, dW_c += E c^T, dc = W_c^T E */
     for (ptrdiff_t k = 0; k < d.H; k++) {
