@@ -22,7 +22,8 @@ import attention_c
 
 ROOT = Path(attention_c.__file__).resolve().parent.parent
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb"]
+NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
+         "03_speed.ipynb"]
 
 # Cell timeout, seconds: the slowest cell (training in 02) takes ~10 s.
 TIMEOUT = 600
@@ -169,3 +170,18 @@ def test_readme_shows_the_notebook_figure():
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     readme = (NOTEBOOKS.parent / "README.md").read_text()
     assert "(notebooks/img/bags_of_digits.png)" in readme
+
+
+def test_speed_reports_every_quick_shape(executed):
+    """The benchmark ran in the notebook: its report (with the accuracy
+    check of every implementation) and one line per shape and dtype of
+    ratios to S1, all positive and finite."""
+    out = text(executed("03_speed.ipynb"))
+    assert "Beyond the tolerance: none" in out
+    rows = re.findall(r"^(\w+) (float32|float64)\s+forward\s+([0-9.]+) x S1"
+                      r"\s+backward\s+([0-9.]+) x S1$", out, flags=re.M)
+    assert {(r[0], r[1]) for r in rows} == {
+        (s, d) for s in ("tiny", "small", "medium")
+        for d in ("float32", "float64")}, out
+    assert all(0 < float(r[2]) < 100 and 0 < float(r[3]) < 100
+               for r in rows)
