@@ -33,6 +33,9 @@
 
 #define NR (2 * VLEN)
 #define MC (10 * MR)
+/* The backward's blocks: at most MCB rows, split evenly (each block adds
+ * its share into dW_h once, so fewer, fuller blocks move less memory) */
+#define MCB (2 * MC)
 
 /* ---------------------------------------------------------------------
  * Vector math.  expm1 is accurate to ~1 ulp over y <= 0 (Cody-Waite
@@ -256,7 +259,7 @@ typedef struct {
     REAL *eps;       /* eps of a block (MC x Apad), row-major            */
     REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
     REAL *Bh;        /* a block's h rows, last partial panel (MC x NR)   */
-    const REAL **rows;   /* (MC + MR) row pointers of a block            */
+    const REAL **rows;   /* (MCB + MR) row pointers of a block           */
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
 
@@ -318,10 +321,10 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             {&w->sbuf, d.T + MR, sizeof(REAL)},
             {&w->tile, MR * NR, sizeof(REAL)},
             {&w->sacc, MC * VLEN, sizeof(REAL)},
-            {&w->eps, backward ? MC * Apad : 0, sizeof(REAL)},
-            {&w->AeT, backward ? (Apad + MR) * MC : 0, sizeof(REAL)},
-            {&w->Bh, backward ? MC * NR : 0, sizeof(REAL)},
-            {&w->rows, MC + MR, sizeof(REAL *)},
+            {&w->eps, backward ? MCB * Apad : 0, sizeof(REAL)},
+            {&w->AeT, backward ? (Apad + MR) * MCB : 0, sizeof(REAL)},
+            {&w->Bh, backward ? MCB * NR : 0, sizeof(REAL)},
+            {&w->rows, MCB + MR, sizeof(REAL *)},
             {&w->idx, d.T, sizeof(ptrdiff_t)},
         };
         size_t nparts = t < 0 ? sizeof(shared) / sizeof(shared[0])
@@ -843,8 +846,12 @@ static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
     for (ptrdiff_t a = 0; a < 2 * w.Apad; a++) {
         w.sums[a] = 0;
     }
-    for (ptrdiff_t i0 = 0; i0 < n; i0 += MC) {
-        ptrdiff_t mc = n - i0 < MC ? n - i0 : MC;
+    /* blocks of whole micro-panels (only the last may be partial: the
+     * padded rows of a micro-panel read ds past n, which is 0) */
+    ptrdiff_t nblk = (n + MCB - 1) / MCB;
+    ptrdiff_t mcb = nblk ? ((n + nblk - 1) / nblk + MR - 1) / MR * MR : 1;
+    for (ptrdiff_t i0 = 0; i0 < n; i0 += mcb) {
+        ptrdiff_t mc = n - i0 < mcb ? n - i0 : mcb;
         for (ptrdiff_t a = 0; a < w.Apad; a++) {
             w.E[a] = 0;
             w.dv[a] = 0;
@@ -1045,3 +1052,4 @@ void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
 
 #undef NR
 #undef MC
+#undef MCB
