@@ -81,42 +81,7 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
     _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
-/* expm1(r) = r + r^2 t(r) on |r| <= ln2/2 with t of degree 4, fitted
- * (Lawson's iteration) for relative error 1.3e-8 (0.2 ulp) in expm1 */
-#define EXPM1_COEFS {0.49999998155020553f, 0.1666654366696324f,         \
-                     0.041667199686921466f, 0.008366514313475985f,       \
-                     0.001388252050197691f}
-#define LN2_HI 0.693145751953125f
-#define LN2_LO 1.42860676533018e-06f
-#define TANH_CLAMP 40.0f
-#define EXP_MIN -87.0f
 #include "fast_impl.h"
-#undef REAL
-#undef FSFX
-#undef VEC
-#undef VLEN
-#undef VZERO
-#undef VSET1
-#undef VLOAD
-#undef VSTORE
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VFMA
-#undef VMAX
-#undef VAND
-#undef VREDUCE
-#undef REAL_DIGITS
-#undef VSCALE
-#undef VABS
-#undef VCOPYSIGN
-#undef EXPM1_DEGREE
-#undef EXPM1_COEFS
-#undef LN2_HI
-#undef LN2_LO
-#undef TANH_CLAMP
-#undef EXP_MIN
 
 /* ---- double: 4 lanes ---- */
 #define REAL double
@@ -140,11 +105,6 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
     _mm256_and_pd(_mm256_set1_pd(-0.0), s))
-#define EXPM1_DEGREE 13
-#define LN2_HI 6.93147180369123816490e-01
-#define LN2_LO 1.90821492927058770002e-10
-#define TANH_CLAMP 80.0
-#define EXP_MIN -708.0
 #include "fast_impl.h"
 
 #if defined(__clang__)

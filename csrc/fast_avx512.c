@@ -55,42 +55,7 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VABS _mm512_abs_ps
 #define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
-/* expm1(r) = r + r^2 t(r) on |r| <= ln2/2 with t of degree 4, fitted
- * (Lawson's iteration) for relative error 1.3e-8 (0.2 ulp) in expm1 */
-#define EXPM1_COEFS {0.49999998155020553f, 0.1666654366696324f,         \
-                     0.041667199686921466f, 0.008366514313475985f,       \
-                     0.001388252050197691f}
-#define LN2_HI 0.693145751953125f
-#define LN2_LO 1.42860676533018e-06f
-#define TANH_CLAMP 40.0f
-#define EXP_MIN -87.0f
 #include "fast_impl.h"
-#undef REAL
-#undef FSFX
-#undef VEC
-#undef VLEN
-#undef VZERO
-#undef VSET1
-#undef VLOAD
-#undef VSTORE
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VFMA
-#undef VMAX
-#undef VAND
-#undef VREDUCE
-#undef REAL_DIGITS
-#undef VSCALE
-#undef VABS
-#undef VCOPYSIGN
-#undef EXPM1_DEGREE
-#undef EXPM1_COEFS
-#undef LN2_HI
-#undef LN2_LO
-#undef TANH_CLAMP
-#undef EXP_MIN
 
 /* ---- double: 8 lanes ---- */
 #define REAL double
@@ -122,11 +87,6 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VABS _mm512_abs_pd
 #define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
     s, _mm512_castsi512_pd(_mm512_set1_epi64((long long)0x8000000000000000ull))))
-#define EXPM1_DEGREE 13
-#define LN2_HI 6.93147180369123816490e-01
-#define LN2_LO 1.90821492927058770002e-10
-#define TANH_CLAMP 80.0
-#define EXP_MIN -708.0
 #include "fast_impl.h"
 
 #if defined(__clang__)

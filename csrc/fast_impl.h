@@ -7,10 +7,9 @@
  *   VEC, VLEN, MR            vector type, lanes, rows of the micro-tile
  *   VZERO VSET1 VLOAD VSTORE VADD VSUB VMUL VDIV VFMA VMAX VAND VREDUCE
  *   VSCALE VABS VCOPYSIGN    thin wrappers of the intrinsics
- *   REAL_DIGITS              bits of the significand (24, 53)
- *   EXPM1_COEFS or EXPM1_DEGREE   expm1 polynomial: fitted or Taylor
- *   LN2_HI, LN2_LO, TANH_CLAMP, EXP_MIN
- * Not a public header.
+ *   REAL_DIGITS              bits of the significand (24, 53): picks the
+ *                            constants of the vector math below
+ * and #undefs them all at its end.  Not a public header.
  *
  * The layer's cost is the product Z = H_valid W_h^T (n x A per sequence).
  * It runs as a GotoBLAS-style loop: W_h^T is packed once per call into
@@ -30,6 +29,25 @@
  * out, and padded columns are cleared with a lane mask before they can
  * turn inf * 0 into NaN.
  */
+
+/* Constants of the vector math, by type */
+#if REAL_DIGITS == 24
+/* expm1(r) = r + r^2 t(r) on |r| <= ln2/2 with t of degree 4, fitted
+ * (Lawson's iteration) for relative error 1.3e-8 (0.2 ulp) in expm1 */
+#define EXPM1_COEFS {0.49999998155020553f, 0.1666654366696324f,         \
+                     0.041667199686921466f, 0.008366514313475985f,       \
+                     0.001388252050197691f}
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860676533018e-06f
+#define TANH_CLAMP 40.0f
+#define EXP_MIN -87.0f
+#else
+#define EXPM1_DEGREE 13
+#define LN2_HI 6.93147180369123816490e-01
+#define LN2_LO 1.90821492927058770002e-10
+#define TANH_CLAMP 80.0
+#define EXP_MIN -708.0
+#endif
 
 #define NR (2 * VLEN)
 #define MC (10 * MR)
@@ -1050,6 +1068,33 @@ void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
     }
 }
 
+/* This file consumes its parameters, so that the next type can set them */
 #undef NR
 #undef MC
 #undef MCB
+#undef EXPM1_COEFS
+#undef EXPM1_DEGREE
+#undef LN2_HI
+#undef LN2_LO
+#undef TANH_CLAMP
+#undef EXP_MIN
+#undef REAL
+#undef FSFX
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VSET1
+#undef VLOAD
+#undef VSTORE
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VFMA
+#undef VMAX
+#undef VAND
+#undef VREDUCE
+#undef REAL_DIGITS
+#undef VSCALE
+#undef VABS
+#undef VCOPYSIGN

@@ -86,3 +86,18 @@ class Problem:
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def numerical_grad(loss, x, step=1e-6):
+    """Central-difference gradient of the scalar loss() with respect to the
+    array x, which loss reads and which is perturbed in place (restored)."""
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + step
+        up = loss()
+        x[idx] = old - step
+        down = loss()
+        x[idx] = old
+        grad[idx] = (up - down) / (2 * step)
+    return grad

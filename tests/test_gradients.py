@@ -2,7 +2,7 @@
 
 Every backward (the C kernels *and* ``attention_c.reference``, so that the
 reference itself is checked against the maths) is compared with the central
-difference (L(x + h) - L(x - h)) / 2h, step FD_STEP = 1e-6, of a scalar loss
+difference (L(x + h) - L(x - h)) / 2h (conftest.numerical_grad, step 1e-6) of a scalar loss
 built from the matching forward with fixed random weights G:
 
     fused layer:     L = sum(out * G) + sum(alpha * Ga)    (Ga optional)
@@ -18,11 +18,10 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from conftest import rel_err
+from conftest import numerical_grad, rel_err
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-FD_STEP = 1e-6
 FD_RTOL = 1e-6
 
 IMPLS = {"c": ac, "reference": ref}
@@ -39,21 +38,6 @@ mask_param = pytest.mark.parametrize("mask_name", list(MASKS))
 bias_param = pytest.mark.parametrize("bias", [True, False],
                                      ids=["bias", "nobias"])
 B, T, H, A = 3, 4, 3, 4
-
-
-def numerical_grad(loss, x, step=FD_STEP):
-    """Central-difference gradient of the scalar loss() with respect to the
-    array x, which loss reads and which is perturbed in place (restored)."""
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + step
-        up = loss()
-        x[idx] = old - step
-        down = loss()
-        x[idx] = old
-        grad[idx] = (up - down) / (2 * step)
-    return grad
 
 
 def assert_fd(analytic, numeric, what, rtol=FD_RTOL):

@@ -12,7 +12,8 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from conftest import DTYPES, MASK_KINDS, TOL, assert_close, make_mask, rel_err
+from conftest import (DTYPES, MASK_KINDS, TOL, assert_close, make_mask,
+                      numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -182,20 +183,6 @@ def test_leading_batch_axes():
 
 # --------------------------------------------------------------------------
 # Finite differences of the layer itself
-
-
-def numerical_grad(loss, x, step=1e-6):
-    """Central differences of loss() with respect to x (perturbed in place)."""
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + step
-        up = loss()
-        x[idx] = old - step
-        down = loss()
-        x[idx] = old
-        grad[idx] = (up - down) / (2 * step)
-    return grad
 
 
 @pytest.mark.parametrize("kind", ["none", "random", "single"])
