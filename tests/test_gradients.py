@@ -2,8 +2,9 @@
 
 Every backward (the C kernels *and* ``attention_c.reference``, so that the
 reference itself is checked against the maths) is compared with the central
-difference (L(x + h) - L(x - h)) / 2h (conftest.numerical_grad, step 1e-6) of a scalar loss
-built from the matching forward with fixed random weights G:
+difference (L(x + h) - L(x - h)) / 2h (conftest.numerical_grad, step 1e-6)
+of a scalar loss built from the matching forward with fixed random weights
+G:
 
     fused layer:     L = sum(out * G) + sum(alpha * Ga)    (Ga optional)
     building block:  L = sum(output * G)
