@@ -23,6 +23,55 @@
 #include "pool.h"
 
 /* ---------------------------------------------------------------------
+ * Allocation points and fault injection (a debug aid for the tests)
+ *
+ * Every allocation the binding makes or asks NumPy for passes one
+ * allocation point first: converting or casting an argument, each output
+ * array, the kernels' scratch, the thread pool.  _fail_alloc_after(n)
+ * makes point number n (0-based, counted from that call) fail as if
+ * memory had run out: MemoryError, except for the thread pool, whose
+ * failure means "run on the calling thread".  Off (n = -1), a point costs
+ * one increment and one test.  Module state, read and written with the
+ * GIL held (every point is passed before the GIL is released).
+ */
+static Py_ssize_t fault_count = 0;    /* points passed since the reset */
+static Py_ssize_t fault_after = -1;   /* the point to fail; -1: none */
+static int fault_armed = 0;           /* fault_after >= 0 or tracing */
+static PyObject *fault_trace = NULL;  /* list of point names, or NULL */
+
+static int alloc_point_debug(const char *kind, const char *what,
+                             Py_ssize_t index, int raise)
+{
+    if (fault_trace != NULL) {
+        PyObject *name = PyUnicode_FromFormat("%s %s", kind, what);
+        if (name == NULL || PyList_Append(fault_trace, name) < 0) {
+            Py_XDECREF(name);
+            return -1;
+        }
+        Py_DECREF(name);
+    }
+    if (index != fault_after) {
+        return 0;
+    }
+    fault_after = -1;                 /* one failure per arming */
+    fault_armed = fault_trace != NULL;
+    if (raise) {
+        PyErr_Format(PyExc_MemoryError,
+                     "attention_c: allocation failed: %s %s (injected by "
+                     "_fail_alloc_after)", kind, what);
+    }
+    return -1;
+}
+
+/* 0, or -1 (with MemoryError set when `raise`) to fail the allocation
+ * of `what`; `kind` says which (conversion, cast, output, ...). */
+static inline int alloc_point(const char *kind, const char *what, int raise)
+{
+    Py_ssize_t index = fault_count++;
+    return fault_armed ? alloc_point_debug(kind, what, index, raise) : 0;
+}
+
+/* ---------------------------------------------------------------------
  * Arguments
  */
 
@@ -77,6 +126,9 @@ static int to_array(Arg *a)
                      a->name);
         return -1;
     }
+    if (alloc_point("conversion of", a->name, 1) < 0) {
+        return -1;
+    }
     a->arr = (PyArrayObject *)PyArray_FromAny(a->obj, NULL, 0, 0, 0, NULL);
     if (a->arr == NULL) {
         return -1;
@@ -119,6 +171,9 @@ static int prepare_floats(Arg *args, int n, int *typenum)
     for (int i = 0; i < n; i++) {
         if (args[i].arr == NULL) {
             continue;
+        }
+        if (alloc_point("cast of", args[i].name, 1) < 0) {
+            return -1;
         }
         PyObject *cast = PyArray_FromArray(
             args[i].arr, PyArray_DescrFromType(*typenum),
@@ -246,6 +301,9 @@ static int prepare_mask(Arg *m, const Layout *L)
     if (!GIVEN(m)) {
         return 0;
     }
+    if (alloc_point("conversion of", "mask", 1) < 0) {
+        return -1;
+    }
     m->arr = (PyArrayObject *)PyArray_FromAny(m->obj, NULL, 0, 0, 0, NULL);
     if (m->arr == NULL) {
         return -1;
@@ -258,6 +316,9 @@ static int prepare_mask(Arg *m, const Layout *L)
         return -1;
     }
     if (expect_shape(m, L, 1, 1, L->d.T, 0, "(..., T)") < 0) {
+        return -1;
+    }
+    if (alloc_point("cast of", "mask", 1) < 0) {
         return -1;
     }
     PyObject *c = PyArray_FromArray(m->arr, PyArray_DescrFromType(NPY_BOOL),
@@ -273,29 +334,85 @@ static int prepare_mask(Arg *m, const Layout *L)
  * Outputs, scratch, kernels
  */
 
-/* A new array of shape (lead..., tail...) (lead = 0: tail only). */
-static PyObject *new_out(const Layout *L, int lead, int ntail, npy_intp t0,
-                         npy_intp t1, int typenum)
+/* One output of a function: shape (lead..., tail...) (lead = 0: tail
+ * only), made into *dst; dst NULL: not wanted (e.g. db without b). */
+typedef struct {
+    const char *name;
+    int lead, ntail;
+    npy_intp t0, t1;
+    PyObject **dst;
+} OutSpec;
+
+#define NO_WORK ((ptrdiff_t)0)
+
+/* Bytes of an output of the computing dtype, or -1 when the count does
+ * not fit in a Py_ssize_t.  Zero dims are skipped in the product, as
+ * NumPy does, so an empty array with absurd other dims is refused too. */
+static Py_ssize_t out_bytes(const Layout *L, const OutSpec *o, int typenum)
 {
     npy_intp dims[NPY_MAXDIMS + 2];
-    int nd = layout_shape(L, lead, ntail, t0, t1, dims);
-    return PyArray_SimpleNew(nd, dims, typenum);
+    int nd = layout_shape(L, o->lead, o->ntail, o->t0, o->t1, dims);
+    Py_ssize_t bytes = typenum == NPY_FLOAT ? 4 : 8;
+    for (int i = 0; i < nd; i++) {
+        if (dims[i] != 0) {
+            if (dims[i] > PY_SSIZE_T_MAX / bytes) {
+                return -1;
+            }
+            bytes *= dims[i];
+        }
+    }
+    return bytes;
 }
 
-/* Scratch of `bytes` bytes (-1: the count overflowed); NULL with
- * MemoryError set. */
-static void *new_work(ptrdiff_t bytes)
+/* Makes the wanted outputs and the kernels' scratch of `work_bytes`
+ * bytes (-1: the count overflowed; work NULL: none wanted).  Every byte count is checked before anything is allocated, so
+ * sizes that overflow give MemoryError without touching memory.  On
+ * failure the outputs already made are left in *dst for the caller's
+ * cleanup path. */
+static int new_outputs(const Layout *L, int typenum, const OutSpec *spec,
+                       int n, ptrdiff_t work_bytes, void **work)
 {
-    if (bytes < 0) {
+    char buf[SHAPE_BUF];
+    for (int i = 0; i < n; i++) {
+        if (spec[i].dst != NULL && out_bytes(L, &spec[i], typenum) < 0) {
+            npy_intp dims[NPY_MAXDIMS + 2];
+            int nd = layout_shape(L, spec[i].lead, spec[i].ntail, spec[i].t0,
+                                  spec[i].t1, dims);
+            PyErr_Format(PyExc_MemoryError,
+                         "attention_c: output %s of shape %s would need "
+                         "more bytes than memory can address", spec[i].name,
+                         fmt_shape(buf, SHAPE_BUF, nd, dims));
+            return -1;
+        }
+    }
+    if (work != NULL && work_bytes < 0) {
         PyErr_SetString(PyExc_MemoryError,
                         "attention_c: sizes too large for scratch memory");
-        return NULL;
+        return -1;
     }
-    void *p = PyMem_RawMalloc((size_t)bytes + 1);
-    if (p == NULL) {
-        PyErr_NoMemory();
+    for (int i = 0; i < n; i++) {
+        if (spec[i].dst == NULL) {
+            continue;
+        }
+        npy_intp dims[NPY_MAXDIMS + 2];
+        int nd = layout_shape(L, spec[i].lead, spec[i].ntail, spec[i].t0,
+                              spec[i].t1, dims);
+        if (alloc_point("output", spec[i].name, 1) < 0 ||
+            (*spec[i].dst = PyArray_SimpleNew(nd, dims, typenum)) == NULL) {
+            return -1;
+        }
     }
-    return p;
+    if (work != NULL) {
+        if (alloc_point("scratch", "memory", 1) < 0) {
+            return -1;
+        }
+        *work = PyMem_RawMalloc((size_t)work_bytes + 1);
+        if (*work == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int check_status(int st)
@@ -358,7 +475,13 @@ static att_exec begin_exec(void)
             pool = NULL;
         }
         if (pool == NULL) {
-            pool = att_pool_new(num_threads);  /* NULL: run on one thread */
+            /* NULL (no memory, no threads): run on the calling thread */
+            if (alloc_point("thread", "pool", 0) < 0) {
+                PyErr_Clear();
+            }
+            else {
+                pool = att_pool_new(num_threads);
+            }
         }
         ex.pool = pool;
         pool_users += pool != NULL;
@@ -389,7 +512,8 @@ static PyObject *py_mean_context(PyObject *self, PyObject *args,
                                      &a[0].obj, &a[1].obj) ||
         prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
         prepare_mask(&a[1], &L) < 0 ||
-        (c = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"c", 1, 1, L.d.H, 0, &c}}, 1, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, mean_context, L.d, DATA(&a[0]), DATA(&a[1]), OUT(c));
@@ -422,7 +546,8 @@ static PyObject *py_mean_context_backward(PyObject *self, PyObject *args,
         prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
         expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         prepare_mask(&a[2], &L) < 0 ||
-        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"dh", 1, 2, L.d.T, L.d.H, &dh}}, 1, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, mean_context_backward, L.d, DATA(&a[0]), DATA(&a[2]),
@@ -457,8 +582,9 @@ static PyObject *py_additive_score(PyObject *self, PyObject *args,
         prepare_floats(a, 5, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
         expect_shape(&a[1], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         check_weights(&a[2], &a[3], &a[4], &L) < 0 ||
-        (s = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
-        (work = new_work(WORKSPACE(tn, additive_score, L.d))) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"s", 1, 1, L.d.T, 0, &s}}, 1,
+            WORKSPACE(tn, additive_score, L.d), &work) < 0) {
         goto fail;
     }
     RUN(st, tn, additive_score, L.d, DATA(&a[0]), DATA(&a[1]), DATA(&a[2]),
@@ -498,13 +624,13 @@ static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
         expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
         expect_shape(&a[2], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         check_weights(&a[3], &a[4], &a[5], &L) < 0 ||
-        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL ||
-        (dctx = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
-        (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
-        (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
-        (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
-        (work = new_work(WORKSPACE(tn, additive_score_backward, L.d))) ==
-            NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"dh", 1, 2, L.d.T, L.d.H, &dh},
+            {"dcontext", 1, 1, L.d.H, 0, &dctx},
+            {"dW", 0, 2, L.d.A, 2 * L.d.H, &dW},
+            {"dv", 0, 1, L.d.A, 0, &dv},
+            {"db", 0, 1, L.d.A, 0, GIVEN(&a[5]) ? &db : NULL}}, 5,
+            WORKSPACE(tn, additive_score_backward, L.d), &work) < 0) {
         goto fail;
     }
     RUN(st, tn, additive_score_backward, L.d, DATA(&a[0]), DATA(&a[1]),
@@ -544,7 +670,8 @@ static PyObject *py_masked_softmax(PyObject *self, PyObject *args,
                                      &a[0].obj, &a[1].obj) ||
         prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 1, &L) < 0 ||
         prepare_mask(&a[1], &L) < 0 ||
-        (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"alpha", 1, 1, L.d.T, 0, &alpha}}, 1, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, masked_softmax, L.d, DATA(&a[0]), DATA(&a[1]), OUT(alpha));
@@ -575,7 +702,8 @@ static PyObject *py_masked_softmax_backward(PyObject *self, PyObject *args,
                                      kwlist, &a[0].obj, &a[1].obj) ||
         prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 1, &L) < 0 ||
         expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        (ds = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"dscores", 1, 1, L.d.T, 0, &ds}}, 1, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, masked_softmax_backward, L.d, DATA(&a[0]), DATA(&a[1]),
@@ -607,7 +735,8 @@ static PyObject *py_weighted_sum(PyObject *self, PyObject *args,
                                      &a[0].obj, &a[1].obj) ||
         prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
         expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"out", 1, 1, L.d.H, 0, &out}}, 1, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, weighted_sum, L.d, DATA(&a[0]), DATA(&a[1]), OUT(out));
@@ -640,8 +769,9 @@ static PyObject *py_weighted_sum_backward(PyObject *self, PyObject *args,
         prepare_floats(a, 3, &tn) < 0 || read_layout(&a[2], 2, &L) < 0 ||
         expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
         expect_shape(&a[1], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        (dalpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
-        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"dalpha", 1, 1, L.d.T, 0, &dalpha},
+            {"dh", 1, 2, L.d.T, L.d.H, &dh}}, 2, NO_WORK, NULL) < 0) {
         goto fail;
     }
     RUN(st, tn, weighted_sum_backward, L.d, DATA(&a[0]), DATA(&a[1]),
@@ -680,11 +810,11 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
         prepare_floats(a, 4, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
         check_weights(&a[1], &a[2], &a[3], &L) < 0 ||
         prepare_mask(&a[4], &L) < 0 ||
-        (out = new_out(&L, 1, 1, L.d.H, 0, tn)) == NULL ||
-        (alpha = new_out(&L, 1, 1, L.d.T, 0, tn)) == NULL ||
-        (keep && (act = new_out(&L, 1, 2, L.d.T, L.d.A, tn)) == NULL) ||
-        (work = new_work(WORKSPACE(tn, context_attention, L.d, &ex))) ==
-            NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"out", 1, 1, L.d.H, 0, &out},
+            {"alpha", 1, 1, L.d.T, 0, &alpha},
+            {"activations", 1, 2, L.d.T, L.d.A, keep ? &act : NULL}}, 3,
+            WORKSPACE(tn, context_attention, L.d, &ex), &work) < 0) {
         goto fail;
     }
     RUN(st, tn, context_attention, L.d, &ex, DATA(&a[0]), DATA(&a[1]),
@@ -738,12 +868,13 @@ static PyObject *py_context_attention_backward(PyObject *self,
         check_weights(&a[2], &a[3], &a[5], &L) < 0 ||
         expect_shape(&a[7], &L, 1, 2, L.d.T, L.d.A, "(..., T, A)") < 0 ||
         prepare_mask(&a[8], &L) < 0 ||
-        (dh = new_out(&L, 1, 2, L.d.T, L.d.H, tn)) == NULL ||
-        (dW = new_out(&L, 0, 2, L.d.A, 2 * L.d.H, tn)) == NULL ||
-        (dv = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL ||
-        (GIVEN(&a[5]) && (db = new_out(&L, 0, 1, L.d.A, 0, tn)) == NULL) ||
-        (work = new_work(WORKSPACE(tn, context_attention_backward, L.d,
-                                   &ex))) == NULL) {
+        new_outputs(&L, tn, (const OutSpec[]){
+            {"dh", 1, 2, L.d.T, L.d.H, &dh},
+            {"dW", 0, 2, L.d.A, 2 * L.d.H, &dW},
+            {"dv", 0, 1, L.d.A, 0, &dv},
+            {"db", 0, 1, L.d.A, 0, GIVEN(&a[5]) ? &db : NULL}}, 4,
+            WORKSPACE(tn, context_attention_backward, L.d, &ex),
+            &work) < 0) {
         goto fail;
     }
     RUN(st, tn, context_attention_backward, L.d, &ex, DATA(&a[0]),
@@ -845,6 +976,54 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* _fail_alloc_after(n, trace=False): restart counting allocation points;
+ * fail point n (0-based) once, or none for n = -1; with trace, record the
+ * name of every point passed (read by _alloc_trace). */
+static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args,
+                                     PyObject *kw)
+{
+    static char *kwlist[] = {"n", "trace", NULL};
+    Py_ssize_t n;
+    int trace = 0;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|p:_fail_alloc_after",
+                                     kwlist, &n, &trace)) {
+        return NULL;
+    }
+    if (n < -1) {
+        return PyErr_Format(PyExc_ValueError,
+                            "n must be >= -1 (-1: no failure), got %zd", n);
+    }
+    PyObject *list = trace ? PyList_New(0) : NULL;
+    if (trace && list == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(fault_trace, list);
+    fault_count = 0;
+    fault_after = n;
+    fault_armed = n >= 0 || trace;
+    Py_RETURN_NONE;
+}
+
+/* _alloc_count(): allocation points passed since _fail_alloc_after. */
+static PyObject *py_alloc_count(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromSsize_t(fault_count);
+}
+
+/* _alloc_trace(): names of the points passed, or None when not tracing. */
+static PyObject *py_alloc_trace(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    if (fault_trace == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyList_GetSlice(fault_trace, 0, PyList_GET_SIZE(fault_trace));
+}
+
 /* _tanh(x, simd): tanh of a float32 or float64 array by a given path. */
 static PyObject *py_tanh(PyObject *self, PyObject *args)
 {
@@ -916,6 +1095,15 @@ static PyMethodDef methods[] = {
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,
      "Set the threads the fused kernels may use (1 .. 256)."},
+    {"_fail_alloc_after", (PyCFunction)(void (*)(void))py_fail_alloc_after,
+     METH_VARARGS | METH_KEYWORDS,
+     "_fail_alloc_after(n, trace=False): make allocation point n fail once "
+     "(-1: never) and restart counting; debug aid for the tests."},
+    {"_alloc_count", py_alloc_count, METH_NOARGS,
+     "Allocation points passed since _fail_alloc_after."},
+    {"_alloc_trace", py_alloc_trace, METH_NOARGS,
+     "Names of the allocation points passed since _fail_alloc_after(n, "
+     "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
     {NULL, NULL, 0, NULL}
@@ -925,6 +1113,7 @@ static PyMethodDef methods[] = {
 static void module_free(void *m)
 {
     (void)m;
+    Py_CLEAR(fault_trace);
     if (pool != NULL && pool_users == 0) {
         if (att_pool_owned(pool)) {
             att_pool_free(pool);

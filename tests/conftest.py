@@ -101,3 +101,26 @@ def numerical_grad(loss, x, step=1e-6):
         x[idx] = old
         grad[idx] = (up - down) / (2 * step)
     return grad
+
+
+# --------------------------------------------------------------------------
+# Figures the hard-conditions tests report at the end of a run (property
+# cases per function, allocation points walked, threads x iterations, leak
+# loop memory, ...): tests add to FIGURES, pytest prints them.
+
+FIGURES = {}
+
+
+def record_figure(key, value, add=False):
+    """Sets (or with add=True adds to) a figure shown after the run."""
+    if add:
+        FIGURES[key] = FIGURES.get(key, 0) + value
+    else:
+        FIGURES[key] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("attention_c figures")
+        for key in sorted(FIGURES):
+            terminalreporter.write_line(f"{key}: {FIGURES[key]}")

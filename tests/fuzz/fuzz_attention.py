@@ -1,0 +1,297 @@
+"""Coverage-guided fuzzer (atheris / libFuzzer) of attention_c's public API.
+
+Every input picks one of the ten public functions and builds each of its
+arguments from the fuzz data: None, Python scalars, strings and nested
+lists, arrays of every dtype (float16/32/64, ints, bool, complex, object,
+strings, byte-swapped), of the right shape or of wrong rank and sizes
+(including 0 and zero-stride exabyte sizes), strided, reversed,
+read-only, NaN/Inf-filled, ndarray subclasses and np.matrix, arguments
+aliased to each other or overlapping views of one buffer, and objects
+whose ``__array__`` / ``__array_interface__`` / ``__bool__`` raise.  The
+thread count and SIMD path change between calls.
+
+The only allowed outcomes are a result or a documented exception
+(ValueError, TypeError, MemoryError, or the error an argument's own
+conversion raised).  Anything else fails: another exception, a crash, a
+hang (libFuzzer -timeout), an input modified, an output that is not a
+fresh C-contiguous float32/float64 ndarray, or a later known call that
+gives another answer (a canary after every input).
+
+Run:  python tests/fuzz/fuzz_attention.py [libFuzzer flags] [corpus dirs]
+e.g.  python tests/fuzz/fuzz_attention.py -max_total_time=60 \\
+          -timeout=20 /tmp/new_units tests/fuzz/corpus
+For native coverage build the extension with clang
+-fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp (.ci/fuzz does).
+"""
+
+import os
+import sys
+import warnings
+
+# libFuzzer's coverage callbacks live in atheris's core module, which
+# atheris.Fuzz() loads; with RTLD_GLOBAL in force then, it resolves the
+# coverage symbols of an extension built with -fsanitize-coverage
+# (.ci/fuzz).  So attention_c is imported on the first input, after that.
+import atheris  # noqa: E402
+
+ac = _core = None
+
+
+def _import_attention_c():
+    global ac, _core, SIMD
+    with atheris.instrument_imports(include=["attention_c"]):
+        import attention_c
+        from attention_c import _core as core
+    ac, _core = attention_c, core
+    SIMD = ["scalar", "avx2", "avx512"][
+        :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]
+
+
+import numpy as np  # noqa: E402
+
+warnings.simplefilter("ignore")
+np.seterr(all="ignore")
+
+SIGS = {
+    "mean_context": ["h", "mask"],
+    "mean_context_backward": ["grad_c", "h", "mask"],
+    "additive_score": ["h", "context", "W", "v", "b"],
+    "additive_score_backward": ["grad_s", "h", "context", "W", "v", "b"],
+    "masked_softmax": ["scores", "mask"],
+    "masked_softmax_backward": ["grad_alpha", "alpha"],
+    "weighted_sum": ["alpha", "h"],
+    "weighted_sum_backward": ["grad_out", "alpha", "h"],
+    "context_attention": ["h", "W", "v", "b", "mask", "keep_activations"],
+    "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
+                                   "mask", "grad_alpha", "activations"],
+}
+FUNCS = list(SIGS)
+SIMD = ["scalar"]
+
+
+class FuzzBomb(Exception):
+    """Raised by the hostile objects below: an allowed outcome."""
+
+
+class ArrayBomb:
+    def __array__(self, dtype=None, copy=None):
+        raise FuzzBomb("__array__")
+
+
+class InterfaceBomb:
+    @property
+    def __array_interface__(self):
+        raise FuzzBomb("__array_interface__")
+
+
+class BoolBomb:
+    def __bool__(self):
+        raise FuzzBomb("__bool__")
+
+
+class Sub(np.ndarray):
+    pass
+
+
+ALLOWED = (ValueError, TypeError, MemoryError, FuzzBomb)
+DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int8,
+          np.uint8, np.bool_, np.complex64, np.longdouble, object, ">f8",
+          "<f4", ">i4", "U3", "S2"]
+SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 1e-310,
+           3e38, 1e4, -1e4, 65504.0]
+
+
+def shape_for(name, lead, T, H, A):
+    if name in ("h", "activations"):
+        return lead + (T, A if name == "activations" else H)
+    if name in ("mask", "scores", "alpha", "grad_s", "grad_alpha"):
+        return lead + (T,)
+    if name in ("context", "grad_c", "grad_out"):
+        return lead + (H,)
+    if name == "W":
+        return (A, 2 * H)
+    return (A,)                                # v, b
+
+
+def make_array(fdp, shape, dtype, rng):
+    n = int(np.prod(shape)) if shape else 1
+    if n > 20000:
+        shape, n = (n % 7,), n % 7             # keep every call cheap
+    x = rng.standard_normal(n) * 10.0 ** fdp.ConsumeIntInRange(-3, 4)
+    for _ in range(fdp.ConsumeIntInRange(0, 3)):
+        if n:
+            x[fdp.ConsumeIntInRange(0, n - 1)] = SPECIAL[
+                fdp.ConsumeIntInRange(0, len(SPECIAL) - 1)]
+    x = x.reshape(shape)
+    try:
+        return x.astype(dtype)
+    except (ValueError, TypeError, OverflowError):
+        return x
+
+
+def relayout(fdp, x):
+    if not isinstance(x, np.ndarray) or x.ndim == 0:
+        return x
+    k = fdp.ConsumeIntInRange(0, 7)
+    if k == 1:
+        return np.asfortranarray(x)
+    if k == 2:
+        big = np.repeat(x, 2, axis=-1)
+        return big[..., ::2]
+    if k == 3:
+        return np.ascontiguousarray(x[..., ::-1])[..., ::-1]
+    if k == 4:
+        y = x.copy()
+        y.flags.writeable = False
+        return y
+    if k == 5 and x.dtype.kind in "fiu" and x.size:
+        buf = np.zeros(x.nbytes + 1, np.uint8)
+        y = buf[1:].view(x.dtype).reshape(x.shape)
+        y[...] = x
+        return y
+    if k == 6:
+        return x.view(Sub)
+    if k == 7 and x.ndim == 2:
+        return np.asmatrix(x)
+    return x
+
+
+def make_arg(fdp, name, dims, rng, made, shared):
+    lead, T, H, A = dims
+    if name == "keep_activations":
+        return [False, True, 0, 1, None, "yes", BoolBomb(), [],
+                2 ** 70][fdp.ConsumeIntInRange(0, 8)]
+    kind = fdp.ConsumeIntInRange(0, 15)
+    if kind <= 7:                              # right shape
+        dt = np.bool_ if name == "mask" and kind < 6 else \
+            DTYPES[min(kind // 2, len(DTYPES) - 1)] if kind < 6 else \
+            DTYPES[fdp.ConsumeIntInRange(0, len(DTYPES) - 1)]
+        if name == "mask" and kind < 6:
+            m = rng.random(shape_for(name, lead, T, H, A)) < \
+                fdp.ConsumeProbability()
+            return relayout(fdp, m)
+        return relayout(fdp, make_array(
+            fdp, shape_for(name, lead, T, H, A), dt, rng))
+    if kind == 8:                              # wrong rank or sizes
+        nd = fdp.ConsumeIntInRange(0, 5)
+        shape = tuple(fdp.ConsumeIntInRange(0, 9) for _ in range(nd))
+        return make_array(fdp, shape, DTYPES[fdp.ConsumeIntInRange(
+            0, len(DTYPES) - 1)], rng)
+    if kind == 9:                              # aliased to another argument
+        return made[fdp.ConsumeIntInRange(0, len(made) - 1)] if made \
+            else None
+    if kind == 10:                             # overlapping views
+        shape = shape_for(name, lead, T, H, A)
+        n = int(np.prod(shape))
+        if n > 20000:
+            return None
+        off = fdp.ConsumeIntInRange(0, 3)
+        if shared[0] is None or shared[0].size < n + off:
+            shared[0] = rng.standard_normal(n + 8)
+        return shared[0][off:off + n].reshape(shape)
+    if kind == 11:                             # zero-stride, maybe huge
+        # 2**40 .. 2**60 items: a copy fails at once (no machine has the
+        # memory) rather than filling gigabytes
+        shape = tuple(d if fdp.ConsumeBool() else 2 ** fdp.ConsumeIntInRange(
+            40, 60) for d in shape_for(name, lead, T, H, A))
+        try:
+            return np.lib.stride_tricks.as_strided(
+                np.ones(1, np.float32), shape=shape, strides=(0,) * len(shape))
+        except ValueError:
+            return None
+    if kind == 12:
+        return [ArrayBomb(), InterfaceBomb(), BoolBomb()][
+            fdp.ConsumeIntInRange(0, 2)]
+    if kind == 13:                             # Python objects
+        return [None, 0, 1.5, float("nan"), "h", b"x", [], [[1.0], [2.0, 3]],
+                [[[1.0, 2.0]]], (1, 2), {"a": 1}, object(), 2 ** 80, True,
+                1j][fdp.ConsumeIntInRange(0, 14)]
+    if kind == 14:                             # nested lists
+        shape = shape_for(name, lead, T, H, A)
+        if int(np.prod(shape)) <= 200:
+            return make_array(fdp, shape, np.float64, rng).tolist()
+        return None
+    return None                                # left out / None
+
+
+def check_result(res):
+    outs = res if isinstance(res, tuple) else (res,)
+    for o in outs:
+        if o is None:
+            continue
+        assert type(o) is np.ndarray, type(o)
+        assert o.dtype in (np.float32, np.float64), o.dtype
+        assert o.flags.c_contiguous and o.flags.owndata
+
+
+_CANARY = None
+
+
+def canary():
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((3, 7, 5))
+    W, v = rng.standard_normal((4, 10)), rng.standard_normal(4)
+    mask = rng.random((3, 7)) < 0.7
+    out, alpha = ac.context_attention(h, W, v, mask=mask)
+    g = ac.context_attention_backward(out, h, W, v, alpha, mask=mask)
+    return [out, alpha, *g[:3], ac.mean_context(h, mask)]
+
+
+def TestOneInput(data):
+    global _CANARY
+    if ac is None:
+        _import_attention_c()
+    fdp = atheris.FuzzedDataProvider(data)
+    fn = FUNCS[fdp.ConsumeIntInRange(0, len(FUNCS) - 1)]
+    if fdp.ConsumeIntInRange(0, 7) == 0:
+        ac.set_num_threads(fdp.ConsumeIntInRange(1, 4))
+        _core._set_simd(SIMD[fdp.ConsumeIntInRange(0, len(SIMD) - 1)])
+    rng = np.random.default_rng(fdp.ConsumeIntInRange(0, 2 ** 16))
+    lead = tuple(fdp.ConsumeIntInRange(0, 4)
+                 for _ in range(fdp.ConsumeIntInRange(0, 2)))
+    sizes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65]
+    T, H, A = (sizes[fdp.ConsumeIntInRange(0, len(sizes) - 1)]
+               for _ in range(3))
+    made, shared, kwargs = [], [None], {}
+    for name in SIGS[fn]:
+        if fdp.ConsumeIntInRange(0, 9) == 0:
+            continue                           # left out
+        x = make_arg(fdp, name, (lead, T, H, A), rng, made, shared)
+        kwargs[name] = x
+        if isinstance(x, np.ndarray):
+            made.append(x)
+    positional = fdp.ConsumeBool()
+    made = [x for x in made if x.size <= 10 ** 6]   # not the zero-stride
+    copies = {id(x): np.array(x, copy=True) for x in made}
+    try:
+        if positional:
+            args = [kwargs.get(n) for n in SIGS[fn]]
+            res = getattr(ac, fn)(*args)
+        else:
+            res = getattr(ac, fn)(**kwargs)
+    except ALLOWED:
+        res = None
+    else:
+        check_result(res)
+    for x in made:                             # inputs never modified
+        if x.dtype != object:
+            assert np.asarray(x).tobytes() == copies[id(x)].tobytes(), \
+                f"{fn} modified an input"
+    now = canary()
+    if _CANARY is None:
+        _CANARY = now
+    for a, b in zip(now, _CANARY):
+        # bit-identical across thread counts; SIMD paths agree within
+        # rounding
+        assert np.allclose(a, b, rtol=1e-12, atol=1e-14), \
+            f"a later call changed after {fn}"
+
+
+def main():
+    atheris.Setup(sys.argv, TestOneInput)
+    sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

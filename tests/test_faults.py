@@ -1,0 +1,245 @@
+"""Allocation failures: every allocation point of every function.
+
+The binding passes an allocation point before each allocation it makes or
+asks NumPy for (converting or casting an argument, each output, the
+kernels' scratch, the thread pool).  ``_core._fail_alloc_after(n)`` makes
+point n fail once as if memory had run out.  For every function and a few
+argument variants, the tests walk n over all the points of the call: each
+gives MemoryError (the thread pool instead falls back to the calling
+thread and gives the exact result), leaks nothing, leaves every argument's
+refcount as it was, and the next call gives the same result as before.
+"""
+
+import gc
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import _core, reference
+from conftest import Problem, record_figure
+
+FUNCS = ["mean_context", "mean_context_backward", "additive_score",
+         "additive_score_backward", "masked_softmax",
+         "masked_softmax_backward", "weighted_sum", "weighted_sum_backward",
+         "context_attention", "context_attention_backward"]
+FUSED = {"context_attention", "context_attention_backward"}
+
+
+def _variants(fn, rng):
+    """(label, kwargs) calls of fn: float64 with every optional argument,
+    and float32 Fortran-ordered (every argument cast and copied) with
+    none."""
+    p = Problem(rng, (3,), 5, 4, 6)
+    alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+    full = {
+        "mean_context": dict(h=p.h, mask=p.mask),
+        "mean_context_backward": dict(grad_c=p.grad_out, h=p.h, mask=p.mask),
+        "additive_score": dict(h=p.h, context=p.context, W=p.W, v=p.v,
+                               b=p.b),
+        "additive_score_backward": dict(grad_s=p.grad_s, h=p.h,
+                                        context=p.context, W=p.W, v=p.v,
+                                        b=p.b),
+        "masked_softmax": dict(scores=p.grad_s, mask=p.mask),
+        "masked_softmax_backward": dict(grad_alpha=p.grad_alpha,
+                                        alpha=alpha),
+        "weighted_sum": dict(alpha=alpha, h=p.h),
+        "weighted_sum_backward": dict(grad_out=p.grad_out, alpha=alpha,
+                                      h=p.h),
+        "context_attention": dict(h=p.h, W=p.W, v=p.v, b=p.b, mask=p.mask,
+                                  keep_activations=True),
+        "context_attention_backward": dict(
+            grad_out=p.grad_out, h=p.h, W=p.W, v=p.v, alpha=alpha, b=p.b,
+            mask=p.mask, grad_alpha=p.grad_alpha,
+            activations=ac.context_attention(p.h, p.W, p.v, p.b, p.mask,
+                                             keep_activations=True)[2]),
+    }[fn]
+    optional = {"mask", "b", "activations", "keep_activations"}
+    if fn == "context_attention_backward":
+        optional.add("grad_alpha")
+    bare = {k: np.asfortranarray(np.asarray(v, np.float32))
+            for k, v in full.items() if k not in optional}
+    return [("float64, all optional arguments", full),
+            ("float32 Fortran order, no optional argument", bare)]
+
+
+def _results(res):
+    return tuple(res) if isinstance(res, tuple) else (res,)
+
+
+def _assert_same(got, want, what):
+    got, want = _results(got), _results(want)
+    assert len(got) == len(want), what
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None, what
+        else:
+            assert g.dtype == w.dtype and np.array_equal(g, w), what
+
+
+def _fresh_pool(fn):
+    """Makes the next fused call create its thread pool (an allocation
+    point) by dropping the current one."""
+    if fn in FUSED:
+        n = ac.get_num_threads()
+        ac.set_num_threads(1 if n > 1 else 2)
+        ac.set_num_threads(max(n, 2))
+
+
+def _walk(fn, kw, baseline):
+    """Fails each allocation point of fn(**kw) in turn; returns the point
+    names."""
+    func = getattr(ac, fn)
+    _fresh_pool(fn)
+    _core._fail_alloc_after(-1, trace=True)
+    _assert_same(func(**kw), baseline, f"{fn} traced")
+    names = _core._alloc_trace()
+    assert _core._alloc_count() == len(names) > 0
+    for k, name in enumerate(names):
+        _fresh_pool(fn)
+        _core._fail_alloc_after(k)
+        try:
+            if name == "thread pool":
+                # no pool: the call runs on the calling thread, same bits
+                _assert_same(func(**kw), baseline, f"{fn} without a pool")
+            else:
+                with pytest.raises(MemoryError, match="injected"):
+                    func(**kw)
+        finally:
+            _core._fail_alloc_after(-1)
+        # the failure left nothing behind
+        _assert_same(func(**kw), baseline, f"{fn} after failing {name}")
+    return names
+
+
+@pytest.fixture
+def threads_restored():
+    n = ac.get_num_threads()
+    yield
+    _core._fail_alloc_after(-1)
+    ac.set_num_threads(n)
+
+
+@pytest.mark.parametrize("fn", FUNCS)
+def test_every_allocation_point_fails_cleanly(fn, rng, threads_restored):
+    """Each point gives MemoryError (or, for the pool, the exact result);
+    no leak (tracemalloc) and unchanged refcounts over repeated walks."""
+    if fn in FUSED:
+        ac.set_num_threads(2)
+    total = 0
+    for label, kw in _variants(fn, rng):
+        baseline = getattr(ac, fn)(**kw)
+        names = _walk(fn, kw, baseline)               # warm-up walk
+        total += len(names)
+        assert any(n.startswith("output") for n in names), names
+        if fn in FUSED:
+            assert "thread pool" in names and "scratch memory" in names
+        objs = list(kw.values())
+        refs = [sys.getrefcount(o) for o in objs]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(10):
+                _walk(fn, kw, baseline)
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert after - before < 32 * 1024, (
+            f"{fn} ({label}): traced memory grew by {after - before} bytes "
+            f"over 10 walks of {len(names)} failing points")
+        assert [sys.getrefcount(o) for o in objs] == refs, (fn, label)
+    record_figure(f"allocation points walked: {fn}", total)
+    record_figure("allocation points walked: total", total, add=True)
+
+
+def test_fail_alloc_after_validates_and_is_one_shot(rng):
+    p = Problem(rng, (2,), 3, 2, 2)
+    with pytest.raises(ValueError):
+        _core._fail_alloc_after(-2)
+    _core._fail_alloc_after(0)
+    with pytest.raises(MemoryError):
+        ac.mean_context(p.h)
+    assert _core._alloc_trace() is None
+    ac.mean_context(p.h)                  # one failure only
+    _core._fail_alloc_after(-1)
+    ac.mean_context(p.h)
+    assert _core._alloc_count() == 3      # conversion, cast, output c
+
+
+# --------------------------------------------------------------------------
+# Sizes whose byte count overflows: refused before any output or scratch
+# is allocated.
+
+TWO31 = 2 ** 31
+
+
+def _zero_strided(shape, dtype=np.int8):
+    seed = np.ones(1, dtype)
+    return np.lib.stride_tricks.as_strided(seed, shape=shape,
+                                           strides=(0,) * len(shape))
+
+
+def _overflow_cases():
+    """(fn, kwargs): int8 inputs that exist (< 2**63 bytes) but whose
+    float64 outputs, or float64 copies, would need >= 2**63 bytes."""
+    B, T = TWO31, TWO31
+    e = np.zeros((B, T, 0), np.int8)            # empty h, (B, T) outputs
+    big = _zero_strided((2 ** 21, 2 ** 21, 2 ** 20))   # 2**62 items
+    bT = _zero_strided((2 ** 31, 2 ** 31))              # (B, T), 2**62 items
+    bH = _zero_strided((2 ** 21, 2 ** 20))              # (B, H) for big
+    W0, v3 = np.zeros((3, 0), np.int8), np.zeros(3, np.int8)
+    return [
+        ("mean_context", dict(h=big)),
+        ("mean_context_backward", dict(grad_c=bH, h=big)),
+        ("additive_score", dict(h=e, context=np.zeros((B, 0), np.int8),
+                                W=W0, v=v3)),
+        ("additive_score_backward", dict(grad_s=bT, h=e,
+                                         context=np.zeros((B, 0), np.int8),
+                                         W=W0, v=v3)),
+        ("masked_softmax", dict(scores=bT)),
+        ("masked_softmax_backward", dict(grad_alpha=bT, alpha=bT)),
+        ("weighted_sum", dict(alpha=bT, h=e)),
+        ("weighted_sum_backward", dict(grad_out=np.zeros((B, 0), np.int8),
+                                       alpha=bT, h=e)),
+        ("context_attention", dict(h=e, W=W0, v=v3)),
+        ("context_attention_backward", dict(
+            grad_out=np.zeros((B, 0), np.int8), h=e, W=W0, v=v3, alpha=bT)),
+    ]
+
+
+@pytest.mark.parametrize("case", _overflow_cases(), ids=lambda c: c[0])
+def test_overflowing_byte_counts_refused_before_allocation(case, rng):
+    fn, kw = case
+    _core._fail_alloc_after(-1, trace=True)
+    try:
+        with pytest.raises((MemoryError, ValueError)):
+            getattr(ac, fn)(**kw)
+        names = _core._alloc_trace()
+    finally:
+        _core._fail_alloc_after(-1)
+    made = [n for n in names if n.startswith(("output", "scratch"))]
+    assert not made, f"{fn} allocated {made} before refusing the sizes"
+    # and the next call is right
+    p = Problem(rng, (2,), 3, 4, 5)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    r_out, r_alpha = reference.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    np.testing.assert_allclose(out, r_out, rtol=1e-12, atol=1e-14)
+
+
+def test_empty_output_with_absurd_dims_is_memory_error():
+    """Empty float32 h (2**30, 2**30, 0) exists; its activations (B, T, A)
+    with A = 8 would need 2**65 bytes: MemoryError naming the output, from
+    the binding's own check, before alpha (2**62 bytes) is tried."""
+    h = np.zeros((2 ** 30, 2 ** 30, 0), np.float32)
+    W, v = np.zeros((8, 0), np.float32), np.zeros(8, np.float32)
+    _core._fail_alloc_after(-1, trace=True)
+    try:
+        with pytest.raises(MemoryError, match="activations"):
+            ac.context_attention(h, W, v, keep_activations=True)
+        assert not [n for n in _core._alloc_trace() if "output" in n]
+    finally:
+        _core._fail_alloc_after(-1)
