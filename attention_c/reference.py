@@ -11,11 +11,11 @@ Notation (one sequence; any leading axes ``...`` are a batch):
     W      (A, 2H)       = [W_h | W_c], the layout of torch.nn.Linear(2H, A)
     v, b   (A,)          output weights and bias of the score network
 
-    c       = (1/n) sum_t m_t h_t                     mean context, (..., H)
-    z_t     = W_h h_t + W_c c + b                     pre-activation, (..., T, A)
-    s_t     = v . tanh(z_t)                           score, (..., T)
+    c       = (1/n) sum_t m_t h_t                   mean context, (..., H)
+    z_t     = W_h h_t + W_c c + b                   pre-activation, (..., T, A)
+    s_t     = v . tanh(z_t)                         score, (..., T)
     alpha_t = m_t exp(s_t - M) / sum_j m_j exp(s_j - M)
-    out     = sum_t alpha_t h_t                       (..., H)
+    out     = sum_t alpha_t h_t                     (..., H)
 
 A masked item never influences anything: it is left out of every sum (not
 multiplied by zero, which would let a NaN in padding through).  A row with no
@@ -139,7 +139,7 @@ def masked_softmax(scores, mask=None):
 
 
 def masked_softmax_backward(grad_alpha, alpha):
-    """ds_t = alpha_t (g_t - sum_j alpha_j g_j); masked items have alpha = 0."""
+    """ds_t = alpha_t (g_t - sum_j alpha_j g_j); masked items: alpha = 0."""
     g, alpha = np.asarray(grad_alpha), np.asarray(alpha)
     return alpha * (g - (alpha * g).sum(axis=-1, keepdims=True))
 

@@ -364,9 +364,48 @@ static Py_ssize_t out_bytes(const Layout *L, const OutSpec *o, int typenum)
     return bytes;
 }
 
+/* The kernels' scratch is kept between calls (one buffer of at most
+ * WORK_CACHE_MAX bytes): a large one would otherwise be mapped afresh and
+ * its pages faulted in by every call (glibc maps blocks above 32 MiB anew
+ * each time), 5% of a large backward.  Taken and given back with the GIL
+ * held; a call that finds it in use (another thread is inside a kernel)
+ * allocates its own. */
+#define WORK_CACHE_MAX ((size_t)256 << 20)
+static void *work_cache = NULL;
+static size_t work_cache_size = 0;
+static int work_cache_busy = 0;
+
+static void *work_take(size_t bytes)
+{
+    if (work_cache_busy || bytes > WORK_CACHE_MAX) {
+        return PyMem_RawMalloc(bytes);
+    }
+    if (work_cache_size < bytes) {
+        PyMem_RawFree(work_cache);
+        work_cache = PyMem_RawMalloc(bytes);
+        work_cache_size = work_cache != NULL ? bytes : 0;
+        if (work_cache == NULL) {
+            return NULL;
+        }
+    }
+    work_cache_busy = 1;
+    return work_cache;
+}
+
+static void work_give(void *work)
+{
+    if (work != NULL && work == work_cache) {
+        work_cache_busy = 0;
+    }
+    else {
+        PyMem_RawFree(work);
+    }
+}
+
 /* Makes the wanted outputs and the kernels' scratch of `work_bytes`
- * bytes (-1: the count overflowed; work NULL: none wanted).  Every byte count is checked before anything is allocated, so
- * sizes that overflow give MemoryError without touching memory.  On
+ * bytes (-1: the count overflowed; work NULL: none wanted).  Every byte
+ * count is checked before anything is allocated, so sizes that overflow
+ * give MemoryError without touching memory.  On
  * failure the outputs already made are left in *dst for the caller's
  * cleanup path. */
 static int new_outputs(const Layout *L, int typenum, const OutSpec *spec,
@@ -406,7 +445,7 @@ static int new_outputs(const Layout *L, int typenum, const OutSpec *spec,
         if (alloc_point("scratch", "memory", 1) < 0) {
             return -1;
         }
-        *work = PyMem_RawMalloc((size_t)work_bytes + 1);
+        *work = work_take((size_t)work_bytes + 1);
         if (*work == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -592,11 +631,11 @@ static PyObject *py_additive_score(PyObject *self, PyObject *args,
     if (check_status(st) < 0) {
         goto fail;
     }
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     return s;
 fail:
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     Py_XDECREF(s);
     return NULL;
@@ -639,12 +678,12 @@ static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
     if (check_status(st) < 0) {
         goto fail;
     }
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     return Py_BuildValue("(NNNNN)", dh, dctx, dW, dv,
                          db ? db : Py_NewRef(Py_None));
 fail:
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     Py_XDECREF(dh);
     Py_XDECREF(dctx);
@@ -824,13 +863,13 @@ static PyObject *py_context_attention(PyObject *self, PyObject *args,
         goto fail;
     }
     end_exec(&ex);
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     return act ? Py_BuildValue("(NNN)", out, alpha, act)
                : Py_BuildValue("(NN)", out, alpha);
 fail:
     end_exec(&ex);
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     Py_XDECREF(out);
     Py_XDECREF(alpha);
@@ -885,12 +924,12 @@ static PyObject *py_context_attention_backward(PyObject *self,
         goto fail;
     }
     end_exec(&ex);
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     return Py_BuildValue("(NNNN)", dh, dW, dv, db ? db : Py_NewRef(Py_None));
 fail:
     end_exec(&ex);
-    PyMem_RawFree(work);
+    work_give(work);
     release(a, N_ARGS(a));
     Py_XDECREF(dh);
     Py_XDECREF(dW);
@@ -1114,6 +1153,11 @@ static void module_free(void *m)
 {
     (void)m;
     Py_CLEAR(fault_trace);
+    if (!work_cache_busy) {
+        PyMem_RawFree(work_cache);
+        work_cache = NULL;
+        work_cache_size = 0;
+    }
     if (pool != NULL && pool_users == 0) {
         if (att_pool_owned(pool)) {
             att_pool_free(pool);

@@ -86,7 +86,8 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VSCALE _mm512_scalef_pd
 #define VABS _mm512_abs_pd
 #define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
-    s, _mm512_castsi512_pd(_mm512_set1_epi64((long long)0x8000000000000000ull))))
+    s, _mm512_castsi512_pd(                                            \
+           _mm512_set1_epi64((long long)0x8000000000000000ull))))
 #include "fast_impl.h"
 
 #if defined(__clang__)

@@ -157,7 +157,7 @@ static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
 
 /* The register tile: MR rows x 2 vectors of accumulators, updated by
  * c[r] += a(r, k) b(k) for k < K, a(r, k) read through A_AT(r, k). */
-#define MICRO_KERNEL_BODY(A_AT, B_AT)                                              \
+#define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
     VEC c0[MR], c1[MR];                                                      \
     for (int r = 0; r < MR; r++) {                                           \
         c0[r] = VZERO();                                                     \

@@ -379,8 +379,8 @@ def f32_sweep():
     """(x, ordered correctly rounded tanh(x)) for a float32 sweep: every
     finite magnitude with a stride (subnormals to FLT_MAX), [1e-3, 10]
     densely, and exhaustive windows at the saturation point (~9.01), the
-    argument-reduction steps (odd multiples of ln(2)/4) and the worst cases found
-    by an exhaustive search; both signs.  tanh in float64 rounded to
+    argument-reduction steps (odd multiples of ln(2)/4) and the worst cases
+    found by an exhaustive search; both signs.  tanh in float64 rounded to
     float32 is the correctly rounded value except within 2^-29 ulp of a
     midpoint."""
     lo = int(np.float32(1e-3).view(np.uint32))

@@ -122,8 +122,8 @@ def problems(draw, fn):
         grad_out=rng.standard_normal(lead + (H,)),
         grad_s=rng.standard_normal(lead + (T,)),
         grad_alpha=(rng.standard_normal(lead + (T,))
-                    if draw(st.booleans()) or fn != "context_attention_backward"
-                    else None),
+                    if draw(st.booleans())
+                    or fn != "context_attention_backward" else None),
     )
     kw = {}
     for name in ARGS[fn]:
