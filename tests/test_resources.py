@@ -201,6 +201,10 @@ def test_no_leak_tracemalloc(rng):
         f"{TRACE_ITERS} iterations")
 
 
+@pytest.mark.skipif(bool(os.environ.get("ATTENTION_C_SANITIZED")),
+                    reason="under ASan freed memory sits in its quarantine, "
+                           "so RSS grows; tracemalloc and refcounts still "
+                           "checked")
 def test_no_leak_rss(rng):
     """Thousands of good and bad calls keep the resident set flat."""
     goods, bads = good_calls(rng), bad_calls(rng)
