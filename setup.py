@@ -8,8 +8,8 @@ from setuptools import Extension, setup
 if sys.platform == "win32":
     compile_args = ["/O2"]
 else:
-    # -O3 but no -march=native: the wheel must run on any x86-64 (or other)
-    # CPU; faster instruction sets are chosen at run time, not build time.
+    # -O3 but no CPU-specific -march: the wheel must run on any x86-64 (or
+    # other) CPU; faster instruction sets are chosen at run time.
     compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra",
                     "-fno-strict-aliasing", "-pthread"]
 

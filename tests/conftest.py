@@ -14,6 +14,22 @@ DTYPES = [np.float32, np.float64]
 MASK_KINDS = ["none", "random", "all_masked", "single"]
 
 
+# The arguments of every public function, in order (keywords accepted).
+API_ARGS = {
+    "mean_context": ["h", "mask"],
+    "mean_context_backward": ["grad_c", "h", "mask"],
+    "additive_score": ["h", "context", "W", "v", "b"],
+    "additive_score_backward": ["grad_s", "h", "context", "W", "v", "b"],
+    "masked_softmax": ["scores", "mask"],
+    "masked_softmax_backward": ["grad_alpha", "alpha"],
+    "weighted_sum": ["alpha", "h"],
+    "weighted_sum_backward": ["grad_out", "alpha", "h"],
+    "context_attention": ["h", "W", "v", "b", "mask"],
+    "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
+                                   "mask", "grad_alpha"],
+}
+
+
 def rel_err(x, ref):
     """Normwise relative error ||x - ref|| / ||ref|| (absolute if ref = 0)."""
     x = np.asarray(x, dtype=np.float64)

@@ -12,7 +12,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core, reference
-from conftest import Problem
+from conftest import API_ARGS, Problem
 
 SIMD_PATHS = ["scalar", "avx2", "avx512"][
     :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]
@@ -38,20 +38,7 @@ def _args(fn, p, alpha):
     every = dict(h=p.h, mask=p.mask, grad_c=p.grad_out, context=p.context,
                  W=p.W, v=p.v, b=p.b, grad_s=p.grad_s, scores=p.grad_s * 3,
                  grad_alpha=p.grad_alpha, alpha=alpha, grad_out=p.grad_out)
-    names = {
-        "mean_context": ["h", "mask"],
-        "mean_context_backward": ["grad_c", "h", "mask"],
-        "additive_score": ["h", "context", "W", "v", "b"],
-        "additive_score_backward": ["grad_s", "h", "context", "W", "v", "b"],
-        "masked_softmax": ["scores", "mask"],
-        "masked_softmax_backward": ["grad_alpha", "alpha"],
-        "weighted_sum": ["alpha", "h"],
-        "weighted_sum_backward": ["grad_out", "alpha", "h"],
-        "context_attention": ["h", "W", "v", "b", "mask"],
-        "context_attention_backward": ["grad_out", "h", "W", "v", "alpha",
-                                       "b", "mask", "grad_alpha"],
-    }[fn]
-    return {n: every[n] for n in names}
+    return {n: every[n] for n in API_ARGS[fn]}
 
 
 def _outs(res):

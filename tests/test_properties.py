@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import attention_c as ac
 from attention_c import _core, reference
-from conftest import TOL, record_figure, rel_err
+from conftest import API_ARGS, TOL, record_figure, rel_err
 
 _common = dict(derandomize=True, database=None, deadline=None,
                print_blob=True,
@@ -46,19 +46,7 @@ FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "additive_score_backward", "masked_softmax",
          "masked_softmax_backward", "weighted_sum", "weighted_sum_backward",
          "context_attention", "context_attention_backward"]
-ARGS = {
-    "mean_context": ["h", "mask"],
-    "mean_context_backward": ["grad_c", "h", "mask"],
-    "additive_score": ["h", "context", "W", "v", "b"],
-    "additive_score_backward": ["grad_s", "h", "context", "W", "v", "b"],
-    "masked_softmax": ["scores", "mask"],
-    "masked_softmax_backward": ["grad_alpha", "alpha"],
-    "weighted_sum": ["alpha", "h"],
-    "weighted_sum_backward": ["grad_out", "alpha", "h"],
-    "context_attention": ["h", "W", "v", "b", "mask"],
-    "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
-                                   "mask", "grad_alpha"],
-}
+ARGS = API_ARGS
 ILL_FACTOR = 8.0
 
 SIMD_PATHS = ["scalar", "avx2", "avx512"][
