@@ -30,6 +30,10 @@ __all__ = [
     "masked_softmax", "masked_softmax_backward",
     "weighted_sum", "weighted_sum_backward",
     "context_attention", "context_attention_backward",
+    "additive_attention", "additive_attention_backward",
+    "dot_attention", "dot_attention_backward",
+    "general_attention", "general_attention_backward",
+    "project_keys", "project_keys_backward",
 ]
 
 
@@ -228,3 +232,225 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
           * dc[..., None, :])
     dh = np.where(m[..., None], dh, 0)
     return dh, dW, dv, db
+
+
+# --------------------------------------------------------------------------
+# 6. The attention family: a query against keys, three scores, values
+#
+#    query  (..., Hq) one per sequence, or (..., Tq, Hq) several
+#           (several when query.ndim == keys.ndim)
+#    keys   (..., T, H);  values (..., T, Hv), by default the keys
+#    mask   (..., T) for every query, or (..., Tq, T) per query
+#
+#    additive  s_it = v . tanh(W_k k_t + W_q q_i + b)    W = [W_k | W_q]
+#    dot       s_it = scale q_i . k_t                    scale = 1/sqrt(H)
+#    general   s_it = q_i . (W_a k_t)                    W_a (Hq, H)
+#
+#    alpha_i = masked softmax of s_i over t;  out_i = sum_t alpha_it val_t
+#
+# Every function below works on several queries; one query per sequence is
+# the case Tq = 1 with that axis added on the way in and removed on the way
+# out.
+
+def _queries(query, keys):
+    """(query as (..., Tq, Hq), whether it was a single query)."""
+    query, keys = np.asarray(query), np.asarray(keys)
+    single = query.ndim == keys.ndim - 1
+    return (query[..., None, :] if single else query), single
+
+
+def _family_mask(mask, query, keys):
+    """The mask as (..., Tq, T) booleans: a key mask applies to every query."""
+    shape = query.shape[:-1] + keys.shape[-2:-1]       # (..., Tq, T)
+    m = _valid(mask, shape)
+    if m.ndim == keys.ndim - 1:                        # a key mask (..., T)
+        m = m[..., None, :]
+    return np.broadcast_to(m, shape)
+
+
+def project_keys(keys, W):
+    """The keys' side of a score, once per key: k_t @ W[:, :H].T.
+
+    For the additive score, W = [W_k | W_q] and this is W_k k_t (..., T, A);
+    for the general score, W = W_a and this is W_a k_t (..., T, Hq).
+    """
+    keys, W = np.asarray(keys), np.asarray(W)
+    return keys @ W[:, :keys.shape[-1]].T
+
+
+def project_keys_backward(grad_proj, keys, W):
+    """(dkeys, dW) of project_keys; dW is zero past the first H columns."""
+    g, keys, W = np.asarray(grad_proj), np.asarray(keys), np.asarray(W)
+    H = keys.shape[-1]
+    dW = np.zeros(W.shape, np.result_type(g, keys))
+    dW[:, :H] = _rows(g).T @ _rows(keys)               # sum_t g_t k_t^T
+    return g @ W[:, :H], dW
+
+
+def _drop_padding(m, *rows):
+    """Zero the padding: key rows (..., T, n) masked for every query, and
+    query rows (..., Tq, n) with no valid key.  Then a NaN in padding cannot
+    reach any result, and nothing else changes (padding has weight 0)."""
+    live_k = m.any(axis=-2)[..., :, None]              # (..., T, 1)
+    live_q = m.any(axis=-1)[..., :, None]              # (..., Tq, 1)
+    return [None if x is None else
+            np.where(live_k if kind == "k" else live_q, x, 0)
+            for kind, x in rows]
+
+
+def _attend(s, m, values):
+    """alpha (..., Tq, T) = masked softmax of s; out = alpha @ values."""
+    any_valid = m.any(axis=-1, keepdims=True)
+    s = np.where(m, s, -np.inf)
+    M = np.where(any_valid, s.max(axis=-1, keepdims=True), 0)
+    e = np.exp(s - M)                                  # masked: exp(-inf) = 0
+    alpha = e / np.where(any_valid, e.sum(axis=-1, keepdims=True), 1)
+    return alpha @ values, alpha
+
+
+def _attend_backward(g, alpha, m, values, grad_alpha):
+    """(delta = dL/ds, dvalues) from the softmax and the weighted sum.
+
+    gamma_it = g_i . val_t + ga_it;  delta_it = alpha_it (gamma_it -
+    sum_j alpha_ij gamma_ij);  dval_t = sum_i alpha_it g_i.
+    """
+    gamma = g @ values.swapaxes(-1, -2)                # (..., Tq, T)
+    if grad_alpha is not None:
+        gamma = gamma + grad_alpha
+    gamma = np.where(m, gamma, 0)                      # masked: alpha = 0
+    delta = alpha * (gamma - (alpha * gamma).sum(axis=-1, keepdims=True))
+    dvalues = alpha.swapaxes(-1, -2) @ g               # sum_i alpha_it g_i
+    return delta, dvalues
+
+
+def _additive_parts(query, keys, W, b, key_proj):
+    """u (..., Tq, T, A) = tanh(W_k k_t + W_q q_i + b), W_k k_t once per key."""
+    H = keys.shape[-1]
+    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
+    qp = query @ W[:, H:].T                            # (..., Tq, A)
+    if b is not None:
+        qp = qp + b
+    return np.tanh(kp[..., None, :, :] + qp[..., :, None, :])
+
+
+def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
+                       key_proj=None):
+    """(out, alpha) with s_it = v . tanh(W_k k_t + W_q q_i + b)."""
+    q, single = _queries(query, keys)
+    keys, W, v = np.asarray(keys), np.asarray(W), np.asarray(v)
+    vals = keys if values is None else np.asarray(values)
+    m = _family_mask(mask, q, keys)
+    q, keys, vals, key_proj = _drop_padding(
+        m, ("q", q), ("k", keys), ("k", vals), ("k", key_proj))
+    s = _additive_parts(q, keys, W, b, key_proj) @ v   # (..., Tq, T)
+    out, alpha = _attend(s, m, vals)
+    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+
+
+def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
+                                mask=None, values=None, grad_alpha=None,
+                                key_proj=None):
+    """(dquery, dkeys, dvalues, dW, dv, db) of additive_attention.
+
+    dvalues is None when values is None (the keys then get that gradient
+    too); db is None when b is.  Parameter gradients sum over everything.
+    """
+    q, single = _queries(query, keys)
+    keys, W, v = np.asarray(keys), np.asarray(W), np.asarray(v)
+    H = keys.shape[-1]
+    vals = keys if values is None else np.asarray(values)
+    g, a, ga = _add_query_axis(single, grad_out, alpha, grad_alpha)
+    m = _family_mask(mask, q, keys)
+    q, keys, vals, key_proj, g = _drop_padding(
+        m, ("q", q), ("k", keys), ("k", vals), ("k", key_proj), ("q", g))
+    delta, dvals = _attend_backward(g, a, m, vals, ga)
+    u = _additive_parts(q, keys, W, b, key_proj)       # (..., Tq, T, A)
+    # s_it = v . u_it  ->  dv = sum_it delta_it u_it
+    dv = (delta[..., None] * u).reshape(-1, u.shape[-1]).sum(axis=0)
+    # eps_it = dL/dz_it = delta_it v (1 - u_it^2), z_it = W_k k_t + W_q q_i + b
+    eps = delta[..., None] * v * (1 - u * u)
+    Ek = eps.sum(axis=-3)                              # (..., T, A) over i
+    Eq = eps.sum(axis=-2)                              # (..., Tq, A) over t
+    dW = np.concatenate([_rows(Ek).T @ _rows(keys), _rows(Eq).T @ _rows(q)],
+                        axis=1)
+    db = None if b is None else _rows(Eq).sum(axis=0)
+    dq = Eq @ W[:, H:]                                 # W_q^T sum_t eps_it
+    dk = Ek @ W[:, :H]                                 # W_k^T sum_i eps_it
+    return _family_grads(single, dq, dk, dvals, values is None) + (dW, dv, db)
+
+
+def dot_attention(query, keys, mask=None, values=None, scale=None):
+    """(out, alpha) with s_it = scale q_i . k_t, scale None = 1/sqrt(H)."""
+    q, single = _queries(query, keys)
+    keys = np.asarray(keys)
+    vals = keys if values is None else np.asarray(values)
+    scale = 1 / np.sqrt(keys.shape[-1]) if scale is None else scale
+    m = _family_mask(mask, q, keys)
+    q, keys, vals = _drop_padding(m, ("q", q), ("k", keys), ("k", vals))
+    s = scale * (q @ keys.swapaxes(-1, -2))            # (..., Tq, T)
+    out, alpha = _attend(s, m, vals)
+    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+
+
+def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
+                           values=None, scale=None, grad_alpha=None):
+    """(dquery, dkeys, dvalues) of dot_attention; dvalues None as above."""
+    q, single = _queries(query, keys)
+    keys = np.asarray(keys)
+    vals = keys if values is None else np.asarray(values)
+    scale = 1 / np.sqrt(keys.shape[-1]) if scale is None else scale
+    g, a, ga = _add_query_axis(single, grad_out, alpha, grad_alpha)
+    m = _family_mask(mask, q, keys)
+    q, keys, vals, g = _drop_padding(m, ("q", q), ("k", keys), ("k", vals),
+                                     ("q", g))
+    delta, dvals = _attend_backward(g, a, m, vals, ga)
+    dq = scale * (delta @ keys)                        # scale sum_t d_it k_t
+    dk = scale * (delta.swapaxes(-1, -2) @ q)          # scale sum_i d_it q_i
+    return _family_grads(single, dq, dk, dvals, values is None)
+
+
+def general_attention(query, keys, W, mask=None, values=None,
+                      key_proj=None):
+    """(out, alpha) with s_it = q_i . (W_a k_t), W_a = W (Hq, H)."""
+    keys = np.asarray(keys)
+    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
+    vals = keys if values is None else values
+    # the general score is the dot score (scale 1) on the projected keys
+    return dot_attention(query, kp, mask, vals, scale=1.0)
+
+
+def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
+                               values=None, grad_alpha=None, key_proj=None):
+    """(dquery, dkeys, dvalues, dW) of general_attention."""
+    keys, W = np.asarray(keys), np.asarray(W)
+    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
+    vals = keys if values is None else values
+    dq, dkp, dvals = dot_attention_backward(grad_out, query, kp, alpha, mask,
+                                            vals, 1.0, grad_alpha)
+    # k_t -> W_a k_t:  dk_t = W_a^T dkp_t,  dW_a = sum_t dkp_t k_t^T
+    q, _ = _queries(query, keys)
+    (keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
+    dk, dW = project_keys_backward(dkp, keys, W)
+    if values is None:
+        dk, dvals = dk + dvals, None
+    return dq, dk, dvals, dW
+
+
+def _add_query_axis(single, grad_out, alpha, grad_alpha):
+    """grad_out, alpha, grad_alpha with the query axis (Tq = 1) added."""
+    g, a = np.asarray(grad_out), np.asarray(alpha)
+    ga = None if grad_alpha is None else np.asarray(grad_alpha)
+    if single:
+        g, a = g[..., None, :], a[..., None, :]
+        ga = None if ga is None else ga[..., None, :]
+    return g, a, ga
+
+
+def _family_grads(single, dq, dk, dvals, values_are_keys):
+    """(dquery, dkeys, dvalues) in the caller's shapes; the keys take the
+    values' gradient when they are the values."""
+    if single:
+        dq = dq[..., 0, :]
+    if values_are_keys:
+        return dq, dk + dvals, None
+    return dq, dk, dvals
