@@ -20,7 +20,8 @@ setup(
             sources=["csrc/binding.c", "csrc/kernels.c", "csrc/pool.c",
                      "csrc/fast_avx2.c", "csrc/fast_avx512.c"],
             depends=["csrc/attention.h", "csrc/kernels_impl.h",
-                     "csrc/fast.h", "csrc/fast_impl.h", "csrc/pool.h"],
+                     "csrc/fast.h", "csrc/fast_impl.h", "csrc/pool.h",
+                     "csrc/family_impl.h", "csrc/fast_ops_impl.h"],
             include_dirs=["csrc", np.get_include()],
             extra_compile_args=compile_args,
         )

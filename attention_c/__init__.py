@@ -129,6 +129,11 @@ __all__ = [
     "context_attention", "context_attention_backward",
     "AttentionGrads", "set_num_threads", "get_num_threads", "show_config",
     "__version__",
+    "additive_attention", "additive_attention_backward",
+    "dot_attention", "dot_attention_backward",
+    "general_attention", "general_attention_backward",
+    "project_keys", "project_keys_backward",
+    "AdditiveAttentionGrads", "DotAttentionGrads", "GeneralAttentionGrads",
 ]
 
 AttentionGrads = namedtuple("AttentionGrads", ["h", "W", "v", "b"])
@@ -385,6 +390,315 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
     """
     return AttentionGrads(*_core.context_attention_backward(
         grad_out, h, W, v, alpha, b, mask, grad_alpha, activations))
+
+
+# --------------------------------------------------------------------------
+# The attention family (docs/contract.md section 4): a query scored against
+# keys, masked softmax, weighted sum of values.
+
+AdditiveAttentionGrads = namedtuple(
+    "AdditiveAttentionGrads", ["query", "keys", "values", "W", "v", "b"])
+AdditiveAttentionGrads.__doc__ = """Gradients returned by
+:func:`additive_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+W : ndarray (A, H + Hq), summed over the batch and the queries
+v : ndarray (A,), summed likewise
+b : ndarray (A,) summed likewise, or None when no bias was given
+"""
+
+DotAttentionGrads = namedtuple("DotAttentionGrads",
+                               ["query", "keys", "values"])
+DotAttentionGrads.__doc__ = """Gradients returned by
+:func:`dot_attention_backward`: ``query``, ``keys`` (with the values'
+share when the keys are the values) and ``values`` (None when not given).
+"""
+
+GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
+                                   ["query", "keys", "values", "W"])
+GeneralAttentionGrads.__doc__ = """Gradients returned by
+:func:`general_attention_backward`: ``query``, ``keys``, ``values`` (None
+when not given) and ``W`` (Hq, H), summed over the batch and the queries.
+"""
+
+_FAMILY_SHAPES = """
+    Shapes (any leading batch axes ``...``; heads are one more of them):
+
+    - ``query``: (..., Hq) for one query per sequence, or (..., Tq, Hq) for
+      several (when ``query.ndim == keys.ndim``);
+    - ``keys``: (..., T, H); ``values``: (..., T, Hv), default the keys;
+    - ``mask``: bool, True = valid key; (..., T) for every query, or
+      (..., Tq, T) per query (e.g. causal: ``np.tril(np.ones((Tq, T),
+      bool))``), only with several queries;
+    - ``alpha``: (..., T) or (..., Tq, T); ``out``: (..., Hv) or
+      (..., Tq, Hv).
+
+    Masked keys get exactly 0 weight and 0 gradient; a query with no valid
+    key gets ``alpha = 0``, ``out = 0`` and zero gradients (never NaN).
+    Keys masked for every query, and queries with no valid key, are
+    padding: a NaN there reaches no result.
+"""
+
+
+def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
+                       key_proj=None):
+    """Additive (Bahdanau, Luong "concat") attention of queries over keys.
+
+    ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i = masked
+    softmax of s_i``, ``out_i = sum_t alpha_it val_t``, with
+    ``W = [W_k | W_q]``.  ``W_k k_t`` is computed once per key and
+    ``W_q q_i + b`` once per query; the (..., Tq, T, A) activations are
+    streamed, never stored.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., Hq) or (..., Tq, Hq)
+    keys : array_like (..., T, H)
+    W : array_like (A, H + Hq)
+        Layout of ``torch.nn.Linear(H + Hq, A).weight`` applied to
+        ``[k_t; q_i]``: ``W[:, :H]`` multiplies the key, ``W[:, H:]`` the
+        query.
+    v : array_like (A,)
+    b : array_like (A,), optional
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    key_proj : array_like (..., T, A), optional
+        ``project_keys(keys, W)``, computed once per sequence: a decoder
+        that attends to the same keys at every output step passes it to
+        skip projecting them again.  Results are the same as without it.
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4))        # B=2, T=7, H=4
+    >>> query = rng.standard_normal((2, 3))          # one query, Hq=3
+    >>> W = rng.standard_normal((5, 4 + 3)); v = rng.standard_normal(5)
+    >>> out, alpha = ac.additive_attention(query, keys, W, v)
+    >>> out.shape, alpha.shape
+    ((2, 4), (2, 7))
+    """
+    return _core.additive_attention(query, keys, W, v, b, mask, values,
+                                    key_proj)
+
+
+def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
+                                mask=None, values=None, grad_alpha=None,
+                                key_proj=None):
+    """Gradients of :func:`additive_attention` in one call.
+
+    ``delta_it = alpha_it (gamma_it - sum_j alpha_ij gamma_ij)`` with
+    ``gamma_it = g_i . val_t + ga_it``; ``eps_it = delta_it v (1 -
+    u_it^2)``; then ``dv = sum delta_it u_it``, ``db = sum eps_it``,
+    ``dW_k = sum_t (sum_i eps_it) k_t^T``, ``dW_q = sum_i (sum_t eps_it)
+    q_i^T``, ``dk_t = W_k^T sum_i eps_it (+ sum_i alpha_it g_i)``,
+    ``dq_i = W_q^T sum_t eps_it``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, W, v, b, mask, values, key_proj
+        As given to :func:`additive_attention`.
+    alpha : array_like, the shape of the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+        Gradient of the loss with respect to ``alpha``, if it uses it.
+
+    Returns
+    -------
+    AdditiveAttentionGrads
+        ``(query, keys, values, W, v, b)``; ``values`` is None when no
+        values were given, ``b`` when no bias was.
+    """
+    return AdditiveAttentionGrads(*_core.additive_attention_backward(
+        grad_out, query, keys, W, v, alpha, b, mask, values, grad_alpha,
+        key_proj))
+
+
+def dot_attention(query, keys, mask=None, values=None, scale=None):
+    """Dot-product (Luong "dot", scaled dot) attention.
+
+    ``s_it = scale q_i . k_t`` (Hq = H), ``alpha_i = masked softmax of
+    s_i``, ``out_i = sum_t alpha_it val_t``.  With several queries the
+    scores and the weighted sum are matrix products (``Q K^T``,
+    ``alpha V``) on the blocked product core.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., H) or (..., Tq, H)
+    keys : array_like (..., T, H)
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    scale : float, optional
+        Default ``1/sqrt(H)``, as ``torch.nn.functional.
+        scaled_dot_product_attention``; 1 gives Luong's "dot".
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
+    >>> causal = np.tril(np.ones((4, 6, 6), bool))         # (..., Tq, T)
+    >>> out, alpha = ac.dot_attention(x, x, mask=causal)   # self-attention
+    >>> out.shape, bool(alpha[0, 0, 1] == 0)
+    ((4, 6, 8), True)
+    """
+    return _core.dot_attention(query, keys, mask, values, scale)
+
+
+def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
+                           values=None, scale=None, grad_alpha=None):
+    """Gradients of :func:`dot_attention` in one call.
+
+    ``dq_i = scale sum_t delta_it k_t``, ``dk_t = scale sum_i delta_it
+    q_i (+ sum_i alpha_it g_i)``, ``dval_t = sum_i alpha_it g_i``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, mask, values, scale
+        As given to :func:`dot_attention`.
+    alpha : array_like, the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+
+    Returns
+    -------
+    DotAttentionGrads
+        ``(query, keys, values)``; ``values`` is None when no values were
+        given.
+    """
+    return DotAttentionGrads(*_core.dot_attention_backward(
+        grad_out, query, keys, alpha, mask, values, scale, grad_alpha))
+
+
+def general_attention(query, keys, W, mask=None, values=None,
+                      key_proj=None):
+    """General (Luong "general", bilinear) attention.
+
+    ``s_it = q_i . (W_a k_t)``, ``alpha_i = masked softmax of s_i``,
+    ``out_i = sum_t alpha_it val_t``.  ``W_a k_t`` is computed once per
+    key; the scores and the weighted sum are matrix products.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., Hq) or (..., Tq, Hq)
+    keys : array_like (..., T, H)
+    W : array_like (Hq, H)
+        ``W_a``, the layout of ``torch.nn.Linear(H, Hq, bias=False)
+        .weight`` applied to the keys.
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    key_proj : array_like (..., T, Hq), optional
+        ``project_keys(keys, W)``, computed once per sequence (see
+        :func:`additive_attention`).  Results are the same as without it.
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+    """
+    return _core.general_attention(query, keys, W, mask, values, key_proj)
+
+
+def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
+                               values=None, grad_alpha=None, key_proj=None):
+    """Gradients of :func:`general_attention` in one call.
+
+    ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
+    (+ sum_i alpha_it g_i)``, ``dW_a = sum_it delta_it q_i k_t^T``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, W, mask, values, key_proj
+        As given to :func:`general_attention`.
+    alpha : array_like, the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+
+    Returns
+    -------
+    GeneralAttentionGrads
+        ``(query, keys, values, W)``; ``values`` is None when no values
+        were given.
+    """
+    return GeneralAttentionGrads(*_core.general_attention_backward(
+        grad_out, query, keys, W, alpha, mask, values, grad_alpha,
+        key_proj))
+
+
+def project_keys(keys, W):
+    """The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
+
+    For the additive score (``W = [W_k | W_q]``, (A, H + Hq)) this is
+    ``W_k k_t`` (..., T, A); for the general score (``W = W_a``, (Hq, H))
+    it is ``W_a k_t`` (..., T, Hq).  A decoder loop that attends to the
+    same keys at every step computes it once per sequence and passes it as
+    ``key_proj=``.
+
+    Parameters
+    ----------
+    keys : array_like (..., T, H)
+    W : array_like (P, L), L >= H
+        Only its first H columns are used.
+
+    Returns
+    -------
+    key_proj : ndarray (..., T, P)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4)); W = rng.standard_normal((5, 7))
+    >>> v = rng.standard_normal(5)
+    >>> kp = ac.project_keys(keys, W)                 # once per sequence
+    >>> for step in range(3):                         # a decoder loop
+    ...     state = rng.standard_normal((2, 3))
+    ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
+    >>> out.shape
+    (2, 4)
+    """
+    return _core.project_keys(keys, W)
+
+
+def project_keys_backward(grad_proj, keys, W):
+    """Backward of :func:`project_keys`.
+
+    Parameters
+    ----------
+    grad_proj : array_like (..., T, P)
+    keys : array_like (..., T, H)
+    W : array_like (P, L)
+
+    Returns
+    -------
+    dkeys : ndarray (..., T, H)
+        ``grad_proj @ W[:, :H]``.
+    dW : ndarray (P, L)
+        ``sum_t grad_t k_t^T`` in the first H columns, 0 in the others.
+    """
+    return _core.project_keys_backward(grad_proj, keys, W)
+
+
+for _f in (additive_attention, dot_attention, general_attention):
+    _f.__doc__ = _f.__doc__.replace("{shapes}", _FAMILY_SHAPES)
+del _f
 
 
 # The trainable layer builds on the functions above, so it comes last.

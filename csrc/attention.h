@@ -121,6 +121,85 @@ ATT_DECLARE(double, f64)
 
 #undef ATT_DECLARE
 
+/*
+ * The attention family (SPEC section 4): a query against keys.
+ *
+ *   additive  s_it = v . tanh(W_k k_t + W_q q_i + b)    W = [W_k | W_q]
+ *   dot       s_it = scale q_i . k_t
+ *   general   s_it = q_i . (W_a k_t)                    W = W_a (Hq, H)
+ *   alpha_i = masked softmax_t(s_i),  out_i = sum_t alpha_it val_t
+ *
+ * B sequences, each with Tq queries (Hq wide) and T keys (H wide) whose
+ * values are Hv wide.  The keys' side of the score is projected once per
+ * key (P = A for additive, Hq for general), never once per (query, key)
+ * pair, and the additive activations (Tq, T, A) are never stored.  W is
+ * row-major with ldw columns (A x (H + Hq), or Hq x H).  mask is (B, T)
+ * for all queries or (B, Tq, T) per query, one byte per entry, or NULL.
+ * Keys masked for every query of their sequence, and queries with no
+ * valid key, are padding: a NaN there reaches no result.
+ */
+enum att_score {
+    ATT_SCORE_ADDITIVE = 0,
+    ATT_SCORE_DOT = 1,
+    ATT_SCORE_GENERAL = 2
+};
+
+typedef struct {
+    int score;              /* enum att_score */
+    int mask_per_query;     /* mask is (B, Tq, T), else (B, T) */
+    ptrdiff_t B, Tq, T;     /* sequences; queries and keys of each */
+    ptrdiff_t H, Hq, Hv;    /* widths of a key, a query, a value */
+    ptrdiff_t P;            /* width of a projected key: A, Hq (general) */
+} att_fdims;
+
+/*
+ * Inputs of a family call.  values NULL: the keys are the values.  kproj
+ * (B, T, P) NULL: project the keys here; else it must be the keys
+ * projected (att_project_keys).  v, b: additive only (b may be NULL).
+ * alpha, grad_out (B, Tq, Hv), grad_alpha (B, Tq, T; may be NULL): the
+ * backward's.  Outputs: out (B, Tq, Hv) and alpha (B, Tq, T) forward;
+ * dquery, dkeys, dvalues (NULL when values is NULL: the keys take that
+ * gradient), dW, dv, db (NULL without b) backward.  With dkproj not NULL
+ * the backward stops at kproj: dkproj gets dL/dkproj, the key columns of
+ * dW are 0, and dkeys only has the values' share (0 when values given).
+ */
+#define ATT_FAMILY_DECLARE(R, SFX)                                           \
+    typedef struct {                                                         \
+        const R *query, *keys, *kproj, *values, *W, *v, *b;                  \
+        ptrdiff_t ldw;                                                       \
+        R scale;                                                             \
+        const unsigned char *mask;                                           \
+        const R *alpha, *grad_out, *grad_alpha;                              \
+    } att_family_in_##SFX;                                                   \
+    typedef struct {                                                         \
+        R *out, *alpha;                                                      \
+        R *dquery, *dkeys, *dkproj, *dvalues, *dW, *dv, *db;                 \
+    } att_family_out_##SFX;                                                  \
+    ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \
+                                         const att_exec *ex);                \
+    int att_family_forward_##SFX(const att_fdims *f, const att_exec *ex,     \
+                                 const att_family_in_##SFX *in,              \
+                                 att_family_out_##SFX *out, void *work);     \
+    int att_family_backward_##SFX(const att_fdims *f, const att_exec *ex,    \
+                                  const att_family_in_##SFX *in,             \
+                                  att_family_out_##SFX *out, void *work);    \
+    /* kp (n, P) = keys (n, H) W[:, :H]^T, and its backward: dkeys (n, H), \
+     * dW (P, ldw) with zeros past column H.  d = {n, 1, H, P}. */          \
+    ptrdiff_t att_project_keys_workspace_##SFX(att_dims d,                   \
+                                               const att_exec *ex);          \
+    int att_project_keys_##SFX(att_dims d, const att_exec *ex,               \
+                               const R *keys, const R *W, ptrdiff_t ldw,     \
+                               R *kp, void *work);                           \
+    int att_project_keys_backward_##SFX(att_dims d, const att_exec *ex,      \
+                                        const R *grad, const R *keys,        \
+                                        const R *W, ptrdiff_t ldw,           \
+                                        R *dkeys, R *dW, void *work);
+
+ATT_FAMILY_DECLARE(float, f32)
+ATT_FAMILY_DECLARE(double, f64)
+
+#undef ATT_FAMILY_DECLARE
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,20 +1,31 @@
 /*
  * binding.c - the only file that speaks CPython and NumPy.
  *
- * Each Python function here does the same five things, in order:
- *   1. parse its arguments (keywords allowed);
- *   2. turn the floating arguments into arrays of one computing dtype
- *      (float32 or float64, promoted as np.result_type does) that are
- *      C-contiguous and aligned, copying only when they are not already;
- *   3. check every shape against h (or scores/alpha), with a message that
- *      names the argument, its shape and the shape it should have;
- *   4. allocate the outputs and the kernel's scratch;
- *   5. run the kernel with the GIL released, then clean up on one path.
- * Leading batch axes (...) are flattened into B: after step 2 the data is
+ * Every public function is one row of the table `funcs` below: its
+ * arguments in signature order, each with a shape pattern in the style of
+ * NumPy's gufunc signatures ("(..., T, H)", "(A, H+Hq)"), its outputs
+ * with theirs, and the kernel call.  One generic driver, call_function,
+ * does the same steps for every row:
+ *   1. parse the arguments (keywords allowed);
+ *   2. view each array argument as an array, without copying, and check
+ *      its dtype (real floats or integers; masks boolean);
+ *   3. check every shape on the arrays as given, binding the symbols of
+ *      the patterns (T, H, ...) from the first argument that has them,
+ *      with a message that names the argument, its shape, the shape it
+ *      should have and the arguments that fixed it;
+ *   4. only then cast the floating arguments to one computing dtype
+ *      (float32 or float64, promoted as np.result_type does), C-contiguous
+ *      and aligned, copying only when they are not already;
+ *   5. allocate the outputs and the kernel's scratch, every byte count
+ *      checked first;
+ *   6. run the kernel with the GIL released, then clean up on one path.
+ * Leading batch axes (...) are flattened into B: after step 4 the data is
  * contiguous, so (..., T, H) is (B, T, H) without a copy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <math.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
@@ -72,28 +83,8 @@ static inline int alloc_point(const char *kind, const char *what, int raise)
 }
 
 /* ---------------------------------------------------------------------
- * Arguments
+ * Shapes in messages
  */
-
-typedef struct {
-    const char *name;       /* for messages */
-    int optional;           /* may be None (or left out) */
-    PyObject *obj;          /* borrowed; NULL or None when not given */
-    PyArrayObject *arr;     /* owned; the converted array, or NULL */
-} Arg;
-
-#define ARG(nm) {.name = (nm), .optional = 0, .obj = NULL, .arr = NULL}
-#define OPT(nm) {.name = (nm), .optional = 1, .obj = NULL, .arr = NULL}
-#define GIVEN(a) ((a)->obj != NULL && (a)->obj != Py_None)
-#define DATA(a) ((a)->arr ? PyArray_DATA((a)->arr) : NULL)
-#define OUT(o) PyArray_DATA((PyArrayObject *)(o))
-
-static void release(Arg *args, int n)
-{
-    for (int i = 0; i < n; i++) {
-        Py_CLEAR(args[i].arr);
-    }
-}
 
 /* Writes "(2, 3)", "(5,)" or "()" into buf. */
 static const char *fmt_shape(char *buf, size_t size, int nd,
@@ -114,255 +105,106 @@ static const char *fmt_shape(char *buf, size_t size, int nd,
 #define SHAPE(buf, arr) \
     fmt_shape(buf, SHAPE_BUF, PyArray_NDIM(arr), PyArray_DIMS(arr))
 
-/* The argument as an array, without copying; checks the dtype can be
- * computed with: real floats (not long double) and integers. */
-static int to_array(Arg *a)
-{
-    if (!GIVEN(a)) {
-        if (a->optional) {
-            return 0;
-        }
-        PyErr_Format(PyExc_TypeError, "%s is required and cannot be None",
-                     a->name);
-        return -1;
-    }
-    if (alloc_point("conversion of", a->name, 1) < 0) {
-        return -1;
-    }
-    a->arr = (PyArrayObject *)PyArray_FromAny(a->obj, NULL, 0, 0, 0, NULL);
-    if (a->arr == NULL) {
-        return -1;
-    }
-    PyArray_Descr *dt = PyArray_DESCR(a->arr);
-    int ok = (dt->kind == 'f' && PyArray_ITEMSIZE(a->arr) <= 8) ||
-             dt->kind == 'i' || dt->kind == 'u';
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s has dtype %S; attention_c computes in float32 or "
-                     "float64 and accepts real floating or integer input",
-                     a->name, (PyObject *)dt);
-        return -1;
-    }
-    return 0;
-}
-
-/* Converts the floating arguments to arrays of one dtype: float32 or
- * float64, chosen as np.result_type of the inputs, with float16 computed
- * in float32 and integers in float64.  Sets *typenum. */
-static int prepare_floats(Arg *args, int n, int *typenum)
-{
-    PyArrayObject *arrs[16];
-    int count = 0;
-    for (int i = 0; i < n; i++) {
-        if (to_array(&args[i]) < 0) {
-            return -1;
-        }
-        if (args[i].arr != NULL) {
-            arrs[count++] = args[i].arr;
-        }
-    }
-    PyArray_Descr *rt = PyArray_ResultType(count, arrs, 0, NULL);
-    if (rt == NULL) {
-        return -1;
-    }
-    *typenum = (rt->kind == 'f' && PyDataType_ELSIZE(rt) <= 4) ? NPY_FLOAT
-                                                               : NPY_DOUBLE;
-    Py_DECREF(rt);
-    for (int i = 0; i < n; i++) {
-        if (args[i].arr == NULL) {
-            continue;
-        }
-        if (alloc_point("cast of", args[i].name, 1) < 0) {
-            return -1;
-        }
-        PyObject *cast = PyArray_FromArray(
-            args[i].arr, PyArray_DescrFromType(*typenum),
-            NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-        if (cast == NULL) {
-            return -1;
-        }
-        Py_SETREF(args[i].arr, (PyArrayObject *)cast);
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------------
- * Shapes
+ * Shape patterns
+ *
+ * "(..., Tq?, Hv)": leading batch axes, then one entry per axis.  An
+ * entry is a symbol, k*symbol or symbol+symbol; a symbol marked "?" is
+ * the query axis, there only when the call has several queries.  Parsed
+ * once, when the module is imported.
  */
 
+enum { S_T, S_H, S_A, S_TQ, S_HQ, S_HV, S_L, N_SYMS };
+static const char *const sym_names[N_SYMS] = {"T", "H", "A", "Tq", "Hq",
+                                              "Hv", "L"};
+
+#define MAX_AXES 4
+
 typedef struct {
-    int nd;                       /* number of leading (batch) axes */
-    npy_intp lead[NPY_MAXDIMS];
-    att_dims d;                   /* B = prod(lead), T, H, A */
-    const Arg *ref;               /* the argument the layout comes from */
-} Layout;
+    signed char sym[2];       /* symbols of the axis (-1: none) */
+    signed char coef;         /* sym[0] counts coef times */
+    signed char query_axis;   /* "?": only with several queries */
+} Axis;
 
-/* Reads (..., T, H) from h (tail = 2) or (..., T) from scores (tail = 1). */
-static int read_layout(const Arg *a, int tail, Layout *L)
-{
-    char buf[SHAPE_BUF];
-    int nd = PyArray_NDIM(a->arr);
-    const npy_intp *dims = PyArray_DIMS(a->arr);
-    if (nd < tail) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s must have shape %s, at least %d dimension%s; got "
-                     "shape %s", a->name, tail == 2 ? "(..., T, H)"
-                     : "(..., T)", tail, tail == 2 ? "s" : "",
-                     SHAPE(buf, a->arr));
-        return -1;
-    }
-    L->nd = nd - tail;
-    L->d.B = 1;
-    for (int i = 0; i < L->nd; i++) {
-        L->lead[i] = dims[i];
-        L->d.B *= dims[i];
-    }
-    L->d.T = dims[L->nd];
-    L->d.H = tail == 2 ? dims[nd - 1] : 0;
-    L->d.A = 0;
-    L->ref = a;
-    if (L->d.T < 1) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s has shape %s: T = 0 items; every sequence needs at "
-                     "least one item (mask out the ones you do not want)",
-                     a->name, SHAPE(buf, a->arr));
-        return -1;
-    }
-    return 0;
-}
+typedef struct {
+    const char *text;         /* as written, for messages */
+    int lead;                 /* starts with "..." */
+    int n;                    /* axes after the lead */
+    Axis ax[MAX_AXES];
+} Pattern;
 
-/* Builds the shape (lead..., tail...) into dims; returns its length. */
-static int layout_shape(const Layout *L, int lead, int ntail,
-                        npy_intp t0, npy_intp t1, npy_intp *dims)
+static int parse_symbol(const char **p)
 {
-    int nd = 0;
-    for (int i = 0; lead && i < L->nd; i++) {
-        dims[nd++] = L->lead[i];
+    for (int s = N_SYMS - 1; s >= 0; s--) {    /* "Tq" before "T" */
+        size_t len = strlen(sym_names[s]);
+        if (strncmp(*p, sym_names[s], len) == 0) {
+            *p += len;
+            return s;
+        }
     }
-    if (ntail > 0) {
-        dims[nd++] = t0;
-    }
-    if (ntail > 1) {
-        dims[nd++] = t1;
-    }
-    return nd;
-}
-
-/* Checks a given argument has shape (lead..., tail...); `pattern` says
- * it symbolically, e.g. "(..., T)". */
-static int expect_shape(const Arg *a, const Layout *L, int lead, int ntail,
-                        npy_intp t0, npy_intp t1, const char *pattern)
-{
-    npy_intp want[NPY_MAXDIMS + 2];
-    char got_s[SHAPE_BUF], want_s[SHAPE_BUF], ref_s[SHAPE_BUF];
-    if (a->arr == NULL) {
-        return 0;
-    }
-    int nd = layout_shape(L, lead, ntail, t0, t1, want);
-    if (PyArray_NDIM(a->arr) == nd &&
-        PyArray_CompareLists(PyArray_DIMS(a->arr), want, nd)) {
-        return 0;
-    }
-    PyErr_Format(PyExc_ValueError,
-                 "%s has shape %s; expected %s = %s to match %s with shape %s",
-                 a->name, SHAPE(got_s, a->arr), pattern,
-                 fmt_shape(want_s, SHAPE_BUF, nd, want), L->ref->name,
-                 SHAPE(ref_s, L->ref->arr));
     return -1;
 }
 
-/* W (A, 2H), v (A,), b (A,) or None; sets L->d.A. */
-static int check_weights(const Arg *W, const Arg *v, const Arg *b, Layout *L)
+/* Parses text into pat; -1 (SystemError) for a malformed table entry. */
+static int parse_pattern(const char *text, Pattern *pat)
 {
-    char got_s[SHAPE_BUF], ref_s[SHAPE_BUF];
-    if (PyArray_NDIM(W->arr) != 2 ||
-        PyArray_DIM(W->arr, 1) != 2 * L->d.H) {
-        PyErr_Format(PyExc_ValueError,
-                     "W has shape %s; expected (A, 2*H) = (A, %zd) for %s "
-                     "with shape %s (W has the layout of "
-                     "torch.nn.Linear(2*H, A).weight)",
-                     SHAPE(got_s, W->arr), (Py_ssize_t)(2 * L->d.H),
-                     L->ref->name, SHAPE(ref_s, L->ref->arr));
-        return -1;
+    const char *p = text;
+    memset(pat, 0, sizeof *pat);
+    pat->text = text;
+    if (*p++ != '(') {
+        goto bad;
     }
-    L->d.A = PyArray_DIM(W->arr, 0);
-    Layout wl = *L;
-    wl.ref = W;
-    if (expect_shape(v, &wl, 0, 1, L->d.A, 0, "(A,)") < 0 ||
-        expect_shape(b, &wl, 0, 1, L->d.A, 0, "(A,)") < 0) {
-        return -1;
+    while (*p == ' ') {
+        p++;
+    }
+    if (strncmp(p, "...", 3) == 0) {
+        pat->lead = 1;
+        p += 3;
+    }
+    while (*p != ')') {
+        while (*p == ',' || *p == ' ') {
+            p++;
+        }
+        if (*p == ')') {
+            break;
+        }
+        if (pat->n == MAX_AXES) {
+            goto bad;
+        }
+        Axis *a = &pat->ax[pat->n++];
+        a->sym[1] = -1;
+        a->coef = 1;
+        if (*p >= '2' && *p <= '9' && p[1] == '*') {
+            a->coef = (signed char)(*p - '0');
+            p += 2;
+        }
+        if ((a->sym[0] = (signed char)parse_symbol(&p)) < 0) {
+            goto bad;
+        }
+        if (*p == '+') {
+            p++;
+            if ((a->sym[1] = (signed char)parse_symbol(&p)) < 0) {
+                goto bad;
+            }
+        }
+        if (*p == '?') {
+            a->query_axis = 1;
+            p++;
+        }
+        if (*p != ',' && *p != ')') {
+            goto bad;
+        }
     }
     return 0;
-}
-
-/* The mask as a C-contiguous bool array of shape (lead..., T). */
-static int prepare_mask(Arg *m, const Layout *L)
-{
-    if (!GIVEN(m)) {
-        return 0;
-    }
-    if (alloc_point("conversion of", "mask", 1) < 0) {
-        return -1;
-    }
-    m->arr = (PyArrayObject *)PyArray_FromAny(m->obj, NULL, 0, 0, 0, NULL);
-    if (m->arr == NULL) {
-        return -1;
-    }
-    if (PyArray_TYPE(m->arr) != NPY_BOOL) {
-        PyErr_Format(PyExc_TypeError,
-                     "mask must be a boolean array (True = valid item); got "
-                     "dtype %S (use mask.astype(bool))",
-                     (PyObject *)PyArray_DESCR(m->arr));
-        return -1;
-    }
-    if (expect_shape(m, L, 1, 1, L->d.T, 0, "(..., T)") < 0) {
-        return -1;
-    }
-    if (alloc_point("cast of", "mask", 1) < 0) {
-        return -1;
-    }
-    PyObject *c = PyArray_FromArray(m->arr, PyArray_DescrFromType(NPY_BOOL),
-                                    NPY_ARRAY_IN_ARRAY);
-    if (c == NULL) {
-        return -1;
-    }
-    Py_SETREF(m->arr, (PyArrayObject *)c);
-    return 0;
+bad:
+    PyErr_Format(PyExc_SystemError, "attention_c: bad shape pattern %s",
+                 text);
+    return -1;
 }
 
 /* ---------------------------------------------------------------------
- * Outputs, scratch, kernels
+ * Scratch and threads
  */
-
-/* One output of a function: shape (lead..., tail...) (lead = 0: tail
- * only), made into *dst; dst NULL: not wanted (e.g. db without b). */
-typedef struct {
-    const char *name;
-    int lead, ntail;
-    npy_intp t0, t1;
-    PyObject **dst;
-} OutSpec;
-
-#define NO_WORK ((ptrdiff_t)0)
-
-/* Bytes of an output of the computing dtype, or -1 when the count does
- * not fit in a Py_ssize_t.  Zero dims are skipped in the product, as
- * NumPy does, so an empty array with absurd other dims is refused too. */
-static Py_ssize_t out_bytes(const Layout *L, const OutSpec *o, int typenum)
-{
-    npy_intp dims[NPY_MAXDIMS + 2];
-    int nd = layout_shape(L, o->lead, o->ntail, o->t0, o->t1, dims);
-    Py_ssize_t bytes = typenum == NPY_FLOAT ? 4 : 8;
-    for (int i = 0; i < nd; i++) {
-        if (dims[i] != 0) {
-            if (dims[i] > PY_SSIZE_T_MAX / bytes) {
-                return -1;
-            }
-            bytes *= dims[i];
-        }
-    }
-    return bytes;
-}
 
 /* The kernels' scratch is kept between calls (one buffer of at most
  * WORK_CACHE_MAX bytes): a large one would otherwise be mapped afresh and
@@ -401,85 +243,6 @@ static void work_give(void *work)
         PyMem_RawFree(work);
     }
 }
-
-/* Makes the wanted outputs and the kernels' scratch of `work_bytes`
- * bytes (-1: the count overflowed; work NULL: none wanted).  Every byte
- * count is checked before anything is allocated, so sizes that overflow
- * give MemoryError without touching memory.  On
- * failure the outputs already made are left in *dst for the caller's
- * cleanup path. */
-static int new_outputs(const Layout *L, int typenum, const OutSpec *spec,
-                       int n, ptrdiff_t work_bytes, void **work)
-{
-    char buf[SHAPE_BUF];
-    for (int i = 0; i < n; i++) {
-        if (spec[i].dst != NULL && out_bytes(L, &spec[i], typenum) < 0) {
-            npy_intp dims[NPY_MAXDIMS + 2];
-            int nd = layout_shape(L, spec[i].lead, spec[i].ntail, spec[i].t0,
-                                  spec[i].t1, dims);
-            PyErr_Format(PyExc_MemoryError,
-                         "attention_c: output %s of shape %s would need "
-                         "more bytes than memory can address", spec[i].name,
-                         fmt_shape(buf, SHAPE_BUF, nd, dims));
-            return -1;
-        }
-    }
-    if (work != NULL && work_bytes < 0) {
-        PyErr_SetString(PyExc_MemoryError,
-                        "attention_c: sizes too large for scratch memory");
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        if (spec[i].dst == NULL) {
-            continue;
-        }
-        npy_intp dims[NPY_MAXDIMS + 2];
-        int nd = layout_shape(L, spec[i].lead, spec[i].ntail, spec[i].t0,
-                              spec[i].t1, dims);
-        if (alloc_point("output", spec[i].name, 1) < 0 ||
-            (*spec[i].dst = PyArray_SimpleNew(nd, dims, typenum)) == NULL) {
-            return -1;
-        }
-    }
-    if (work != NULL) {
-        if (alloc_point("scratch", "memory", 1) < 0) {
-            return -1;
-        }
-        *work = work_take((size_t)work_bytes + 1);
-        if (*work == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static int check_status(int st)
-{
-    if (st == ATT_OK) {
-        return 0;
-    }
-    PyErr_Format(PyExc_SystemError,
-                 "attention_c: a kernel rejected its sizes (status %d); "
-                 "this is a bug, please report it", st);
-    return -1;
-}
-
-/* Runs att_NAME_f32 or att_NAME_f64 without the GIL; sets st. */
-#define RUN(st, typenum, NAME, ...)                                          \
-    do {                                                                     \
-        Py_BEGIN_ALLOW_THREADS                                               \
-        st = (typenum) == NPY_FLOAT ? att_##NAME##_f32(__VA_ARGS__)          \
-                                    : att_##NAME##_f64(__VA_ARGS__);         \
-        Py_END_ALLOW_THREADS                                                 \
-    } while (0)
-
-/* Bytes of scratch att_NAME needs for the computing dtype. */
-#define WORKSPACE(typenum, NAME, ...)                                        \
-    ((typenum) == NPY_FLOAT ? att_##NAME##_workspace_f32(__VA_ARGS__)        \
-                            : att_##NAME##_workspace_f64(__VA_ARGS__))
-
-#define N_ARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* The instruction set of the fused kernels (enum att_simd): the best the
  * CPU has, unless _set_simd (ATTENTION_C_SIMD) chose another.  Read and
@@ -536,407 +299,1029 @@ static void end_exec(const att_exec *ex)
 }
 
 /* ---------------------------------------------------------------------
- * mean_context(h, mask=None) -> c (..., H)
+ * The table's vocabulary: arguments and outputs, by name
  */
-static PyObject *py_mean_context(PyObject *self, PyObject *args,
-                                 PyObject *kw)
+
+enum {
+    X_H, X_MASK, X_GRAD_C, X_CONTEXT, X_W, X_V, X_B, X_GRAD_S, X_SCORES,
+    X_GRAD_ALPHA, X_ALPHA, X_GRAD_OUT, X_KEEP, X_ACT, X_QUERY, X_KEYS,
+    X_VALUES, X_KPROJ, X_SCALE, X_GRAD_KPROJ, X_GRAD_PROJ, N_ARG_IDS
+};
+static const char *const arg_names[N_ARG_IDS] = {
+    "h", "mask", "grad_c", "context", "W", "v", "b", "grad_s", "scores",
+    "grad_alpha", "alpha", "grad_out", "keep_activations", "activations",
+    "query", "keys", "values", "key_proj", "scale", "grad_key_proj",
+    "grad_proj"};
+
+enum {
+    Y_C, Y_DH, Y_S, Y_DCONTEXT, Y_DW, Y_DV, Y_DB, Y_ALPHA, Y_DSCORES, Y_OUT,
+    Y_DALPHA, Y_ACT, Y_DQUERY, Y_DKEYS, Y_DVALUES, Y_DKPROJ, Y_KPROJ,
+    N_OUT_IDS
+};
+static const char *const out_names[N_OUT_IDS] = {
+    "c", "dh", "s", "dcontext", "dW", "dv", "db", "alpha", "dscores", "out",
+    "dalpha", "activations", "dquery", "dkeys", "dvalues", "dkey_proj",
+    "key_proj"};
+
+/* Kinds of arguments (ArgSpec.flags) */
+#define F_OPT 1u       /* may be None or left out */
+#define F_MASK 2u      /* a boolean mask, not a floating input */
+#define F_FLAG 4u      /* a truth value, not an array */
+#define F_SCALE 8u     /* a real number or None, not an array */
+
+#define MAX_ARGS 12
+#define MAX_OUTS 7
+#define END {-1, 0, NULL, NULL, {0}}
+#define OEND {-1, NULL, -1, 0, {0}}
+
+typedef struct {
+    int id;                  /* X_... */
+    unsigned flags;          /* F_... */
+    const char *shape;       /* pattern of an array argument */
+    const char *hint;        /* appended to its shape errors, or NULL */
+    Pattern pat;             /* parsed at import */
+} ArgSpec;
+
+typedef struct {
+    int id;                  /* Y_... */
+    const char *shape;
+    int when;                /* made only when this argument is given
+                                (or true); -1: always */
+    int drop;                /* not made: left out of the result, not None */
+    Pattern pat;
+} OutSpec;
+
+typedef struct Call Call;
+
+typedef struct {
+    const char *name;
+    ArgSpec args[MAX_ARGS];  /* signature order, required ones first */
+    int nreq;
+    int order[3];            /* argument ids whose shapes are checked
+                                first (they fix the symbols), -1 ends */
+    OutSpec outs[MAX_OUTS];  /* in the order of the result */
+    int fused;               /* runs with threads and SIMD (att_exec) */
+    int score;               /* the family: enum att_score + 1, else 0 */
+    int (*check)(Call *c);   /* more checks after the shapes, or NULL */
+    ptrdiff_t (*workspace)(Call *c);  /* scratch bytes (-1: overflow) */
+    int (*kernel)(Call *c);  /* runs without the GIL */
+    /* made at import */
+    int nargs, nouts;
+    int pos[N_ARG_IDS];      /* index of each argument id, or -1 */
+    int opos[N_OUT_IDS];     /* index of each output id, or -1 */
+    char *kwlist[MAX_ARGS + 1];
+    char format[MAX_ARGS + 48];
+} FuncSpec;
+
+struct Call {
+    const FuncSpec *fn;
+    PyObject *obj[MAX_ARGS];          /* borrowed; NULL when left out */
+    PyArrayObject *arr[MAX_ARGS];     /* owned */
+    int flag[MAX_ARGS];               /* F_FLAG: value; F_SCALE: given */
+    double scale;
+    npy_intp sym[N_SYMS];
+    int binder[N_SYMS];               /* argument that fixed it, or -1 */
+    int nlead, lead_binder;
+    npy_intp lead[NPY_MAXDIMS];
+    att_dims d;                       /* B = prod(lead), T, H, A */
+    int several;                      /* the family: several queries */
+    int per_query_mask;
+    int typenum;                      /* NPY_FLOAT or NPY_DOUBLE */
+    PyObject *out[MAX_OUTS];          /* owned until returned */
+    void *work;
+    att_exec ex;
+};
+
+/* The argument of id as given (not None), its data, an output's data. */
+static int given(const Call *c, int id)
 {
-    static char *kwlist[] = {"h", "mask", NULL};
-    Arg a[] = {ARG("h"), OPT("mask")};
-    PyObject *c = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:mean_context", kwlist,
-                                     &a[0].obj, &a[1].obj) ||
-        prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
-        prepare_mask(&a[1], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"c", 1, 1, L.d.H, 0, &c}}, 1, NO_WORK, NULL) < 0) {
-        goto fail;
+    int i = c->fn->pos[id];
+    if (i < 0) {
+        return 0;
     }
-    RUN(st, tn, mean_context, L.d, DATA(&a[0]), DATA(&a[1]), OUT(c));
-    if (check_status(st) < 0) {
-        goto fail;
+    if (c->fn->args[i].flags & (F_FLAG | F_SCALE)) {
+        return c->flag[i];
     }
-    release(a, N_ARGS(a));
-    return c;
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(c);
-    return NULL;
+    return c->obj[i] != NULL && c->obj[i] != Py_None;
+}
+
+static void *arg_data(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 && c->arr[i] != NULL ? PyArray_DATA(c->arr[i]) : NULL;
+}
+
+static void *out_data(const Call *c, int id)
+{
+    int k = c->fn->opos[id];
+    return k >= 0 && c->out[k] != NULL
+           ? PyArray_DATA((PyArrayObject *)c->out[k]) : NULL;
 }
 
 /* ---------------------------------------------------------------------
- * mean_context_backward(grad_c, h, mask=None) -> dh (..., T, H)
+ * Steps 2-4: arrays, shapes, casts
  */
-static PyObject *py_mean_context_backward(PyObject *self, PyObject *args,
-                                          PyObject *kw)
+
+/* Step 2: every argument as an array (no copy) or a value. */
+static int view_args(Call *c)
 {
-    static char *kwlist[] = {"grad_c", "h", "mask", NULL};
-    Arg a[] = {ARG("grad_c"), ARG("h"), OPT("mask")};
-    PyObject *dh = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:mean_context_backward",
-                                     kwlist, &a[0].obj, &a[1].obj,
-                                     &a[2].obj) ||
-        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
-        prepare_mask(&a[2], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"dh", 1, 2, L.d.T, L.d.H, &dh}}, 1, NO_WORK, NULL) < 0) {
-        goto fail;
+    const FuncSpec *fn = c->fn;
+    for (int i = 0; i < fn->nargs; i++) {
+        const ArgSpec *a = &fn->args[i];
+        const char *name = arg_names[a->id];
+        PyObject *obj = c->obj[i];
+        int none = obj == NULL || obj == Py_None;
+        if (a->flags & F_FLAG) {
+            if ((c->flag[i] = obj ? PyObject_IsTrue(obj) : 0) < 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (a->flags & F_SCALE) {
+            c->flag[i] = !none;
+            if (!none) {
+                c->scale = PyFloat_AsDouble(obj);
+                if (c->scale == -1.0 && PyErr_Occurred()) {
+                    PyErr_Format(PyExc_TypeError, "%s must be a real number "
+                                 "or None, got %.100s", name,
+                                 Py_TYPE(obj)->tp_name);
+                    return -1;
+                }
+            }
+            continue;
+        }
+        if (none) {
+            if (a->flags & F_OPT) {
+                continue;
+            }
+            PyErr_Format(PyExc_TypeError, "%s is required and cannot be "
+                         "None", name);
+            return -1;
+        }
+        if (alloc_point("conversion of", name, 1) < 0) {
+            return -1;
+        }
+        c->arr[i] = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0,
+                                                     NULL);
+        if (c->arr[i] == NULL) {
+            return -1;
+        }
+        PyArray_Descr *dt = PyArray_DESCR(c->arr[i]);
+        if (a->flags & F_MASK) {
+            if (dt->type_num != NPY_BOOL) {
+                PyErr_Format(PyExc_TypeError,
+                             "%s must be a boolean array (True = valid item); "
+                             "got dtype %S (use %s.astype(bool))", name,
+                             (PyObject *)dt, name);
+                return -1;
+            }
+        }
+        else if (!((dt->kind == 'f' && PyArray_ITEMSIZE(c->arr[i]) <= 8) ||
+                   dt->kind == 'i' || dt->kind == 'u')) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s has dtype %S; attention_c computes in float32 or "
+                         "float64 and accepts real floating or integer input",
+                         name, (PyObject *)dt);
+            return -1;
+        }
     }
-    RUN(st, tn, mean_context_backward, L.d, DATA(&a[0]), DATA(&a[2]),
-        OUT(dh));
-    if (check_status(st) < 0) {
-        goto fail;
+    return 0;
+}
+
+/* The axes of pattern p an argument has in this call (the query axis only
+ * with several queries; a mask may leave it out). */
+static int axes_present(const Call *c, const ArgSpec *a, int nd,
+                        int present[MAX_AXES])
+{
+    const Pattern *p = &a->pat;
+    int n = 0, nq = 0;
+    for (int k = 0; k < p->n; k++) {
+        nq += p->ax[k].query_axis;
     }
-    release(a, N_ARGS(a));
-    return dh;
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(dh);
-    return NULL;
+    int with_q = c->several;
+    if ((a->flags & F_MASK) && with_q) {
+        with_q = nd == c->nlead + p->n;       /* a mask per query */
+    }
+    for (int k = 0; k < p->n; k++) {
+        present[k] = !p->ax[k].query_axis || with_q;
+        n += present[k];
+    }
+    return n;
+}
+
+/* Value of an axis, or -1 while one of its symbols is free.  With
+ * `own`, the symbols argument own fixed count as free (shown by name). */
+static npy_intp axis_value(const Call *c, const Axis *ax, int own)
+{
+    npy_intp v = 0;
+    for (int s = 0; s < 2; s++) {
+        int sym = ax->sym[s];
+        if (sym < 0) {
+            continue;
+        }
+        if (c->binder[sym] < 0 || c->binder[sym] == own) {
+            return -1;
+        }
+        v += (s == 0 ? ax->coef : 1) * c->sym[sym];
+    }
+    return v;
+}
+
+/* Writes the pattern as the call sees it (text) and as numbers where
+ * they are known (want), e.g. "(..., T)" and "(3, 5)". */
+static void describe(const Call *c, int i, int nd, char *text, char *want,
+                     size_t size)
+{
+    const ArgSpec *a = &c->fn->args[i];
+    const Pattern *p = &a->pat;
+    int present[MAX_AXES], n = axes_present(c, a, nd, present), items = 0;
+    size_t t = 0, w = 0;
+    t += (size_t)PyOS_snprintf(text + t, size - t, "(");
+    w += (size_t)PyOS_snprintf(want + w, size - w, "(");
+    if (p->lead) {
+        t += (size_t)PyOS_snprintf(text + t, size - t, "...");
+        if (c->lead_binder < 0 || c->lead_binder == i) {
+            w += (size_t)PyOS_snprintf(want + w, size - w, "...");
+            items++;
+        }
+        for (int k = 0; c->lead_binder >= 0 && c->lead_binder != i &&
+                        k < c->nlead && w < size; k++) {
+            w += (size_t)PyOS_snprintf(want + w, size - w, "%s%zd",
+                                       items++ ? ", " : "",
+                                       (Py_ssize_t)c->lead[k]);
+        }
+    }
+    for (int k = 0; k < p->n && t < size && w < size; k++) {
+        const Axis *ax = &p->ax[k];
+        if (!present[k]) {
+            continue;
+        }
+        char tm[32];
+        int len = ax->coef > 1 ? PyOS_snprintf(tm, sizeof tm, "%d*",
+                                               ax->coef) : 0;
+        PyOS_snprintf(tm + len, sizeof tm - (size_t)len, "%s%s%s",
+                      sym_names[ax->sym[0]], ax->sym[1] >= 0 ? "+" : "",
+                      ax->sym[1] >= 0 ? sym_names[ax->sym[1]] : "");
+        t += (size_t)PyOS_snprintf(text + t, size - t, "%s%s",
+                                   p->lead || k ? ", " : "", tm);
+        npy_intp v = axis_value(c, ax, i);
+        if (v >= 0) {
+            w += (size_t)PyOS_snprintf(want + w, size - w, "%s%zd",
+                                       items++ ? ", " : "", (Py_ssize_t)v);
+        }
+        else {
+            w += (size_t)PyOS_snprintf(want + w, size - w, "%s%s",
+                                       items++ ? ", " : "", tm);
+        }
+    }
+    int one = !p->lead && n == 1;
+    if (t < size) {
+        PyOS_snprintf(text + t, size - t, one ? ",)" : ")");
+    }
+    if (w < size) {
+        PyOS_snprintf(want + w, size - w, items == 1 ? ",)" : ")");
+    }
+}
+
+/* ValueError: argument i does not have the shape its pattern asks for.
+ * Names the arguments that fixed the pattern's symbols, with shapes. */
+static int shape_error(const Call *c, int i, int fixed_here)
+{
+    const ArgSpec *a = &c->fn->args[i];
+    char got[SHAPE_BUF], text[SHAPE_BUF], want[SHAPE_BUF];
+    char refs[4 * SHAPE_BUF] = "";
+    int nd = PyArray_NDIM(c->arr[i]), seen[MAX_ARGS] = {0}, nrefs = 0;
+    size_t used = 0;
+    describe(c, i, nd, text, want, SHAPE_BUF);
+    int present[MAX_AXES];
+    axes_present(c, a, nd, present);
+    for (int k = -1; k < a->pat.n; k++) {
+        for (int s = 0; s < 2; s++) {
+            int b;
+            if (k < 0) {
+                b = a->pat.lead && s == 0 ? c->lead_binder : -1;
+            }
+            else {
+                int sym = present[k] ? a->pat.ax[k].sym[s] : -1;
+                b = sym >= 0 ? c->binder[sym] : -1;
+            }
+            if (b < 0 || b == i || seen[b]) {
+                continue;
+            }
+            seen[b] = 1;
+            char buf[SHAPE_BUF];
+            used += (size_t)PyOS_snprintf(
+                refs + used, sizeof refs - used, "%s%s with shape %s",
+                nrefs++ ? " and " : "", arg_names[c->fn->args[b].id],
+                SHAPE(buf, c->arr[b]));
+            if (used >= sizeof refs) {
+                used = sizeof refs - 1;
+            }
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "%s has shape %s; expected %s = %s%s%s%s%s",
+                 arg_names[a->id], SHAPE(got, c->arr[i]), text, want,
+                 nrefs ? (fixed_here ? " for " : " to match ") : "", refs,
+                 a->hint ? " " : "", a->hint ? a->hint : "");
+    return -1;
+}
+
+/* Step 3 for argument i: fixes the symbols it is first to have, checks
+ * the others. */
+static int bind_shape(Call *c, int i)
+{
+    const ArgSpec *a = &c->fn->args[i];
+    const Pattern *p = &a->pat;
+    PyArrayObject *x = c->arr[i];
+    int nd = PyArray_NDIM(x), present[MAX_AXES], fixed_here = 0;
+    const npy_intp *dims = PyArray_DIMS(x);
+    int n = axes_present(c, a, nd, present);
+    char buf[SHAPE_BUF], text[SHAPE_BUF], want[SHAPE_BUF];
+    if (p->lead && c->lead_binder < 0) {
+        if (nd < n) {
+            describe(c, i, nd, text, want, SHAPE_BUF);
+            PyErr_Format(PyExc_ValueError,
+                         "%s must have shape %s, at least %d dimension%s; "
+                         "got shape %s", arg_names[a->id], text, n,
+                         n == 1 ? "" : "s", SHAPE(buf, x));
+            return -1;
+        }
+        c->nlead = nd - n;
+        c->lead_binder = i;
+        for (int k = 0; k < c->nlead; k++) {
+            c->lead[k] = dims[k];
+        }
+    }
+    int nlead = p->lead ? c->nlead : 0;
+    if (nd != nlead + n ||
+        (p->lead && !PyArray_CompareLists(dims, c->lead, nlead))) {
+        return shape_error(c, i, 0);
+    }
+    int pos = nlead;
+    for (int k = 0; k < p->n; k++) {
+        const Axis *ax = &p->ax[k];
+        if (!present[k]) {
+            continue;
+        }
+        npy_intp got = dims[pos++];
+        int sym = ax->sym[0];
+        if (ax->sym[1] < 0 && ax->coef == 1 && c->binder[sym] < 0) {
+            c->sym[sym] = got;
+            c->binder[sym] = i;
+            fixed_here = 1;
+            if (sym == S_T && got == 0) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s has shape %s: T = 0 items; every sequence "
+                             "needs at least one item (mask out the ones you "
+                             "do not want)", arg_names[a->id], SHAPE(buf, x));
+                return -1;
+            }
+            continue;
+        }
+        if (axis_value(c, ax, -1) != got) {
+            return shape_error(c, i, fixed_here);
+        }
+    }
+    return 0;
+}
+
+static int check_shapes(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    int done[MAX_ARGS] = {0};
+    if (fn->score) {        /* several queries: query.ndim == keys.ndim */
+        c->several = PyArray_NDIM(c->arr[fn->pos[X_QUERY]]) ==
+                     PyArray_NDIM(c->arr[fn->pos[X_KEYS]]);
+    }
+    for (int r = 0; r < 3 + fn->nargs; r++) {
+        int i = r < 3 ? (fn->order[r] >= 0 ? fn->pos[fn->order[r]] : -1)
+                      : r - 3;
+        if (i < 0 || done[i] || c->arr[i] == NULL) {
+            continue;
+        }
+        done[i] = 1;
+        if (bind_shape(c, i) < 0) {
+            return -1;
+        }
+        if (fn->args[i].flags & F_MASK) {
+            c->per_query_mask = PyArray_NDIM(c->arr[i]) == c->nlead + 2;
+        }
+        if (fn->args[i].id == X_KEYS && c->binder[S_HV] < 0 &&
+            !given(c, X_VALUES)) {
+            c->sym[S_HV] = c->sym[S_H];      /* the keys are the values */
+            c->binder[S_HV] = c->binder[S_H];
+        }
+    }
+    c->d.B = 1;
+    for (int k = 0; k < c->nlead; k++) {
+        c->d.B *= c->lead[k];
+    }
+    c->d.T = c->sym[S_T];
+    c->d.H = c->sym[S_H];
+    c->d.A = c->sym[S_A];
+    return 0;
+}
+
+/* Step 4: the floating arrays in one dtype, C-contiguous and aligned
+ * (np.result_type of them; float16 computes in float32, integers in
+ * float64); masks C-contiguous. */
+static int cast_args(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    PyArrayObject *arrs[MAX_ARGS];
+    int count = 0;
+    for (int i = 0; i < fn->nargs; i++) {
+        if (c->arr[i] != NULL && !(fn->args[i].flags & F_MASK)) {
+            arrs[count++] = c->arr[i];
+        }
+    }
+    c->typenum = NPY_DOUBLE;
+    if (count > 0) {
+        PyArray_Descr *rt = PyArray_ResultType(count, arrs, 0, NULL);
+        if (rt == NULL) {
+            return -1;
+        }
+        c->typenum = rt->kind == 'f' && PyDataType_ELSIZE(rt) <= 4
+                     ? NPY_FLOAT : NPY_DOUBLE;
+        Py_DECREF(rt);
+    }
+    for (int i = 0; i < fn->nargs; i++) {
+        if (c->arr[i] == NULL) {
+            continue;
+        }
+        int mask = (fn->args[i].flags & F_MASK) != 0;
+        if (alloc_point("cast of", arg_names[fn->args[i].id], 1) < 0) {
+            return -1;
+        }
+        PyObject *cast = PyArray_FromArray(
+            c->arr[i], PyArray_DescrFromType(mask ? NPY_BOOL : c->typenum),
+            NPY_ARRAY_IN_ARRAY | (mask ? 0 : NPY_ARRAY_FORCECAST));
+        if (cast == NULL) {
+            return -1;
+        }
+        Py_SETREF(c->arr[i], (PyArrayObject *)cast);
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------------
- * additive_score(h, context, W, v, b=None) -> s (..., T)
+ * Step 5: outputs and scratch
  */
-static PyObject *py_additive_score(PyObject *self, PyObject *args,
-                                   PyObject *kw)
+
+/* The shape of output k; returns its number of axes. */
+static int out_shape(const Call *c, int k, npy_intp *dims)
 {
-    static char *kwlist[] = {"h", "context", "W", "v", "b", NULL};
-    Arg a[] = {ARG("h"), ARG("context"), ARG("W"), ARG("v"), OPT("b")};
-    PyObject *s = NULL;
-    void *work = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:additive_score",
-                                     kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
-                                     &a[3].obj, &a[4].obj) ||
-        prepare_floats(a, 5, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
-        expect_shape(&a[1], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
-        check_weights(&a[2], &a[3], &a[4], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"s", 1, 1, L.d.T, 0, &s}}, 1,
-            WORKSPACE(tn, additive_score, L.d), &work) < 0) {
-        goto fail;
+    const Pattern *p = &c->fn->outs[k].pat;
+    int nd = 0;
+    for (int j = 0; p->lead && j < c->nlead; j++) {
+        dims[nd++] = c->lead[j];
     }
-    RUN(st, tn, additive_score, L.d, DATA(&a[0]), DATA(&a[1]), DATA(&a[2]),
-        DATA(&a[3]), DATA(&a[4]), OUT(s), work);
-    if (check_status(st) < 0) {
-        goto fail;
+    for (int j = 0; j < p->n; j++) {
+        if (!p->ax[j].query_axis || c->several) {
+            dims[nd++] = axis_value(c, &p->ax[j], -1);
+        }
     }
-    work_give(work);
-    release(a, N_ARGS(a));
-    return s;
-fail:
-    work_give(work);
-    release(a, N_ARGS(a));
-    Py_XDECREF(s);
-    return NULL;
+    return nd;
+}
+
+static int wanted(const Call *c, int k)
+{
+    int when = c->fn->outs[k].when;
+    return when < 0 || given(c, when);
+}
+
+/* Makes the wanted outputs and the scratch.  Every byte count is checked
+ * before anything is allocated, so sizes that overflow give MemoryError
+ * without touching memory.  On failure what was made is left in c for
+ * the cleanup path. */
+static int make_outputs(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    npy_intp dims[NPY_MAXDIMS + MAX_AXES];
+    char buf[SHAPE_BUF];
+    Py_ssize_t item = c->typenum == NPY_FLOAT ? 4 : 8;
+    for (int k = 0; k < fn->nouts; k++) {
+        int nd = out_shape(c, k, dims);
+        Py_ssize_t bytes = item;
+        int overflow = 0;
+        for (int j = 0; j < nd; j++) {   /* zero dims are skipped, as NumPy
+                                            does */
+            if (dims[j] != 0) {
+                overflow |= dims[j] > PY_SSIZE_T_MAX / bytes;
+                bytes = overflow ? 1 : bytes * dims[j];
+            }
+        }
+        if (wanted(c, k) && overflow) {
+            PyErr_Format(PyExc_MemoryError,
+                         "attention_c: output %s of shape %s would need more "
+                         "bytes than memory can address",
+                         out_names[fn->outs[k].id],
+                         fmt_shape(buf, SHAPE_BUF, nd, dims));
+            return -1;
+        }
+    }
+    ptrdiff_t work_bytes = fn->workspace ? fn->workspace(c) : 0;
+    if (work_bytes < 0) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "attention_c: sizes too large for scratch memory");
+        return -1;
+    }
+    for (int k = 0; k < fn->nouts; k++) {
+        if (!wanted(c, k)) {
+            continue;
+        }
+        int nd = out_shape(c, k, dims);
+        if (alloc_point("output", out_names[fn->outs[k].id], 1) < 0 ||
+            (c->out[k] = PyArray_SimpleNew(nd, dims, c->typenum)) == NULL) {
+            return -1;
+        }
+    }
+    if (fn->workspace != NULL) {
+        if (alloc_point("scratch", "memory", 1) < 0) {
+            return -1;
+        }
+        c->work = work_take((size_t)work_bytes + 1);
+        if (c->work == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_status(int st)
+{
+    if (st == ATT_OK) {
+        return 0;
+    }
+    PyErr_Format(PyExc_SystemError,
+                 "attention_c: a kernel rejected its sizes (status %d); "
+                 "this is a bug, please report it", st);
+    return -1;
+}
+
+/* The result: one array, or a tuple with None for outputs not made. */
+static PyObject *take_result(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    if (fn->nouts == 1) {
+        PyObject *r = c->out[0];
+        c->out[0] = NULL;
+        return r;
+    }
+    int n = 0;
+    for (int k = 0; k < fn->nouts; k++) {
+        n += wanted(c, k) || !fn->outs[k].drop;
+    }
+    PyObject *r = PyTuple_New(n);
+    if (r == NULL) {
+        return NULL;
+    }
+    for (int k = 0, j = 0; k < fn->nouts; k++) {
+        if (wanted(c, k)) {
+            PyTuple_SET_ITEM(r, j++, c->out[k]);
+            c->out[k] = NULL;
+        }
+        else if (!fn->outs[k].drop) {
+            PyTuple_SET_ITEM(r, j++, Py_NewRef(Py_None));
+        }
+    }
+    return r;
+}
+
+/* Steps 1-6 for the function of row fn. */
+static PyObject *call_function(const FuncSpec *fn, PyObject *args,
+                               PyObject *kw)
+{
+    Call c;
+    PyObject *result = NULL, **o = c.obj;
+    int st = ATT_OK;
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.lead_binder = -1;
+    for (int s = 0; s < N_SYMS; s++) {
+        c.binder[s] = -1;
+    }
+    if (fn->fused) {
+        c.ex = begin_exec();
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fn->format,
+                                     (char **)fn->kwlist, &o[0], &o[1], &o[2],
+                                     &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                                     &o[9], &o[10], &o[11]) ||
+        view_args(&c) < 0 || check_shapes(&c) < 0 ||
+        (fn->check && fn->check(&c) < 0) || cast_args(&c) < 0 ||
+        make_outputs(&c) < 0) {
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = fn->kernel(&c);
+    Py_END_ALLOW_THREADS
+    if (check_status(st) == 0) {
+        result = take_result(&c);
+    }
+done:
+    if (fn->fused) {
+        end_exec(&c.ex);
+    }
+    work_give(c.work);
+    for (int i = 0; i < MAX_ARGS; i++) {
+        Py_XDECREF(c.arr[i]);
+    }
+    for (int k = 0; k < MAX_OUTS; k++) {
+        Py_XDECREF(c.out[k]);
+    }
+    return result;
 }
 
 /* ---------------------------------------------------------------------
- * additive_score_backward(grad_s, h, context, W, v, b=None)
- *   -> (dh, dcontext, dW, dv, db or None)
+ * The kernels of the rows
  */
-static PyObject *py_additive_score_backward(PyObject *self, PyObject *args,
-                                            PyObject *kw)
+
+/* att_NAME_f32 or att_NAME_f64 for the call's dtype. */
+#define TYPED(c, NAME, ...)                                                  \
+    ((c)->typenum == NPY_FLOAT ? att_##NAME##_f32(__VA_ARGS__)               \
+                               : att_##NAME##_f64(__VA_ARGS__))
+#define IN(id) arg_data(c, id)
+#define OUT(id) out_data(c, id)
+
+static int k_mean_context(Call *c)
 {
-    static char *kwlist[] = {"grad_s", "h", "context", "W", "v", "b", NULL};
-    Arg a[] = {ARG("grad_s"), ARG("h"), ARG("context"), ARG("W"), ARG("v"),
-               OPT("b")};
-    PyObject *dh = NULL, *dctx = NULL, *dW = NULL, *dv = NULL, *db = NULL;
-    void *work = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "OOOOO|O:additive_score_backward", kwlist, &a[0].obj,
-            &a[1].obj, &a[2].obj, &a[3].obj, &a[4].obj, &a[5].obj) ||
-        prepare_floats(a, 6, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        expect_shape(&a[2], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
-        check_weights(&a[3], &a[4], &a[5], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"dh", 1, 2, L.d.T, L.d.H, &dh},
-            {"dcontext", 1, 1, L.d.H, 0, &dctx},
-            {"dW", 0, 2, L.d.A, 2 * L.d.H, &dW},
-            {"dv", 0, 1, L.d.A, 0, &dv},
-            {"db", 0, 1, L.d.A, 0, GIVEN(&a[5]) ? &db : NULL}}, 5,
-            WORKSPACE(tn, additive_score_backward, L.d), &work) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, additive_score_backward, L.d, DATA(&a[0]), DATA(&a[1]),
-        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]), OUT(dh),
-        OUT(dctx), OUT(dW), OUT(dv), db ? OUT(db) : NULL, work);
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    work_give(work);
-    release(a, N_ARGS(a));
-    return Py_BuildValue("(NNNNN)", dh, dctx, dW, dv,
-                         db ? db : Py_NewRef(Py_None));
-fail:
-    work_give(work);
-    release(a, N_ARGS(a));
-    Py_XDECREF(dh);
-    Py_XDECREF(dctx);
-    Py_XDECREF(dW);
-    Py_XDECREF(dv);
-    Py_XDECREF(db);
-    return NULL;
+    return TYPED(c, mean_context, c->d, IN(X_H), IN(X_MASK), OUT(Y_C));
 }
 
-/* ---------------------------------------------------------------------
- * masked_softmax(scores, mask=None) -> alpha (..., T)
- */
-static PyObject *py_masked_softmax(PyObject *self, PyObject *args,
-                                   PyObject *kw)
+static int k_mean_context_backward(Call *c)
 {
-    static char *kwlist[] = {"scores", "mask", NULL};
-    Arg a[] = {ARG("scores"), OPT("mask")};
-    PyObject *alpha = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:masked_softmax", kwlist,
-                                     &a[0].obj, &a[1].obj) ||
-        prepare_floats(a, 1, &tn) < 0 || read_layout(&a[0], 1, &L) < 0 ||
-        prepare_mask(&a[1], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"alpha", 1, 1, L.d.T, 0, &alpha}}, 1, NO_WORK, NULL) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, masked_softmax, L.d, DATA(&a[0]), DATA(&a[1]), OUT(alpha));
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    release(a, N_ARGS(a));
-    return alpha;
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(alpha);
-    return NULL;
+    return TYPED(c, mean_context_backward, c->d, IN(X_GRAD_C), IN(X_MASK),
+                 OUT(Y_DH));
 }
 
-/* ---------------------------------------------------------------------
- * masked_softmax_backward(grad_alpha, alpha) -> dscores (..., T)
- */
-static PyObject *py_masked_softmax_backward(PyObject *self, PyObject *args,
-                                            PyObject *kw)
+static ptrdiff_t w_additive_score(Call *c)
 {
-    static char *kwlist[] = {"grad_alpha", "alpha", NULL};
-    Arg a[] = {ARG("grad_alpha"), ARG("alpha")};
-    PyObject *ds = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:masked_softmax_backward",
-                                     kwlist, &a[0].obj, &a[1].obj) ||
-        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 1, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"dscores", 1, 1, L.d.T, 0, &ds}}, 1, NO_WORK, NULL) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, masked_softmax_backward, L.d, DATA(&a[0]), DATA(&a[1]),
-        OUT(ds));
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    release(a, N_ARGS(a));
-    return ds;
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(ds);
-    return NULL;
+    return TYPED(c, additive_score_workspace, c->d);
 }
 
-/* ---------------------------------------------------------------------
- * weighted_sum(alpha, h) -> out (..., H)
- */
-static PyObject *py_weighted_sum(PyObject *self, PyObject *args,
-                                 PyObject *kw)
+static int k_additive_score(Call *c)
 {
-    static char *kwlist[] = {"alpha", "h", NULL};
-    Arg a[] = {ARG("alpha"), ARG("h")};
-    PyObject *out = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:weighted_sum", kwlist,
-                                     &a[0].obj, &a[1].obj) ||
-        prepare_floats(a, 2, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"out", 1, 1, L.d.H, 0, &out}}, 1, NO_WORK, NULL) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, weighted_sum, L.d, DATA(&a[0]), DATA(&a[1]), OUT(out));
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    release(a, N_ARGS(a));
-    return out;
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(out);
-    return NULL;
+    return TYPED(c, additive_score, c->d, IN(X_H), IN(X_CONTEXT), IN(X_W),
+                 IN(X_V), IN(X_B), OUT(Y_S), c->work);
 }
 
-/* ---------------------------------------------------------------------
- * weighted_sum_backward(grad_out, alpha, h) -> (dalpha, dh)
- */
-static PyObject *py_weighted_sum_backward(PyObject *self, PyObject *args,
-                                          PyObject *kw)
+static ptrdiff_t w_additive_score_backward(Call *c)
 {
-    static char *kwlist[] = {"grad_out", "alpha", "h", NULL};
-    Arg a[] = {ARG("grad_out"), ARG("alpha"), ARG("h")};
-    PyObject *dalpha = NULL, *dh = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:weighted_sum_backward",
-                                     kwlist, &a[0].obj, &a[1].obj,
-                                     &a[2].obj) ||
-        prepare_floats(a, 3, &tn) < 0 || read_layout(&a[2], 2, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
-        expect_shape(&a[1], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"dalpha", 1, 1, L.d.T, 0, &dalpha},
-            {"dh", 1, 2, L.d.T, L.d.H, &dh}}, 2, NO_WORK, NULL) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, weighted_sum_backward, L.d, DATA(&a[0]), DATA(&a[1]),
-        DATA(&a[2]), OUT(dalpha), OUT(dh));
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    release(a, N_ARGS(a));
-    return Py_BuildValue("(NN)", dalpha, dh);
-fail:
-    release(a, N_ARGS(a));
-    Py_XDECREF(dalpha);
-    Py_XDECREF(dh);
-    return NULL;
+    return TYPED(c, additive_score_backward_workspace, c->d);
 }
 
-/* ---------------------------------------------------------------------
- * context_attention(h, W, v, b=None, mask=None, keep_activations=False)
- *   -> (out, alpha), or (out, alpha, activations (..., T, A))
- */
-static PyObject *py_context_attention(PyObject *self, PyObject *args,
-                                      PyObject *kw)
+static int k_additive_score_backward(Call *c)
 {
-    static char *kwlist[] = {"h", "W", "v", "b", "mask", "keep_activations",
-                             NULL};
-    Arg a[] = {ARG("h"), ARG("W"), ARG("v"), OPT("b"), OPT("mask")};
-    PyObject *out = NULL, *alpha = NULL, *act = NULL;
-    void *work = NULL;
-    Layout L;
-    int tn, st = ATT_OK, keep = 0;
-    att_exec ex = begin_exec();
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOp:context_attention",
-                                     kwlist, &a[0].obj, &a[1].obj, &a[2].obj,
-                                     &a[3].obj, &a[4].obj, &keep) ||
-        prepare_floats(a, 4, &tn) < 0 || read_layout(&a[0], 2, &L) < 0 ||
-        check_weights(&a[1], &a[2], &a[3], &L) < 0 ||
-        prepare_mask(&a[4], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"out", 1, 1, L.d.H, 0, &out},
-            {"alpha", 1, 1, L.d.T, 0, &alpha},
-            {"activations", 1, 2, L.d.T, L.d.A, keep ? &act : NULL}}, 3,
-            WORKSPACE(tn, context_attention, L.d, &ex), &work) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, context_attention, L.d, &ex, DATA(&a[0]), DATA(&a[1]),
-        DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), OUT(out), OUT(alpha),
-        act ? OUT(act) : NULL, work);
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    end_exec(&ex);
-    work_give(work);
-    release(a, N_ARGS(a));
-    return act ? Py_BuildValue("(NNN)", out, alpha, act)
-               : Py_BuildValue("(NN)", out, alpha);
-fail:
-    end_exec(&ex);
-    work_give(work);
-    release(a, N_ARGS(a));
-    Py_XDECREF(out);
-    Py_XDECREF(alpha);
-    Py_XDECREF(act);
-    return NULL;
+    return TYPED(c, additive_score_backward, c->d, IN(X_GRAD_S), IN(X_H),
+                 IN(X_CONTEXT), IN(X_W), IN(X_V), IN(X_B), OUT(Y_DH),
+                 OUT(Y_DCONTEXT), OUT(Y_DW), OUT(Y_DV), OUT(Y_DB), c->work);
 }
 
-/* ---------------------------------------------------------------------
- * context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
- *                            grad_alpha=None, activations=None)
- *   -> (dh, dW, dv, db or None)
- */
-static PyObject *py_context_attention_backward(PyObject *self,
-                                               PyObject *args, PyObject *kw)
+static int k_masked_softmax(Call *c)
 {
-    static char *kwlist[] = {"grad_out", "h", "W", "v", "alpha", "b",
-                             "mask", "grad_alpha", "activations", NULL};
-    /* the floating arguments first, the mask last */
-    Arg a[] = {ARG("grad_out"), ARG("h"), ARG("W"), ARG("v"), ARG("alpha"),
-               OPT("b"), OPT("grad_alpha"), OPT("activations"), OPT("mask")};
-    PyObject *dh = NULL, *dW = NULL, *dv = NULL, *db = NULL;
-    void *work = NULL;
-    Layout L;
-    int tn, st = ATT_OK;
-    att_exec ex = begin_exec();
-    (void)self;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "OOOOO|OOOO:context_attention_backward", kwlist,
-            &a[0].obj, &a[1].obj, &a[2].obj, &a[3].obj, &a[4].obj,
-            &a[5].obj, &a[8].obj, &a[6].obj, &a[7].obj) ||
-        prepare_floats(a, 8, &tn) < 0 || read_layout(&a[1], 2, &L) < 0 ||
-        expect_shape(&a[0], &L, 1, 1, L.d.H, 0, "(..., H)") < 0 ||
-        expect_shape(&a[4], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        expect_shape(&a[6], &L, 1, 1, L.d.T, 0, "(..., T)") < 0 ||
-        check_weights(&a[2], &a[3], &a[5], &L) < 0 ||
-        expect_shape(&a[7], &L, 1, 2, L.d.T, L.d.A, "(..., T, A)") < 0 ||
-        prepare_mask(&a[8], &L) < 0 ||
-        new_outputs(&L, tn, (const OutSpec[]){
-            {"dh", 1, 2, L.d.T, L.d.H, &dh},
-            {"dW", 0, 2, L.d.A, 2 * L.d.H, &dW},
-            {"dv", 0, 1, L.d.A, 0, &dv},
-            {"db", 0, 1, L.d.A, 0, GIVEN(&a[5]) ? &db : NULL}}, 4,
-            WORKSPACE(tn, context_attention_backward, L.d, &ex),
-            &work) < 0) {
-        goto fail;
-    }
-    RUN(st, tn, context_attention_backward, L.d, &ex, DATA(&a[0]),
-        DATA(&a[1]), DATA(&a[2]), DATA(&a[3]), DATA(&a[4]), DATA(&a[5]),
-        DATA(&a[8]), DATA(&a[6]), DATA(&a[7]), OUT(dh), OUT(dW), OUT(dv),
-        db ? OUT(db) : NULL, work);
-    if (check_status(st) < 0) {
-        goto fail;
-    }
-    end_exec(&ex);
-    work_give(work);
-    release(a, N_ARGS(a));
-    return Py_BuildValue("(NNNN)", dh, dW, dv, db ? db : Py_NewRef(Py_None));
-fail:
-    end_exec(&ex);
-    work_give(work);
-    release(a, N_ARGS(a));
-    Py_XDECREF(dh);
-    Py_XDECREF(dW);
-    Py_XDECREF(dv);
-    Py_XDECREF(db);
-    return NULL;
+    return TYPED(c, masked_softmax, c->d, IN(X_SCORES), IN(X_MASK),
+                 OUT(Y_ALPHA));
 }
+
+static int k_masked_softmax_backward(Call *c)
+{
+    return TYPED(c, masked_softmax_backward, c->d, IN(X_GRAD_ALPHA),
+                 IN(X_ALPHA), OUT(Y_DSCORES));
+}
+
+static int k_weighted_sum(Call *c)
+{
+    return TYPED(c, weighted_sum, c->d, IN(X_ALPHA), IN(X_H), OUT(Y_OUT));
+}
+
+static int k_weighted_sum_backward(Call *c)
+{
+    return TYPED(c, weighted_sum_backward, c->d, IN(X_GRAD_OUT),
+                 IN(X_ALPHA), IN(X_H), OUT(Y_DALPHA), OUT(Y_DH));
+}
+
+static ptrdiff_t w_context_attention(Call *c)
+{
+    return TYPED(c, context_attention_workspace, c->d, &c->ex);
+}
+
+static int k_context_attention(Call *c)
+{
+    return TYPED(c, context_attention, c->d, &c->ex, IN(X_H), IN(X_W),
+                 IN(X_V), IN(X_B), IN(X_MASK), OUT(Y_OUT), OUT(Y_ALPHA),
+                 OUT(Y_ACT), c->work);
+}
+
+static ptrdiff_t w_context_attention_backward(Call *c)
+{
+    return TYPED(c, context_attention_backward_workspace, c->d, &c->ex);
+}
+
+static int k_context_attention_backward(Call *c)
+{
+    return TYPED(c, context_attention_backward, c->d, &c->ex,
+                 IN(X_GRAD_OUT), IN(X_H), IN(X_W), IN(X_V), IN(X_ALPHA),
+                 IN(X_B), IN(X_MASK), IN(X_GRAD_ALPHA), IN(X_ACT), OUT(Y_DH),
+                 OUT(Y_DW), OUT(Y_DV), OUT(Y_DB), c->work);
+}
+
+/* The family's sizes from the bound symbols. */
+static att_fdims family_dims(const Call *c)
+{
+    int score = c->fn->score - 1;
+    att_fdims f = {score, c->per_query_mask, c->d.B,
+                   c->several ? c->sym[S_TQ] : 1, c->sym[S_T], c->sym[S_H],
+                   score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
+                   c->sym[S_HV],
+                   score == ATT_SCORE_ADDITIVE ? c->sym[S_A]
+                   : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0};
+    return f;
+}
+
+static int family_backward(const Call *c)
+{
+    return c->fn->pos[X_GRAD_OUT] >= 0;
+}
+
+static ptrdiff_t w_family(Call *c)
+{
+    att_fdims f = family_dims(c);
+    return TYPED(c, family_workspace, &f, family_backward(c), &c->ex);
+}
+
+/* The family's call for one type: its inputs and outputs by name. */
+#define FAMILY_CALL(R, SFX)                                                  \
+    do {                                                                     \
+        int wi = c->fn->pos[X_W];                                            \
+        att_family_in_##SFX in = {                                           \
+            IN(X_QUERY), IN(X_KEYS), IN(X_KPROJ), IN(X_VALUES), IN(X_W),     \
+            IN(X_V), IN(X_B), wi >= 0 ? PyArray_DIM(c->arr[wi], 1) : 0,      \
+            (R)scale, IN(X_MASK), IN(X_ALPHA), IN(X_GRAD_OUT),               \
+            IN(X_GRAD_ALPHA)};                                               \
+        att_family_out_##SFX out = {                                         \
+            OUT(Y_OUT), OUT(Y_ALPHA), OUT(Y_DQUERY), OUT(Y_DKEYS),           \
+            OUT(Y_DKPROJ), OUT(Y_DVALUES), OUT(Y_DW), OUT(Y_DV),             \
+            OUT(Y_DB)};                                                      \
+        return family_backward(c)                                            \
+               ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
+               : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
+    } while (0)
+
+static int k_family(Call *c)
+{
+    att_fdims f = family_dims(c);
+    /* dot: scale None means 1/sqrt(H) (1 when H = 0: no score at all) */
+    double scale = given(c, X_SCALE) ? c->scale
+                   : 1.0 / sqrt(f.H > 1 ? (double)f.H : 1.0);
+    if (c->typenum == NPY_FLOAT) {
+        FAMILY_CALL(float, f32);
+    }
+    FAMILY_CALL(double, f64);
+}
+
+/* grad_key_proj (the PyTorch adapter's: stop at key_proj) needs it. */
+static int check_family(Call *c)
+{
+    if (given(c, X_GRAD_KPROJ) && !given(c, X_KPROJ)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "grad_key_proj=True needs key_proj: the gradient "
+                        "stops at the projected keys given");
+        return -1;
+    }
+    return 0;
+}
+
+/* project_keys: W (A, L) multiplies keys with its first H columns. */
+static int check_project(Call *c)
+{
+    char w_s[SHAPE_BUF], k_s[SHAPE_BUF];
+    PyArrayObject *W = c->arr[c->fn->pos[X_W]];
+    PyArrayObject *K = c->arr[c->fn->pos[X_KEYS]];
+    if (c->sym[S_L] < c->sym[S_H]) {
+        PyErr_Format(PyExc_ValueError,
+                     "W has shape %s; expected (A, L) with at least H = %zd "
+                     "columns (the first H multiply the keys) for keys with "
+                     "shape %s", SHAPE(w_s, W), (Py_ssize_t)c->sym[S_H],
+                     SHAPE(k_s, K));
+        return -1;
+    }
+    return 0;
+}
+
+/* n = B T rows of keys, projected to A. */
+static att_dims project_dims(const Call *c)
+{
+    att_dims d = {c->d.B * c->d.T, 1, c->d.H, c->d.A};
+    return d;
+}
+
+static ptrdiff_t w_project(Call *c)
+{
+    return TYPED(c, project_keys_workspace, project_dims(c), &c->ex);
+}
+
+static int k_project_keys(Call *c)
+{
+    return TYPED(c, project_keys, project_dims(c), &c->ex, IN(X_KEYS),
+                 IN(X_W), c->sym[S_L], OUT(Y_KPROJ), c->work);
+}
+
+static int k_project_keys_backward(Call *c)
+{
+    return TYPED(c, project_keys_backward, project_dims(c), &c->ex,
+                 IN(X_GRAD_PROJ), IN(X_KEYS), IN(X_W), c->sym[S_L],
+                 OUT(Y_DKEYS), OUT(Y_DW), c->work);
+}
+
+#undef IN
+#undef OUT
+
+/* ---------------------------------------------------------------------
+ * The table
+ */
+
+#define ARR(id, shape) {id, 0, shape, NULL, {0}}
+#define OPT(id, shape) {id, F_OPT, shape, NULL, {0}}
+#define MASK(shape) {X_MASK, F_OPT | F_MASK, shape, NULL, {0}}
+#define FLAG(id) {id, F_OPT | F_FLAG, NULL, NULL, {0}}
+#define SCALE {X_SCALE, F_OPT | F_SCALE, NULL, NULL, {0}}
+#define HINT(id, shape, hint) {id, 0, shape, hint, {0}}
+#define RES(id, shape) {id, shape, -1, 0, {0}}
+#define RES_IF(id, shape, when) {id, shape, when, 0, {0}}
+#define RES_EXTRA(id, shape, when) {id, shape, when, 1, {0}}
+
+#define W_CONTEXT HINT(X_W, "(A, 2*H)", "(W has the layout of " \
+                       "torch.nn.Linear(2*H, A).weight)")
+#define W_ADDITIVE HINT(X_W, "(A, H+Hq)", "(W = [W_k | W_q] has the layout " \
+                        "of torch.nn.Linear(H + Hq, A).weight)")
+#define W_GENERAL HINT(X_W, "(Hq, H)", "(W has the layout of " \
+                       "torch.nn.Linear(H, Hq, bias=False).weight)")
+#define QUERY(wide) {X_QUERY, 0, "(..., Tq?, " wide ")", \
+                     "(one query (..., Hq) or several (..., Tq, Hq), with " \
+                     "query.ndim == keys.ndim)", {0}}
+#define QUERY_DOT {X_QUERY, 0, "(..., Tq?, H)", \
+                   "(the dot score needs queries as wide as the keys)", {0}}
+#define FAMILY_MASK {X_MASK, F_OPT | F_MASK, "(..., Tq?, T)", \
+                     "(the mask is (..., T) for every query or, with " \
+                     "several queries, (..., Tq, T) per query)", {0}}
+#define KEYS ARR(X_KEYS, "(..., T, H)")
+#define VALUES OPT(X_VALUES, "(..., T, Hv)")
+#define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
+#define GRAD_OUT_Q ARR(X_GRAD_OUT, "(..., Tq?, Hv)")
+#define GRAD_ALPHA_Q OPT(X_GRAD_ALPHA, "(..., Tq?, T)")
+#define FAMILY_ORDER {X_KEYS, X_QUERY, X_VALUES}
+#define FAMILY_OUTS RES(Y_OUT, "(..., Tq?, Hv)"), RES(Y_ALPHA, "(..., Tq?, T)")
+#define FAMILY_GRADS(wide)                                                   \
+    RES(Y_DQUERY, "(..., Tq?, " wide ")"), RES(Y_DKEYS, "(..., T, H)"),      \
+    RES_IF(Y_DVALUES, "(..., T, Hv)", X_VALUES)
+#define FAMILY(sc) 1, sc + 1, check_family, w_family, k_family, .nargs = 0
+
+static FuncSpec funcs[] = {
+    {"mean_context", {ARR(X_H, "(..., T, H)"), MASK("(..., T)"), END}, 1,
+     {X_H, -1}, {RES(Y_C, "(..., H)"), OEND}, 0, 0, NULL, NULL,
+     k_mean_context, .nargs = 0},
+    {"mean_context_backward", {ARR(X_GRAD_C, "(..., H)"),
+     ARR(X_H, "(..., T, H)"), MASK("(..., T)"), END}, 2, {X_H, -1},
+     {RES(Y_DH, "(..., T, H)"), OEND}, 0, 0, NULL, NULL,
+     k_mean_context_backward, .nargs = 0},
+    {"additive_score", {ARR(X_H, "(..., T, H)"), ARR(X_CONTEXT, "(..., H)"),
+     W_CONTEXT, ARR(X_V, "(A,)"), OPT(X_B, "(A,)"), END}, 4, {X_H, -1},
+     {RES(Y_S, "(..., T)"), OEND}, 0, 0, NULL, w_additive_score,
+     k_additive_score, .nargs = 0},
+    {"additive_score_backward", {ARR(X_GRAD_S, "(..., T)"),
+     ARR(X_H, "(..., T, H)"), ARR(X_CONTEXT, "(..., H)"), W_CONTEXT,
+     ARR(X_V, "(A,)"), OPT(X_B, "(A,)"), END}, 5, {X_H, -1},
+     {RES(Y_DH, "(..., T, H)"), RES(Y_DCONTEXT, "(..., H)"),
+      RES(Y_DW, "(A, 2*H)"), RES(Y_DV, "(A,)"), RES_IF(Y_DB, "(A,)", X_B),
+      OEND}, 0, 0, NULL, w_additive_score_backward,
+     k_additive_score_backward, .nargs = 0},
+    {"masked_softmax", {ARR(X_SCORES, "(..., T)"), MASK("(..., T)"), END}, 1,
+     {X_SCORES, -1}, {RES(Y_ALPHA, "(..., T)"), OEND}, 0, 0, NULL, NULL,
+     k_masked_softmax, .nargs = 0},
+    {"masked_softmax_backward", {ARR(X_GRAD_ALPHA, "(..., T)"),
+     ARR(X_ALPHA, "(..., T)"), END}, 2, {X_ALPHA, -1},
+     {RES(Y_DSCORES, "(..., T)"), OEND}, 0, 0, NULL, NULL,
+     k_masked_softmax_backward, .nargs = 0},
+    {"weighted_sum", {ARR(X_ALPHA, "(..., T)"), ARR(X_H, "(..., T, H)"),
+     END}, 2, {X_H, -1}, {RES(Y_OUT, "(..., H)"), OEND}, 0, 0, NULL, NULL,
+     k_weighted_sum, .nargs = 0},
+    {"weighted_sum_backward", {ARR(X_GRAD_OUT, "(..., H)"),
+     ARR(X_ALPHA, "(..., T)"), ARR(X_H, "(..., T, H)"), END}, 3, {X_H, -1},
+     {RES(Y_DALPHA, "(..., T)"), RES(Y_DH, "(..., T, H)"), OEND}, 0, 0, NULL,
+     NULL, k_weighted_sum_backward, .nargs = 0},
+    {"context_attention", {ARR(X_H, "(..., T, H)"), W_CONTEXT,
+     ARR(X_V, "(A,)"), OPT(X_B, "(A,)"), MASK("(..., T)"), FLAG(X_KEEP),
+     END}, 3, {X_H, -1},
+     {RES(Y_OUT, "(..., H)"), RES(Y_ALPHA, "(..., T)"),
+      RES_EXTRA(Y_ACT, "(..., T, A)", X_KEEP), OEND}, 1, 0, NULL,
+     w_context_attention, k_context_attention, .nargs = 0},
+    {"context_attention_backward", {ARR(X_GRAD_OUT, "(..., H)"),
+     ARR(X_H, "(..., T, H)"), W_CONTEXT, ARR(X_V, "(A,)"),
+     ARR(X_ALPHA, "(..., T)"), OPT(X_B, "(A,)"), MASK("(..., T)"),
+     OPT(X_GRAD_ALPHA, "(..., T)"), OPT(X_ACT, "(..., T, A)"), END}, 5,
+     {X_H, -1},
+     {RES(Y_DH, "(..., T, H)"), RES(Y_DW, "(A, 2*H)"), RES(Y_DV, "(A,)"),
+      RES_IF(Y_DB, "(A,)", X_B), OEND}, 1, 0, NULL,
+     w_context_attention_backward, k_context_attention_backward, .nargs = 0},
+    {"additive_attention", {QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
+     OPT(X_B, "(A,)"), FAMILY_MASK, VALUES, OPT(X_KPROJ, "(..., T, A)"),
+     END}, 4, FAMILY_ORDER, {FAMILY_OUTS, OEND},
+     FAMILY(ATT_SCORE_ADDITIVE)},
+    {"additive_attention_backward", {GRAD_OUT_Q, QUERY("Hq"), KEYS,
+     W_ADDITIVE, ARR(X_V, "(A,)"), ALPHA_Q, OPT(X_B, "(A,)"), FAMILY_MASK,
+     VALUES, GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, A)"), FLAG(X_GRAD_KPROJ)},
+     /* (12 arguments and 7 results: both lists full, no END) */
+     6, FAMILY_ORDER,
+     {FAMILY_GRADS("Hq"), RES(Y_DW, "(A, H+Hq)"), RES(Y_DV, "(A,)"),
+      RES_IF(Y_DB, "(A,)", X_B),
+      RES_EXTRA(Y_DKPROJ, "(..., T, A)", X_GRAD_KPROJ)},
+     FAMILY(ATT_SCORE_ADDITIVE)},
+    {"dot_attention", {QUERY_DOT, KEYS, FAMILY_MASK, VALUES, SCALE, END}, 2,
+     FAMILY_ORDER, {FAMILY_OUTS, OEND}, FAMILY(ATT_SCORE_DOT)},
+    {"dot_attention_backward", {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_Q,
+     FAMILY_MASK, VALUES, SCALE, GRAD_ALPHA_Q, END}, 4, FAMILY_ORDER,
+     {FAMILY_GRADS("H"), OEND}, FAMILY(ATT_SCORE_DOT)},
+    {"general_attention", {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK,
+     VALUES, OPT(X_KPROJ, "(..., T, Hq)"), END}, 3, FAMILY_ORDER,
+     {FAMILY_OUTS, OEND}, FAMILY(ATT_SCORE_GENERAL)},
+    {"general_attention_backward", {GRAD_OUT_Q, QUERY("Hq"), KEYS,
+     W_GENERAL, ALPHA_Q, FAMILY_MASK, VALUES, GRAD_ALPHA_Q,
+     OPT(X_KPROJ, "(..., T, Hq)"), FLAG(X_GRAD_KPROJ), END}, 5,
+     FAMILY_ORDER,
+     {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"),
+      RES_EXTRA(Y_DKPROJ, "(..., T, Hq)", X_GRAD_KPROJ), OEND},
+     FAMILY(ATT_SCORE_GENERAL)},
+    {"project_keys", {KEYS, ARR(X_W, "(A, L)"), END}, 2, {X_KEYS, -1},
+     {RES(Y_KPROJ, "(..., T, A)"), OEND}, 1, 0, check_project, w_project,
+     k_project_keys, .nargs = 0},
+    {"project_keys_backward", {ARR(X_GRAD_PROJ, "(..., T, A)"), KEYS,
+     ARR(X_W, "(A, L)"), END}, 3, {X_KEYS, X_W, -1},
+     {RES(Y_DKEYS, "(..., T, H)"), RES(Y_DW, "(A, L)"), OEND}, 1, 0,
+     check_project, w_project, k_project_keys_backward, .nargs = 0},
+};
+
+#define N_FUNCS ((int)(sizeof(funcs) / sizeof(funcs[0])))
+
+/* Parses the table's patterns and makes each row's keyword list and
+ * format, once. */
+static int init_table(void)
+{
+    for (int f = 0; f < N_FUNCS; f++) {
+        FuncSpec *fn = &funcs[f];
+        size_t len = 0;
+        for (int id = 0; id < N_ARG_IDS; id++) {
+            fn->pos[id] = -1;
+        }
+        for (int id = 0; id < N_OUT_IDS; id++) {
+            fn->opos[id] = -1;
+        }
+        for (fn->nargs = 0; fn->nargs < MAX_ARGS &&
+                            fn->args[fn->nargs].id >= 0; fn->nargs++) {
+            ArgSpec *a = &fn->args[fn->nargs];
+            fn->pos[a->id] = fn->nargs;
+            fn->kwlist[fn->nargs] = (char *)arg_names[a->id];
+            if (a->shape != NULL && parse_pattern(a->shape, &a->pat) < 0) {
+                return -1;
+            }
+            if (fn->nargs == fn->nreq) {
+                fn->format[len++] = '|';
+            }
+            fn->format[len++] = 'O';
+        }
+        fn->kwlist[fn->nargs] = NULL;
+        PyOS_snprintf(fn->format + len, sizeof fn->format - len, ":%s",
+                      fn->name);
+        for (fn->nouts = 0; fn->nouts < MAX_OUTS &&
+                            fn->outs[fn->nouts].shape != NULL;
+             fn->nouts++) {
+            OutSpec *o = &fn->outs[fn->nouts];
+            fn->opos[o->id] = fn->nouts;
+            if (parse_pattern(o->shape, &o->pat) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* One entry point per row (CPython passes no row to a C function). */
+#define ENTRY(i)                                                             \
+    static PyObject *entry_##i(PyObject *self, PyObject *args, PyObject *kw) \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, kw);                           \
+    }
+ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
+ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
+ENTRY(15) ENTRY(16) ENTRY(17)
+#undef ENTRY
+
+static PyObject *(*const entries[])(PyObject *, PyObject *, PyObject *) = {
+    entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
+    entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
+    entry_15, entry_16, entry_17};
 
 /* ---------------------------------------------------------------------
  * Private: the instruction set, and the vector tanh for the tests
@@ -1094,8 +1479,10 @@ static PyObject *py_tanh(PyObject *self, PyObject *args)
     }
     npy_intp n = PyArray_SIZE(x);
     Py_BEGIN_ALLOW_THREADS
-    st = tn == NPY_FLOAT ? att_tanh_f32(level, n, PyArray_DATA(x), OUT(y))
-                         : att_tanh_f64(level, n, PyArray_DATA(x), OUT(y));
+    st = tn == NPY_FLOAT ? att_tanh_f32(level, n, PyArray_DATA(x),
+                                      PyArray_DATA((PyArrayObject *)y))
+                         : att_tanh_f64(level, n, PyArray_DATA(x),
+                                      PyArray_DATA((PyArrayObject *)y));
     Py_END_ALLOW_THREADS
     if (check_status(st) < 0) {
         Py_CLEAR(y);
@@ -1109,21 +1496,7 @@ done:
  * The module
  */
 
-#define METHOD(name)                                                         \
-    {#name, (PyCFunction)(void (*)(void))py_##name,                          \
-     METH_VARARGS | METH_KEYWORDS, NULL}
-
-static PyMethodDef methods[] = {
-    METHOD(mean_context),
-    METHOD(mean_context_backward),
-    METHOD(additive_score),
-    METHOD(additive_score_backward),
-    METHOD(masked_softmax),
-    METHOD(masked_softmax_backward),
-    METHOD(weighted_sum),
-    METHOD(weighted_sum_backward),
-    METHOD(context_attention),
-    METHOD(context_attention_backward),
+static PyMethodDef private_methods[] = {
     {"_simd_best", py_simd_best, METH_NOARGS,
      "Name of the widest SIMD path this CPU runs."},
     {"_get_simd", py_get_simd, METH_NOARGS,
@@ -1145,8 +1518,12 @@ static PyMethodDef methods[] = {
      "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
-    {NULL, NULL, 0, NULL}
 };
+
+#define N_PRIVATE ((int)(sizeof(private_methods) / sizeof(private_methods[0])))
+
+/* The rows of the table, then the private functions; made at import. */
+static PyMethodDef methods[N_FUNCS + N_PRIVATE + 1];
 
 /* Stops the pool's threads when the module goes (interpreter exit). */
 static void module_free(void *m)
@@ -1181,6 +1558,22 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
+    if ((int)(sizeof(entries) / sizeof(entries[0])) != N_FUNCS) {
+        PyErr_SetString(PyExc_SystemError, "attention_c: one entry point "
+                        "per row of the table");
+        return NULL;
+    }
+    if (init_table() < 0) {
+        return NULL;
+    }
+    for (int f = 0; f < N_FUNCS; f++) {
+        methods[f] = (PyMethodDef){funcs[f].name,
+                                   (PyCFunction)(void (*)(void))entries[f],
+                                   METH_VARARGS | METH_KEYWORDS, NULL};
+    }
+    for (int p = 0; p < N_PRIVATE; p++) {
+        methods[N_FUNCS + p] = private_methods[p];
+    }
     simd_level = att_simd_best();
     PyObject *m = PyModule_Create(&module);
 #if defined(__clang__)

@@ -13,7 +13,54 @@
 #include "attention.h"
 #include "pool.h"
 
-#define ATT_FAST_DECLARE(R, SFX)                                             \
+/*
+ * The primitives the attention family is built from (kernels.c's
+ * family_impl.h runs the loops, threads and scratch around them), one
+ * table per type and instruction set:
+ *   gemm      C (M x N) = alpha A B + beta C (beta 0 or 1; C is not read
+ *             when beta is 0).  A(i, k) = A[i ars + k acs], B(k, j) =
+ *             B[k brs + j bcs]; rows k with kmask[k] == 0 count as zero
+ *             (padding: a NaN there stays out).  Each C element is summed
+ *             over k in one fixed order, whatever M.  work: gemm_work
+ *             elements.
+ *   add_scores           s_t = v . tanh(qp + kp_t) for the valid t (0 for
+ *                        the others); rows of apad elements, zero past A.
+ *   add_scores_backward  for the valid t, with u = tanh(qp + kp_t) and
+ *                        e = delta_t v (1 - u^2): dv += delta_t u,
+ *                        eq += e, ek_t += e.
+ *   softmax, softmax_backward  one row, as seq_softmax and
+ *                        seq_softmax_backward of kernels_impl.h.
+ * apad, the padded width of the additive rows, is a multiple of vlen.
+ */
+#define ATT_OPS_DECLARE(R, SFX)                                              \
+    typedef struct {                                                         \
+        ptrdiff_t vlen;                                                      \
+        ptrdiff_t gemm_work;                                                 \
+        void (*gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,         \
+                     const R *A, ptrdiff_t ars, ptrdiff_t acs, const R *B,   \
+                     ptrdiff_t brs, ptrdiff_t bcs,                           \
+                     const unsigned char *kmask, R beta, R *C,               \
+                     ptrdiff_t ldc, R *work);                                \
+        void (*add_scores)(ptrdiff_t T, ptrdiff_t apad, const R *qp,        \
+                           const R *kp, ptrdiff_t ldk, const R *v,           \
+                           const unsigned char *m, R *s);                    \
+        void (*add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,             \
+                                    const R *qp, const R *kp,                \
+                                    ptrdiff_t ldk, const R *v,               \
+                                    const R *delta, const unsigned char *m,  \
+                                    R *eq, R *ek, ptrdiff_t lde, R *dv);     \
+        void (*softmax)(ptrdiff_t T, const R *s, const unsigned char *m,     \
+                        R *alpha);                                           \
+        void (*softmax_backward)(ptrdiff_t T, const R *g, const R *alpha,    \
+                                 R *ds);                                     \
+    } att_ops_##SFX;
+
+ATT_OPS_DECLARE(float, f32)
+ATT_OPS_DECLARE(double, f64)
+
+#undef ATT_OPS_DECLARE
+
+#define ATT_FAST_DECLARE(R, SFX, T)                                             \
     size_t att_fast_workspace_##SFX(att_dims d, int backward, int threads);  \
     int att_fast_context_attention_##SFX(                                    \
         att_dims d, att_pool *pool, int threads, const R *h, const R *W,     \
@@ -25,14 +72,15 @@
         const R *alpha, const R *b, const unsigned char *mask,               \
         const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,       \
         void *work);                                                         \
-    void att_fast_tanh_##SFX(ptrdiff_t n, const R *x, R *y);
+    void att_fast_tanh_##SFX(ptrdiff_t n, const R *x, R *y);                 \
+    void att_fast_ops_##SFX(att_ops_##T *ops);
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define ATT_HAVE_X86 1
-ATT_FAST_DECLARE(float, f32_avx512)
-ATT_FAST_DECLARE(double, f64_avx512)
-ATT_FAST_DECLARE(float, f32_avx2)
-ATT_FAST_DECLARE(double, f64_avx2)
+ATT_FAST_DECLARE(float, f32_avx512, f32)
+ATT_FAST_DECLARE(double, f64_avx512, f64)
+ATT_FAST_DECLARE(float, f32_avx2, f32)
+ATT_FAST_DECLARE(double, f64_avx2, f64)
 #endif
 
 #undef ATT_FAST_DECLARE

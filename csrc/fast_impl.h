@@ -1068,6 +1068,9 @@ void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
     }
 }
 
+/* The attention family's primitives, on the same micro-kernels */
+#include "fast_ops_impl.h"
+
 /* This file consumes its parameters, so that the next type can set them */
 #undef NR
 #undef MC

@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "attention.h"
 #include "fast.h"
@@ -89,6 +90,41 @@ static ptrdiff_t fast_bytes(size_t bytes)
                                                      : (ptrdiff_t)bytes;
 }
 
+/* a * b, a + b, or -1 when an operand is negative or the result would
+ * not fit: byte counts of the family's scratch. */
+static ptrdiff_t mul_or_neg(ptrdiff_t a, ptrdiff_t b)
+{
+    if (a < 0 || b < 0 || (a != 0 && b > PTRDIFF_MAX / a)) {
+        return -1;
+    }
+    return a * b;
+}
+
+static ptrdiff_t add_or_neg(ptrdiff_t a, ptrdiff_t b)
+{
+    return a < 0 || b < 0 || b > PTRDIFF_MAX - a ? -1 : a + b;
+}
+
+/* Scratch carved from one buffer in 64-byte aligned parts; with base
+ * NULL it only counts.  A negative count marks the arena overflowed. */
+typedef struct {
+    char *base;
+    size_t used;
+    int overflow;
+} arena;
+
+static void *arena_take(arena *ar, ptrdiff_t n, size_t size)
+{
+    if (n < 0 || (size != 0 && (size_t)n > ((size_t)PTRDIFF_MAX / 2 -
+                                            ar->used) / size)) {
+        ar->overflow = 1;
+        return NULL;
+    }
+    void *p = ar->base ? ar->base + ar->used : NULL;
+    ar->used += ((size_t)n * size + 63) / 64 * 64;
+    return n > 0 ? p : NULL;
+}
+
 /* name_<type>_avx512 or name_<type>_avx2, for the type TSFX. */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -102,6 +138,7 @@ static ptrdiff_t fast_bytes(size_t bytes)
 #define TANH tanhf
 #define EXP expf
 #include "kernels_impl.h"
+#include "family_impl.h"
 #undef REAL
 #undef SFX
 #undef TSFX
@@ -114,6 +151,7 @@ static ptrdiff_t fast_bytes(size_t bytes)
 #define TANH tanh
 #define EXP exp
 #include "kernels_impl.h"
+#include "family_impl.h"
 #undef REAL
 #undef SFX
 #undef TSFX

@@ -677,5 +677,3 @@ int SFX(att_tanh)(int simd, ptrdiff_t n, const REAL *x, REAL *y)
     }
     return ATT_OK;
 }
-
-#undef VALID
