@@ -445,6 +445,14 @@ _FAMILY_SHAPES = """
 """
 
 
+def _family_grads(kind, result):
+    """The named tuple of gradients, and grad_key_proj after it when the
+    kernel returned one (stop_at_key_proj)."""
+    n = len(kind._fields)
+    grads = kind(*result[:n])
+    return (grads, result[n]) if len(result) > n else grads
+
+
 def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
                        key_proj=None):
     """Additive (Bahdanau, Luong "concat") attention of queries over keys.
@@ -495,7 +503,7 @@ def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
 
 def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
                                 mask=None, values=None, grad_alpha=None,
-                                key_proj=None):
+                                key_proj=None, stop_at_key_proj=False):
     """Gradients of :func:`additive_attention` in one call.
 
     ``delta_it = alpha_it (gamma_it - sum_j alpha_ij gamma_ij)`` with
@@ -513,16 +521,32 @@ def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
     alpha : array_like, the shape of the forward's ``alpha``
     grad_alpha : array_like, the shape of ``alpha``, optional
         Gradient of the loss with respect to ``alpha``, if it uses it.
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: stop the gradient there (see Notes).
 
     Returns
     -------
     AdditiveAttentionGrads
         ``(query, keys, values, W, v, b)``; ``values`` is None when no
         values were given, ``b`` when no bias was.
+    grad_key_proj : ndarray (..., T, A)
+        Only with ``stop_at_key_proj=True``: the gradient of ``key_proj``.
+
+    Notes
+    -----
+    A decoder loop attends to the same keys at every step.  With
+    ``stop_at_key_proj=True`` each step's backward stops at ``key_proj``:
+    it returns ``(grads, grad_key_proj)``, and ``grads.keys`` and
+    ``grads.W`` leave out the projection's share (``keys`` keeps only the
+    values' share, ``W[:, :H]`` is 0).  Sum ``grad_key_proj`` over the
+    steps and call :func:`project_keys_backward` once per sequence: the
+    keys' products then run once per sequence in both directions, as
+    autograd does them in PyTorch.
     """
-    return AdditiveAttentionGrads(*_core.additive_attention_backward(
-        grad_out, query, keys, W, v, alpha, b, mask, values, grad_alpha,
-        key_proj))
+    return _family_grads(AdditiveAttentionGrads,
+                         _core.additive_attention_backward(
+                             grad_out, query, keys, W, v, alpha, b, mask,
+                             values, grad_alpha, key_proj, stop_at_key_proj))
 
 
 def dot_attention(query, keys, mask=None, values=None, scale=None):
@@ -617,7 +641,8 @@ def general_attention(query, keys, W, mask=None, values=None,
 
 
 def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
-                               values=None, grad_alpha=None, key_proj=None):
+                               values=None, grad_alpha=None, key_proj=None,
+                               stop_at_key_proj=False):
     """Gradients of :func:`general_attention` in one call.
 
     ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
@@ -630,16 +655,22 @@ def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
         As given to :func:`general_attention`.
     alpha : array_like, the forward's ``alpha``
     grad_alpha : array_like, the shape of ``alpha``, optional
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: stop the gradient there and also return it, as
+        in :func:`additive_attention_backward`.
 
     Returns
     -------
     GeneralAttentionGrads
         ``(query, keys, values, W)``; ``values`` is None when no values
         were given.
+    grad_key_proj : ndarray (..., T, Hq)
+        Only with ``stop_at_key_proj=True``.
     """
-    return GeneralAttentionGrads(*_core.general_attention_backward(
-        grad_out, query, keys, W, alpha, mask, values, grad_alpha,
-        key_proj))
+    return _family_grads(GeneralAttentionGrads,
+                         _core.general_attention_backward(
+                             grad_out, query, keys, W, alpha, mask, values,
+                             grad_alpha, key_proj, stop_at_key_proj))
 
 
 def project_keys(keys, W):

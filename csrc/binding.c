@@ -310,7 +310,7 @@ enum {
 static const char *const arg_names[N_ARG_IDS] = {
     "h", "mask", "grad_c", "context", "W", "v", "b", "grad_s", "scores",
     "grad_alpha", "alpha", "grad_out", "keep_activations", "activations",
-    "query", "keys", "values", "key_proj", "scale", "grad_key_proj",
+    "query", "keys", "values", "key_proj", "scale", "stop_at_key_proj",
     "grad_proj"};
 
 enum {
@@ -1081,12 +1081,12 @@ static int k_family(Call *c)
     FAMILY_CALL(double, f64);
 }
 
-/* grad_key_proj (the PyTorch adapter's: stop at key_proj) needs it. */
+/* stop_at_key_proj needs the key_proj to stop at. */
 static int check_family(Call *c)
 {
     if (given(c, X_GRAD_KPROJ) && !given(c, X_KPROJ)) {
         PyErr_SetString(PyExc_ValueError,
-                        "grad_key_proj=True needs key_proj: the gradient "
+                        "stop_at_key_proj=True needs key_proj: the gradient "
                         "stops at the projected keys given");
         return -1;
     }

@@ -48,6 +48,14 @@ static void SFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
     }
 }
 
+static void SFX(gemv)(ptrdiff_t N, ptrdiff_t K, REAL alpha, const REAL *a,
+                      const REAL *B, ptrdiff_t brs, ptrdiff_t bcs,
+                      const unsigned char *kmask, REAL beta, REAL *c,
+                      REAL *work)
+{
+    SFX(gemm)(1, N, K, alpha, a, K, 1, B, brs, bcs, kmask, beta, c, N, work);
+}
+
 static void SFX(add_scores)(ptrdiff_t T, ptrdiff_t apad, const REAL *qp,
                             const REAL *kp, ptrdiff_t ldk, const REAL *v,
                             const unsigned char *m, REAL *s)
@@ -65,16 +73,21 @@ static void SFX(add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,
                                      const REAL *qp, const REAL *kp,
                                      ptrdiff_t ldk, const REAL *v,
                                      const REAL *delta,
-                                     const unsigned char *m, REAL *eq,
-                                     REAL *ek, ptrdiff_t lde, REAL *dv)
+                                     const unsigned char *m, int first,
+                                     REAL *eq, REAL *ek, ptrdiff_t lde,
+                                     REAL *dv)
 {
+    SFX(fill_zero)(apad, eq);
     for (ptrdiff_t t = 0; t < T; t++) {
+        if (first && !VALID(m, t)) {
+            SFX(fill_zero)(apad, ek + t * lde);
+        }
         for (ptrdiff_t a = 0; VALID(m, t) && a < apad; a++) {
             REAL u = TANH(qp[a] + kp[t * ldk + a]);
             REAL e = delta[t] * v[a] * (1 - u * u);
             dv[a] += delta[t] * u;
             eq[a] += e;
-            ek[t * lde + a] += e;
+            ek[t * lde + a] = first ? e : ek[t * lde + a] + e;
         }
     }
 }
@@ -92,6 +105,7 @@ static void SFX(family_ops)(int simd, OPS *ops)
     ops->vlen = 1;
     ops->gemm_work = 0;
     ops->gemm = SFX(gemm);
+    ops->gemv = SFX(gemv);
     ops->add_scores = SFX(add_scores);
     ops->add_scores_backward = SFX(add_scores_backward);
     ops->softmax = SFX(seq_softmax);
@@ -333,6 +347,36 @@ static void SFX(project)(SFX(fjob) *j)
     SFX(zero_cols)(1, A, j->apad, j->vp);
 }
 
+/* A product of one sequence's queries.  With one query per sequence (the
+ * same in every task, whatever the threads) it is a matrix-vector product
+ * (M = 1) or an outer product (K = 1, from the query axis). */
+static void SFX(product)(const SFX(fjob) *j, ptrdiff_t M, ptrdiff_t N,
+                         ptrdiff_t K, REAL alpha, const REAL *A,
+                         ptrdiff_t ars, ptrdiff_t acs, const REAL *B,
+                         ptrdiff_t brs, ptrdiff_t bcs,
+                         const unsigned char *kmask, REAL beta, REAL *C,
+                         ptrdiff_t ldc, REAL *work)
+{
+    if (j->f.Tq == 1 && M == 1 && acs == 1) {
+        j->ops.gemv(N, K, alpha, A, B, brs, bcs, kmask, beta, C, work);
+        return;
+    }
+    if (j->f.Tq == 1 && K == 1) {
+        int live = kmask == NULL || kmask[0];
+        for (ptrdiff_t i = 0; i < M; i++) {
+            REAL a = live ? alpha * A[i * ars] : 0;
+            REAL *c = C + i * ldc;
+            for (ptrdiff_t n = 0; n < N; n++) {
+                REAL x = live ? a * B[n * bcs] : 0;
+                c[n] = beta == 0 ? x : beta * c[n] + x;
+            }
+        }
+        return;
+    }
+    j->ops.gemm(M, N, K, alpha, A, ars, acs, B, brs, bcs, kmask, beta, C,
+                ldc, work);
+}
+
 /* ---------------------------------------------------------------------
  * Forward: one task per block of queries of one sequence
  */
@@ -359,11 +403,11 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     }
     else {           /* S = scale Q K^T, or Q kp^T: K^T read transposed */
         int dot = f->score == ATT_SCORE_DOT;
-        j->ops.gemm(nq, f->T, f->Hq, dot ? in->scale : 1,
-                    in->query + row * f->Hq, f->Hq, 1,
-                    dot ? in->keys + b * f->T * f->H : j->kp + b * f->T *
-                    j->ldk, 1, dot ? f->H : j->ldk, NULL, 0, alpha, f->T,
-                    work);
+        SFX(product)(j, nq, f->T, f->Hq, dot ? in->scale : 1,
+                     in->query + row * f->Hq, f->Hq, 1,
+                     dot ? in->keys + b * f->T * f->H : j->kp + b * f->T *
+                     j->ldk, 1, dot ? f->H : j->ldk, NULL, 0, alpha, f->T,
+                     work);
     }
     /* 2. alpha = masked softmax of each row, in place */
     for (ptrdiff_t i = 0; i < nq; i++) {
@@ -371,10 +415,10 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
                        alpha + i * f->T);
     }
     /* 3. out = alpha V, padding keys left out */
-    j->ops.gemm(nq, f->Hv, f->T, 1, alpha, f->T, 1,
+    SFX(product)(j, nq, f->Hv, f->T, 1, alpha, f->T, 1,
                 j->vals + b * f->T * f->Hv, f->Hv, 1,
-                j->live_k ? j->live_k + b * f->T : NULL, 0,
-                j->out->out + row * f->Hv, f->Hv, work);
+                 j->live_k ? j->live_k + b * f->T : NULL, 0,
+                 j->out->out + row * f->Hv, f->Hv, work);
 }
 
 int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
@@ -421,8 +465,8 @@ static void SFX(backward_task)(void *arg, ptrdiff_t b, int thread)
     const unsigned char *lk = j->live_k ? j->live_k + b * T : NULL;
     const unsigned char *lq = j->live_q ? j->live_q + b * Tq : NULL;
     /* out = alpha V  ->  gamma = G V^T + ga;  dV = alpha^T G */
-    j->ops.gemm(Tq, T, Hv, 1, G, Hv, 1, j->vals + b * T * Hv, 1, Hv, NULL,
-                0, delta, T, work);
+    SFX(product)(j, Tq, T, Hv, 1, G, Hv, 1, j->vals + b * T * Hv, 1, Hv,
+                 NULL, 0, delta, T, work);
     for (ptrdiff_t i = 0; i < Tq; i++) {
         const unsigned char *m = SFX(mask_row)(j, b, i);
         const REAL *ga = in->grad_alpha ? in->grad_alpha + (b * Tq + i) * T
@@ -436,34 +480,33 @@ static void SFX(backward_task)(void *arg, ptrdiff_t b, int thread)
     }
     REAL *dV = in->values ? out->dvalues + b * T * Hv
                           : out->dkeys + b * T * f->H;
-    j->ops.gemm(T, Hv, Tq, 1, al, 1, T, G, Hv, 1, lq, 0, dV, Hv, work);
+    SFX(product)(j, T, Hv, Tq, 1, al, 1, T, G, Hv, 1, lq, 0, dV, Hv, work);
     /* the scores' backward */
     REAL beta_k = in->values ? 0 : 1;           /* dkeys already holds dV */
     if (f->score == ATT_SCORE_DOT) {            /* dQ = s D K, dK = s D^T Q */
-        j->ops.gemm(Tq, f->H, T, in->scale, delta, T, 1, K, f->H, 1, lk, 0,
-                    out->dquery + b * Tq * f->Hq, f->Hq, work);
-        j->ops.gemm(T, f->H, Tq, in->scale, delta, 1, T, Q, f->Hq, 1, lq,
-                    beta_k, out->dkeys + b * T * f->H, f->H, work);
+        SFX(product)(j, Tq, f->H, T, in->scale, delta, T, 1, K, f->H, 1, lk,
+                     0, out->dquery + b * Tq * f->Hq, f->Hq, work);
+        SFX(product)(j, T, f->H, Tq, in->scale, delta, 1, T, Q, f->Hq, 1, lq,
+                     beta_k, out->dkeys + b * T * f->H, f->H, work);
     }
     else if (f->score == ATT_SCORE_GENERAL) {   /* on kp: dQ, dkp */
         REAL *dkp = out->dkproj ? out->dkproj : j->dkp;
-        j->ops.gemm(Tq, f->Hq, T, 1, delta, T, 1, j->kp + b * T * j->ldk,
-                    j->ldk, 1, lk, 0, out->dquery + b * Tq * f->Hq, f->Hq,
-                    work);
-        j->ops.gemm(T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, 1, lq, 0,
-                    dkp + b * T * f->P, f->P, work);
+        SFX(product)(j, Tq, f->Hq, T, 1, delta, T, 1,
+                     j->kp + b * T * j->ldk, j->ldk, 1, lk, 0,
+                     out->dquery + b * Tq * f->Hq, f->Hq, work);
+        SFX(product)(j, T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, 1, lq, 0,
+                     dkp + b * T * f->P, f->P, work);
     }
     else {                                      /* eq, ek, dv by pairs */
         REAL *eq = j->eq + b * Tq * j->apad, *ek = j->ek + b * T * j->apad;
         REAL *dv = j->dvpart + b * j->apad;
-        memset(eq, 0, (size_t)(Tq * j->apad) * sizeof(REAL));
-        memset(ek, 0, (size_t)(T * j->apad) * sizeof(REAL));
         memset(dv, 0, (size_t)j->apad * sizeof(REAL));
         for (ptrdiff_t i = 0; i < Tq; i++) {
             j->ops.add_scores_backward(
                 T, j->apad, j->qp + (b * Tq + i) * j->apad,
                 j->kp + b * T * j->ldk, j->ldk, j->vp, delta + i * T,
-                SFX(mask_row)(j, b, i), eq + i * j->apad, ek, j->apad, dv);
+                SFX(mask_row)(j, b, i), i == 0, eq + i * j->apad, ek,
+                j->apad, dv);
         }
     }
 }
@@ -504,7 +547,7 @@ static void SFX(project_backward)(SFX(fjob) *j)
             SFX(sum_cols)(BTq, P, j->eq, j->apad, out->db);
         }
         SFX(sum_cols)(f->B, P, j->dvpart, j->apad, out->dv);
-        if (stop) {
+        if (stop && j->ek != out->dkproj) {
             for (ptrdiff_t r = 0; r < BT; r++) {
                 memcpy(out->dkproj + r * P, j->ek + r * j->apad,
                        (size_t)P * sizeof(REAL));
@@ -540,6 +583,10 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
         return ATT_EINVAL;
     }
     j.vals = in->values ? in->values : in->keys;
+    if (out->dkproj != NULL && f->score == ATT_SCORE_ADDITIVE &&
+        j.apad == f->P) {
+        j.ek = out->dkproj;       /* the caller's dL/dkp: no copy */
+    }
     SFX(find_live)(&j);
     SFX(project)(&j);
     att_pool_run(j.ex.pool, j.threads, f->B, SFX(backward_task), &j);

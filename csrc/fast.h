@@ -23,11 +23,15 @@
  *             (padding: a NaN there stays out).  Each C element is summed
  *             over k in one fixed order, whatever M.  work: gemm_work
  *             elements.
+ *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
+ *             in an order of its own; used when every product of a call
+ *             has one row, so that results still depend on sizes only.
  *   add_scores           s_t = v . tanh(qp + kp_t) for the valid t (0 for
  *                        the others); rows of apad elements, zero past A.
  *   add_scores_backward  for the valid t, with u = tanh(qp + kp_t) and
  *                        e = delta_t v (1 - u^2): dv += delta_t u,
- *                        eq += e, ek_t += e.
+ *                        eq = sum_t e, ek_t += e (ek_t = e, and 0 for
+ *                        masked t, when `first`).
  *   softmax, softmax_backward  one row, as seq_softmax and
  *                        seq_softmax_backward of kernels_impl.h.
  * apad, the padded width of the additive rows, is a multiple of vlen.
@@ -41,6 +45,9 @@
                      ptrdiff_t brs, ptrdiff_t bcs,                           \
                      const unsigned char *kmask, R beta, R *C,               \
                      ptrdiff_t ldc, R *work);                                \
+        void (*gemv)(ptrdiff_t N, ptrdiff_t K, R alpha, const R *a,          \
+                     const R *B, ptrdiff_t brs, ptrdiff_t bcs,               \
+                     const unsigned char *kmask, R beta, R *c, R *work);     \
         void (*add_scores)(ptrdiff_t T, ptrdiff_t apad, const R *qp,        \
                            const R *kp, ptrdiff_t ldk, const R *v,           \
                            const unsigned char *m, R *s);                    \
@@ -48,7 +55,8 @@
                                     const R *qp, const R *kp,                \
                                     ptrdiff_t ldk, const R *v,               \
                                     const R *delta, const unsigned char *m,  \
-                                    R *eq, R *ek, ptrdiff_t lde, R *dv);     \
+                                    int first, R *eq, R *ek, ptrdiff_t lde,  \
+                                    R *dv);                                  \
         void (*softmax)(ptrdiff_t T, const R *s, const unsigned char *m,     \
                         R *alpha);                                           \
         void (*softmax_backward)(ptrdiff_t T, const R *g, const R *alpha,    \

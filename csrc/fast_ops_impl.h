@@ -16,11 +16,16 @@
 #define OPS_T att_ops_f64
 #endif
 
+/* Blocking: a KC x GNC block of B and a GMC x KC block of A are packed
+ * once and reused by every micro-tile that needs them (B stays in L2, a
+ * KC x NR panel of it in L1).  GMC is a multiple of every MR. */
 #define KC 256
+#define GNC 512
+#define GMC 96
 
-/* Elements of scratch one gemm call needs: a B panel, an A micro-panel,
- * a row of zeros and a tile. */
-#define GEMM_WORK (KC * NR + KC * MR + KC + MR * NR)
+/* Elements of scratch one gemm call needs: the B and A blocks, a row of
+ * zeros and a tile. */
+#define GEMM_WORK (KC * GNC + KC * GMC + KC + MR * NR)
 
 /* Bp (kc x NR) = rows k0 .. k0 + kc, columns j0 .. j0 + nc of B, zero
  * past nc and in the rows kmask marks as padding. */
@@ -50,21 +55,61 @@ static void FSFX(pack_panel)(ptrdiff_t kc, ptrdiff_t nc, const REAL *B,
     }
 }
 
+/* Row 0 of a tile: the micro-kernel's arithmetic for one row (the same
+ * FMAs in the same order, so a row gives the same bits either way), for
+ * the rows of a partial micro-panel.  a(k) = a[k * astep]. */
+static void FSFX(micro_kernel_row)(ptrdiff_t K, const REAL *restrict a,
+                                   ptrdiff_t astep, const REAL *restrict Bp,
+                                   REAL *restrict tile)
+{
+    VEC c0 = VZERO(), c1 = VZERO();
+    for (ptrdiff_t k = 0; k < K; k++) {
+        VEC ak = VSET1(a[k * astep]);
+        c0 = VFMA(ak, VLOAD(Bp + k * NR), c0);
+        c1 = VFMA(ak, VLOAD(Bp + k * NR + VLEN), c1);
+    }
+    VSTORE(tile, c0);
+    VSTORE(tile + VLEN, c1);
+}
+
 /* C rows (mr x nc) = beta C + alpha tile; C is not read when beta = 0. */
 static void FSFX(gemm_store)(const REAL *tile, ptrdiff_t mr, ptrdiff_t nc,
                              REAL alpha, REAL beta, REAL *C, ptrdiff_t ldc)
 {
+    VEC va = VSET1(alpha), vb = VSET1(beta);
     for (ptrdiff_t r = 0; r < mr; r++) {
         REAL *c = C + r * ldc;
         const REAL *t = tile + r * NR;
-        if (beta == 0) {
-            for (ptrdiff_t j = 0; j < nc; j++) {
-                c[j] = alpha * t[j];
+        if (nc == NR) {
+            for (int h = 0; h < NR; h += VLEN) {
+                VEC x = VMUL(va, VLOAD(t + h));
+                VSTORE(c + h, beta == 0 ? x : VFMA(vb, VLOAD(c + h), x));
             }
+            continue;
         }
-        else {
-            for (ptrdiff_t j = 0; j < nc; j++) {
-                c[j] = beta * c[j] + alpha * t[j];
+        for (ptrdiff_t j = 0; j < nc; j++) {
+            c[j] = beta == 0 ? alpha * t[j] : beta * c[j] + alpha * t[j];
+        }
+    }
+}
+
+/* Ap: the rows of A (mc x kc, A(i, k) = A[i ars + k acs]) as micro-panels
+ * of MR rows, k-major, zero past mc. */
+static void FSFX(pack_rows)(ptrdiff_t mc, ptrdiff_t kc, const REAL *A,
+                            ptrdiff_t ars, ptrdiff_t acs, REAL *Ap)
+{
+    for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+        REAL *dst = Ap + r0 * kc;
+        ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+        if (ars == 1 && mr == MR) {      /* A transposed: columns copy */
+            for (ptrdiff_t k = 0; k < kc; k++) {
+                memcpy(dst + k * MR, A + r0 + k * acs, MR * sizeof(REAL));
+            }
+            continue;
+        }
+        for (ptrdiff_t k = 0; k < kc; k++) {
+            for (ptrdiff_t r = 0; r < MR; r++) {
+                dst[k * MR + r] = r < mr ? A[(r0 + r) * ars + k * acs] : 0;
             }
         }
     }
@@ -76,7 +121,7 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                        const unsigned char *kmask, REAL beta, REAL *C,
                        ptrdiff_t ldc, REAL *work)
 {
-    REAL *Bp = work, *Ap = Bp + KC * NR, *zero = Ap + KC * MR;
+    REAL *Bb = work, *Ab = Bb + KC * GNC, *zero = Ab + KC * GMC;
     REAL *tile = zero + KC;
     if (K == 0) {
         for (ptrdiff_t i = 0; i < M; i++) {
@@ -87,37 +132,85 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
         return;
     }
     memset(zero, 0, KC * sizeof(REAL));
-    for (ptrdiff_t k0 = 0; k0 < K; k0 += KC) {
-        ptrdiff_t kc = K - k0 < KC ? K - k0 : KC;
-        REAL bk = k0 == 0 ? beta : 1;     /* later K blocks accumulate */
-        const unsigned char *km = kmask ? kmask + k0 : NULL;
-        for (ptrdiff_t j0 = 0; j0 < N; j0 += NR) {
-            ptrdiff_t nc = N - j0 < NR ? N - j0 : NR;
-            FSFX(pack_panel)(kc, nc, B + k0 * brs + j0 * bcs, brs, bcs, km,
-                             Bp);
-            for (ptrdiff_t i0 = 0; i0 < M; i0 += MR) {
-                ptrdiff_t mr = M - i0 < MR ? M - i0 : MR;
-                const REAL *Ai = A + i0 * ars + k0 * acs;
-                if (acs == 1) {
-                    const REAL *rows[MR];
-                    for (ptrdiff_t r = 0; r < MR; r++) {
-                        rows[r] = r < mr ? Ai + r * ars : zero;
-                    }
-                    FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
+    int packed = acs != 1;        /* else rows of A are read in place */
+    for (ptrdiff_t jc = 0; jc < N; jc += GNC) {
+        ptrdiff_t nc = N - jc < GNC ? N - jc : GNC;
+        for (ptrdiff_t k0 = 0; k0 < K; k0 += KC) {
+            ptrdiff_t kc = K - k0 < KC ? K - k0 : KC;
+            REAL bk = k0 == 0 ? beta : 1;     /* later K blocks add up */
+            for (ptrdiff_t p = 0; p * NR < nc; p++) {
+                FSFX(pack_panel)(kc, nc - p * NR < NR ? nc - p * NR : NR,
+                                 B + k0 * brs + (jc + p * NR) * bcs, brs,
+                                 bcs, kmask ? kmask + k0 : NULL,
+                                 Bb + p * kc * NR);
+            }
+            for (ptrdiff_t ic = 0; ic < M; ic += GMC) {
+                ptrdiff_t mc = M - ic < GMC ? M - ic : GMC;
+                const REAL *Ai = A + ic * ars + k0 * acs;
+                if (packed) {
+                    FSFX(pack_rows)(mc, kc, Ai, ars, acs, Ab);
                 }
-                else {
-                    for (ptrdiff_t k = 0; k < kc; k++) {
-                        for (ptrdiff_t r = 0; r < MR; r++) {
-                            Ap[k * MR + r] = r < mr ? Ai[r * ars + k * acs]
-                                                    : 0;
+                for (ptrdiff_t p = 0; p * NR < nc; p++) {
+                    const REAL *Bp = Bb + p * kc * NR;
+                    ptrdiff_t nr = nc - p * NR < NR ? nc - p * NR : NR;
+                    for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+                        ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                        REAL *Ci = C + (ic + r0) * ldc + jc + p * NR;
+                        const REAL *Ap = Ab + r0 * kc;
+                        if (mr == MR && packed) {
+                            FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
                         }
+                        else if (mr == MR) {
+                            const REAL *rows[MR];
+                            for (ptrdiff_t r = 0; r < MR; r++) {
+                                rows[r] = Ai + (r0 + r) * ars;
+                            }
+                            FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
+                        }
+                        else {
+                            for (ptrdiff_t r = 0; r < mr; r++) {
+                                FSFX(micro_kernel_row)(
+                                    kc, packed ? Ap + r : Ai + (r0 + r) * ars,
+                                    packed ? MR : 1, Bp, tile + r * NR);
+                            }
+                        }
+                        FSFX(gemm_store)(tile, mr, nr, alpha, bk, Ci, ldc);
                     }
-                    FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
                 }
-                FSFX(gemm_store)(tile, mr, nc, alpha, bk,
-                                 C + i0 * ldc + j0, ldc);
             }
         }
+    }
+}
+
+/* c (N) = alpha a B + beta c for one row a (K): rows of B added in
+ * place when they are contiguous (bcs = 1), else one dot product per
+ * column (then kmask must be NULL). */
+static void FSFX(gemv)(ptrdiff_t N, ptrdiff_t K, REAL alpha, const REAL *a,
+                       const REAL *B, ptrdiff_t brs, ptrdiff_t bcs,
+                       const unsigned char *kmask, REAL beta, REAL *c,
+                       REAL *work)
+{
+    if (bcs != 1 && kmask == NULL && brs == 1) {
+        for (ptrdiff_t j = 0; j < N; j++) {
+            REAL x = alpha * FSFX(v_dot)(K, a, B + j * bcs);
+            c[j] = beta == 0 ? x : beta * c[j] + x;
+        }
+        return;
+    }
+    if (bcs != 1 || N > GEMM_WORK) {
+        FSFX(gemm)(1, N, K, alpha, a, K, 1, B, brs, bcs, kmask, beta, c, N,
+                   work);
+        return;
+    }
+    REAL *acc = work;     /* (N) */
+    memset(acc, 0, (size_t)N * sizeof(REAL));
+    for (ptrdiff_t k = 0; k < K; k++) {
+        if (kmask == NULL || kmask[k]) {
+            FSFX(axpy)(N, a[k], B + k * brs, acc);
+        }
+    }
+    for (ptrdiff_t j = 0; j < N; j++) {
+        c[j] = beta == 0 ? alpha * acc[j] : beta * c[j] + alpha * acc[j];
     }
 }
 
@@ -153,23 +246,28 @@ static void FSFX(add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,
                                       const REAL *qp, const REAL *kp,
                                       ptrdiff_t ldk, const REAL *v,
                                       const REAL *delta,
-                                      const unsigned char *m, REAL *eq,
-                                      REAL *ek, ptrdiff_t lde, REAL *dv)
+                                      const unsigned char *m, int first,
+                                      REAL *eq, REAL *ek, ptrdiff_t lde,
+                                      REAL *dv)
 {
     VEC one = VSET1(1);
+    memset(eq, 0, (size_t)apad * sizeof(REAL));
     for (ptrdiff_t t = 0; t < T; t++) {
+        REAL *et = ek + t * lde;
         if (m != NULL && !m[t]) {
+            if (first) {
+                memset(et, 0, (size_t)apad * sizeof(REAL));
+            }
             continue;
         }
         const REAL *kt = kp + t * ldk;
-        REAL *et = ek + t * lde;
         VEC g = VSET1(delta[t]);
         for (ptrdiff_t a = 0; a < apad; a += VLEN) {
             VEC u = FSFX(v_tanh)(VADD(VLOAD(qp + a), VLOAD(kt + a)));
             VEC e = VMUL(VMUL(g, VLOAD(v + a)), VSUB(one, VMUL(u, u)));
             VSTORE(dv + a, VFMA(g, u, VLOAD(dv + a)));
             VSTORE(eq + a, VADD(VLOAD(eq + a), e));
-            VSTORE(et + a, VADD(VLOAD(et + a), e));
+            VSTORE(et + a, first ? e : VADD(VLOAD(et + a), e));
         }
     }
 }
@@ -252,15 +350,28 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
 static void FSFX(softmax_backward_row)(ptrdiff_t T, const REAL *g,
                                        const REAL *alpha, REAL *ds)
 {
-    ptrdiff_t k = 0;
-    for (ptrdiff_t t = 1; t < T; t++) {
-        k = alpha[t] > alpha[k] ? t : k;
+    /* k: the first item of the largest weight (a vector max, then a
+     * search that stops there) */
+    VEC vmax = VSET1(0);
+    ptrdiff_t k = 0, t = 0;
+    for (; t + VLEN <= T; t += VLEN) {
+        vmax = VMAX(vmax, VLOAD(alpha + t));
+    }
+    REAL lanes[VLEN], top = 0;
+    VSTORE(lanes, vmax);
+    for (int l = 0; l < VLEN; l++) {
+        top = lanes[l] > top ? lanes[l] : top;
+    }
+    for (; t < T; t++) {
+        top = alpha[t] > top ? alpha[t] : top;
+    }
+    while (k < T - 1 && !(alpha[k] >= top)) {
+        k++;
     }
     REAL ref = g[k];
     VEC vref = VSET1(ref);
     double acc = 0;
-    ptrdiff_t t = 0;
-    for (; t + 64 <= T; t += 64) {
+    for (t = 0; t + 64 <= T; t += 64) {
         VEC blk = VZERO();
         for (ptrdiff_t j = t; j < t + 64; j += VLEN) {
             blk = VFMA(VLOAD(alpha + j), VSUB(VLOAD(g + j), vref), blk);
@@ -285,6 +396,7 @@ void FSFX(att_fast_ops)(OPS_T *ops)
     ops->vlen = VLEN;
     ops->gemm_work = GEMM_WORK;
     ops->gemm = FSFX(gemm);
+    ops->gemv = FSFX(gemv);
     ops->add_scores = FSFX(add_scores);
     ops->add_scores_backward = FSFX(add_scores_backward);
     ops->softmax = FSFX(softmax_row);
@@ -293,4 +405,6 @@ void FSFX(att_fast_ops)(OPS_T *ops)
 
 #undef OPS_T
 #undef KC
+#undef GNC
+#undef GMC
 #undef GEMM_WORK
