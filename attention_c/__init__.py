@@ -433,8 +433,10 @@ _FAMILY_SHAPES = """
       several (when ``query.ndim == keys.ndim``);
     - ``keys``: (..., T, H); ``values``: (..., T, Hv), default the keys;
     - ``mask``: bool, True = valid key; (..., T) for every query, or
-      (..., Tq, T) per query (e.g. causal: ``np.tril(np.ones((Tq, T),
-      bool))``), only with several queries;
+      (..., Tq, T) per query, only with several queries (it is per query
+      when ``mask.ndim == keys.ndim``).  Its leading axes may be 1 and
+      broadcast, e.g. a causal mask ``np.tril(np.ones((1, Tq, T), bool))``
+      for keys (B, T, H);
     - ``alpha``: (..., T) or (..., Tq, T); ``out``: (..., Hv) or
       (..., Tq, Hv).
 
@@ -577,7 +579,7 @@ def dot_attention(query, keys, mask=None, values=None, scale=None):
     --------
     >>> import numpy as np, attention_c as ac
     >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
-    >>> causal = np.tril(np.ones((4, 6, 6), bool))         # (..., Tq, T)
+    >>> causal = np.tril(np.ones((1, 6, 6), bool))         # (1, Tq, T)
     >>> out, alpha = ac.dot_attention(x, x, mask=causal)   # self-attention
     >>> out.shape, bool(alpha[0, 0, 1] == 0)
     ((4, 6, 8), True)

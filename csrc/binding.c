@@ -328,6 +328,7 @@ static const char *const out_names[N_OUT_IDS] = {
 #define F_MASK 2u      /* a boolean mask, not a floating input */
 #define F_FLAG 4u      /* a truth value, not an array */
 #define F_SCALE 8u     /* a real number or None, not an array */
+#define F_BCAST 16u    /* leading axes of size 1 broadcast (family masks) */
 
 #define MAX_ARGS 12
 #define MAX_OUTS 7
@@ -653,9 +654,14 @@ static int bind_shape(Call *c, int i)
         }
     }
     int nlead = p->lead ? c->nlead : 0;
-    if (nd != nlead + n ||
-        (p->lead && !PyArray_CompareLists(dims, c->lead, nlead))) {
+    if (nd != nlead + n) {
         return shape_error(c, i, 0);
+    }
+    for (int k = 0; k < nlead; k++) {
+        if (dims[k] != c->lead[k] &&
+            !(dims[k] == 1 && (a->flags & F_BCAST))) {
+            return shape_error(c, i, 0);
+        }
     }
     int pos = nlead;
     for (int k = 0; k < p->n; k++) {
@@ -722,6 +728,42 @@ static int check_shapes(Call *c)
     return 0;
 }
 
+/* Argument i (whose leading axes are the call's or 1) as a view with the
+ * call's leading axes: stride 0 along the ones it broadcasts. */
+static int broadcast_lead(Call *c, int i)
+{
+    PyArrayObject *x = c->arr[i];
+    int nd = PyArray_NDIM(x), same = 1;
+    npy_intp dims[NPY_MAXDIMS], strides[NPY_MAXDIMS];
+    for (int k = 0; k < nd; k++) {
+        int lead = k < c->nlead;
+        dims[k] = lead ? c->lead[k] : PyArray_DIM(x, k);
+        strides[k] = lead && PyArray_DIM(x, k) != dims[k]
+                     ? 0 : PyArray_STRIDE(x, k);
+        same &= dims[k] == PyArray_DIM(x, k);
+    }
+    if (same) {
+        return 0;
+    }
+    if (alloc_point("broadcast of", arg_names[c->fn->args[i].id], 1) < 0) {
+        return -1;
+    }
+    PyArray_Descr *dt = PyArray_DESCR(x);
+    Py_INCREF(dt);
+    PyObject *view = PyArray_NewFromDescr(&PyArray_Type, dt, nd, dims,
+                                          strides, PyArray_DATA(x), 0, NULL);
+    if (view == NULL) {
+        return -1;
+    }
+    Py_INCREF(x);
+    if (PyArray_SetBaseObject((PyArrayObject *)view, (PyObject *)x) < 0) {
+        Py_DECREF(view);
+        return -1;
+    }
+    Py_SETREF(c->arr[i], (PyArrayObject *)view);
+    return 0;
+}
+
 /* Step 4: the floating arrays in one dtype, C-contiguous and aligned
  * (np.result_type of them; float16 computes in float32, integers in
  * float64); masks C-contiguous. */
@@ -750,6 +792,9 @@ static int cast_args(Call *c)
             continue;
         }
         int mask = (fn->args[i].flags & F_MASK) != 0;
+        if ((fn->args[i].flags & F_BCAST) && broadcast_lead(c, i) < 0) {
+            return -1;
+        }
         if (alloc_point("cast of", arg_names[fn->args[i].id], 1) < 0) {
             return -1;
         }
@@ -1163,9 +1208,10 @@ static int k_project_keys_backward(Call *c)
                      "query.ndim == keys.ndim)", {0}}
 #define QUERY_DOT {X_QUERY, 0, "(..., Tq?, H)", \
                    "(the dot score needs queries as wide as the keys)", {0}}
-#define FAMILY_MASK {X_MASK, F_OPT | F_MASK, "(..., Tq?, T)", \
+#define FAMILY_MASK {X_MASK, F_OPT | F_MASK | F_BCAST, "(..., Tq?, T)", \
                      "(the mask is (..., T) for every query or, with " \
-                     "several queries, (..., Tq, T) per query)", {0}}
+                     "several queries, (..., Tq, T) per query; its " \
+                     "leading axes may be 1)", {0}}
 #define KEYS ARR(X_KEYS, "(..., T, H)")
 #define VALUES OPT(X_VALUES, "(..., T, Hv)")
 #define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
