@@ -72,6 +72,59 @@ static void FSFX(micro_kernel_row)(ptrdiff_t K, const REAL *restrict a,
     VSTORE(tile + VLEN, c1);
 }
 
+/* A full MR x NR tile of C = alpha A Bp (beta 0) or beta C + alpha A Bp,
+ * stored from the registers: the arithmetic of the micro-kernel followed
+ * by gemm_store, without the trip through the tile buffer. */
+#define TILE_BODY(A_AT)                                                      \
+    VEC c0[MR], c1[MR];                                                      \
+    for (int r = 0; r < MR; r++) {                                           \
+        c0[r] = VZERO();                                                     \
+        c1[r] = VZERO();                                                     \
+    }                                                                        \
+    for (ptrdiff_t k = 0; k < K; k++) {                                      \
+        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);         \
+        for (int r = 0; r < MR; r++) {                                       \
+            VEC a = VSET1(A_AT(r, k));                                       \
+            c0[r] = VFMA(a, b0, c0[r]);                                      \
+            c1[r] = VFMA(a, b1, c1[r]);                                      \
+        }                                                                    \
+    }                                                                        \
+    VEC va = VSET1(alpha), vb = VSET1(beta);                                 \
+    for (int r = 0; r < MR; r++) {                                           \
+        REAL *cr = C + r * ldc;                                              \
+        VEC x0 = VMUL(va, c0[r]), x1 = VMUL(va, c1[r]);                      \
+        if (beta != 0) {                                                     \
+            x0 = VFMA(vb, VLOAD(cr), x0);                                    \
+            x1 = VFMA(vb, VLOAD(cr + VLEN), x1);                             \
+        }                                                                    \
+        VSTORE(cr, x0);                                                      \
+        VSTORE(cr + VLEN, x1);                                               \
+    }
+
+static void FSFX(tile_rows)(ptrdiff_t K, const REAL *const *rows,
+                            const REAL *restrict Bp, REAL alpha, REAL beta,
+                            REAL *restrict C, ptrdiff_t ldc)
+{
+    const REAL *a_rows[MR];
+    for (int r = 0; r < MR; r++) {
+        a_rows[r] = rows[r];
+    }
+#define ROWS_AT(r, k) a_rows[r][k]
+    TILE_BODY(ROWS_AT)
+#undef ROWS_AT
+}
+
+static void FSFX(tile_packed)(ptrdiff_t K, const REAL *restrict Ap,
+                              const REAL *restrict Bp, REAL alpha, REAL beta,
+                              REAL *restrict C, ptrdiff_t ldc)
+{
+#define PACKED_AT(r, k) Ap[(k) * MR + (r)]
+    TILE_BODY(PACKED_AT)
+#undef PACKED_AT
+}
+
+#undef TILE_BODY
+
 /* C rows (mr x nc) = beta C + alpha tile; C is not read when beta = 0. */
 static void FSFX(gemm_store)(const REAL *tile, ptrdiff_t mr, ptrdiff_t nc,
                              REAL alpha, REAL beta, REAL *C, ptrdiff_t ldc)
@@ -157,14 +210,25 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                         ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
                         REAL *Ci = C + (ic + r0) * ldc + jc + p * NR;
                         const REAL *Ap = Ab + r0 * kc;
+                        const REAL *rows[MR];
+                        for (ptrdiff_t r = 0; r < MR && !packed; r++) {
+                            rows[r] = r < mr ? Ai + (r0 + r) * ars : zero;
+                        }
+                        if (mr == MR && nr == NR) {   /* straight to C */
+                            if (packed) {
+                                FSFX(tile_packed)(kc, Ap, Bp, alpha, bk, Ci,
+                                                  ldc);
+                            }
+                            else {
+                                FSFX(tile_rows)(kc, rows, Bp, alpha, bk, Ci,
+                                                ldc);
+                            }
+                            continue;
+                        }
                         if (mr == MR && packed) {
                             FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
                         }
                         else if (mr == MR) {
-                            const REAL *rows[MR];
-                            for (ptrdiff_t r = 0; r < MR; r++) {
-                                rows[r] = Ai + (r0 + r) * ars;
-                            }
                             FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
                         }
                         else {
