@@ -363,7 +363,7 @@ def context_attention(h, W, v, b=None, mask=None, keep_activations=False):
 
 def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
                                grad_alpha=None, activations=None):
-    """Gradients of the whole layer (SPEC.md section 2) in one call.
+    """Gradients of the whole layer (docs/contract.md section 2) in one call.
 
     Parameters
     ----------
@@ -735,6 +735,10 @@ del _f
 
 
 # The trainable layer builds on the functions above, so it comes last.
-from .layer import ContextAttention, adam_step, sgd_step  # noqa: E402
+from .layer import (AdditiveAttention, AttentionInputGrads,  # noqa: E402
+                    ContextAttention, DotAttention, GeneralAttention,
+                    adam_step, sgd_step)
 
-__all__ += ["ContextAttention", "sgd_step", "adam_step"]
+__all__ += ["ContextAttention", "sgd_step", "adam_step",
+            "AdditiveAttention", "DotAttention", "GeneralAttention",
+            "AttentionInputGrads"]

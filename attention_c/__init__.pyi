@@ -7,7 +7,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ._version import __version__ as __version__
+from .layer import AdditiveAttention as AdditiveAttention
+from .layer import AttentionInputGrads as AttentionInputGrads
 from .layer import ContextAttention as ContextAttention
+from .layer import DotAttention as DotAttention
+from .layer import GeneralAttention as GeneralAttention
 from .layer import adam_step as adam_step
 from .layer import sgd_step as sgd_step
 
@@ -19,7 +23,14 @@ __all__ = [
     "context_attention", "context_attention_backward",
     "AttentionGrads", "set_num_threads", "get_num_threads", "show_config",
     "__version__",
+    "additive_attention", "additive_attention_backward",
+    "dot_attention", "dot_attention_backward",
+    "general_attention", "general_attention_backward",
+    "project_keys", "project_keys_backward",
+    "AdditiveAttentionGrads", "DotAttentionGrads", "GeneralAttentionGrads",
     "ContextAttention", "sgd_step", "adam_step",
+    "AdditiveAttention", "DotAttention", "GeneralAttention",
+    "AttentionInputGrads",
 ]
 
 _Array = npt.NDArray[np.floating[Any]]
@@ -73,3 +84,106 @@ def context_attention_backward(
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config(file: IO[str] | None = None) -> dict[str, Any]: ...
+
+# The attention family (docs/contract.md section 4)
+
+class AdditiveAttentionGrads(NamedTuple):
+    query: _Array
+    keys: _Array
+    values: _Array | None
+    W: _Array
+    v: _Array
+    b: _Array | None
+
+class DotAttentionGrads(NamedTuple):
+    query: _Array
+    keys: _Array
+    values: _Array | None
+
+class GeneralAttentionGrads(NamedTuple):
+    query: _Array
+    keys: _Array
+    values: _Array | None
+    W: _Array
+
+def additive_attention(
+    query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
+    v: npt.ArrayLike, b: npt.ArrayLike | None = None, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+) -> tuple[_Array, _Array]: ...
+@overload
+def additive_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
+    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+    stop_at_key_proj: Literal[False] = False,
+) -> AdditiveAttentionGrads: ...
+@overload
+def additive_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
+    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None, *,
+    stop_at_key_proj: Literal[True],
+) -> tuple[AdditiveAttentionGrads, _Array]: ...
+@overload
+def additive_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
+    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+    stop_at_key_proj: bool = ...,
+) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, _Array]: ...
+def dot_attention(
+    query: npt.ArrayLike, keys: npt.ArrayLike, mask: _Mask = None,
+    values: npt.ArrayLike | None = None, scale: float | None = None,
+) -> tuple[_Array, _Array]: ...
+def dot_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    alpha: npt.ArrayLike, mask: _Mask = None,
+    values: npt.ArrayLike | None = None, scale: float | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+) -> DotAttentionGrads: ...
+def general_attention(
+    query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
+    mask: _Mask = None, values: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+) -> tuple[_Array, _Array]: ...
+@overload
+def general_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+    stop_at_key_proj: Literal[False] = False,
+) -> GeneralAttentionGrads: ...
+@overload
+def general_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None, *,
+    stop_at_key_proj: Literal[True],
+) -> tuple[GeneralAttentionGrads, _Array]: ...
+@overload
+def general_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    values: npt.ArrayLike | None = None,
+    grad_alpha: npt.ArrayLike | None = None,
+    key_proj: npt.ArrayLike | None = None,
+    stop_at_key_proj: bool = ...,
+) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
+def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
+def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,
+                          W: npt.ArrayLike) -> tuple[_Array, _Array]: ...

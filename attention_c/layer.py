@@ -1,29 +1,44 @@
-"""A small stateful NumPy layer around the fused kernels, and optimiser steps.
+"""Small stateful NumPy layers around the kernels, and optimiser steps.
 
-:class:`ContextAttention` holds the parameters ``W``, ``v``, ``b``, remembers
-what its backward needs from the last call, and stores the parameter
-gradients of the last backward.  :func:`sgd_step` and :func:`adam_step`
-update a dict of parameters in place from a dict of gradients, so a NumPy
-training loop is::
+:class:`ContextAttention` pools a sequence with its own mean as the query;
+:class:`AdditiveAttention`, :class:`DotAttention` and
+:class:`GeneralAttention` attend from queries to keys (the attention family,
+docs/contract.md section 4).  Each layer holds its parameters, remembers what its
+backward needs from the last call, and stores the parameter gradients of the
+last backward.  :func:`sgd_step` and :func:`adam_step` update a dict of
+parameters in place from a dict of gradients, so a NumPy training loop is::
 
     layer = ContextAttention(H, A, seed=0)
     out = layer(h, mask)                   # (..., H)
     dh = layer.backward(dL_dout)           # (..., T, H); layer.grads() filled
     adam_step(layer.parameters(), layer.grads(), state, lr=1e-3)
+
+and the same for the family, whose backward returns the inputs' gradients::
+
+    attn = AdditiveAttention(key_size=H, query_size=Hq, attention_size=A)
+    out = attn(query, keys, mask=mask)     # (..., H)
+    g = attn.backward(dL_dout)             # g.query, g.keys, g.values
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from . import context_attention, context_attention_backward
+from . import (additive_attention, additive_attention_backward,
+               context_attention, context_attention_backward, dot_attention,
+               dot_attention_backward, general_attention,
+               general_attention_backward, project_keys)
 
-__all__ = ["ContextAttention", "sgd_step", "adam_step"]
+__all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
+           "GeneralAttention", "AttentionInputGrads", "sgd_step",
+           "adam_step"]
 
 Array = npt.NDArray[np.floating[Any]]
+_T = TypeVar("_T")
+
 
 def _uniform(rng: np.random.Generator, bound: float, shape: tuple[int, ...],
              dtype: np.dtype[Any]) -> Array:
@@ -32,12 +47,167 @@ def _uniform(rng: np.random.Generator, bound: float, shape: tuple[int, ...],
     return rng.uniform(-bound, bound, size=shape).astype(dtype)
 
 
-class ContextAttention:
+def _float_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
+    """float32 or float64 as a dtype; TypeError for anything else."""
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def _positive(**sizes: int) -> None:
+    """ValueError unless every size is >= 1."""
+    if min(sizes.values()) < 1:
+        names = ", ".join(sizes)
+        raise ValueError(f"{names} must be >= 1, got "
+                         f"{', '.join(map(str, sizes.values()))}")
+
+
+def _last_call(cache: _T | None) -> _T:
+    """What the last call kept for the backward; an error before any call."""
+    if cache is None:
+        raise RuntimeError("backward() called before the layer was called "
+                           "on an input")
+    return cache
+
+
+# --------------------------------------------------------------------------
+# Weights of PyTorch layers (one place for the loaders of this module and of
+# attention_c.torch).
+
+def _torch_array(t: Any, name: str) -> Array:
+    """A NumPy copy of the values of a PyTorch tensor or Parameter."""
+    from torch.nn.parameter import is_lazy   # the caller has torch objects
+    if is_lazy(t):
+        raise ValueError(f"{name} is not initialised yet (a lazy layer such "
+                         f"as nn.LazyLinear): run the model on an input "
+                         f"once before loading its weights")
+    arr: Array = np.array(t.detach().cpu().numpy())     # a copy
+    return arr
+
+
+def _v_from(out: Any, A: int, name: str = "out") -> Array:
+    """v (A,) from a ``Linear(A, 1)``, or from a tensor (A,) or (1, A)."""
+    weight = getattr(out, "weight", out)
+    what = f"{name}.weight" if weight is not out else name
+    v = _torch_array(weight, what)
+    if v.shape not in ((A,), (1, A)):
+        raise ValueError(f"{what} has shape {v.shape}; expected (1, {A}) of "
+                         f"a Linear({A}, 1), or v of shape ({A},)")
+    return v.reshape(A)
+
+
+def _context_from_linear(score: Any, out: Any
+                         ) -> tuple[Array, Array, Array | None]:
+    """(W, v, b) of a ``Linear(2H, A)`` on ``[h_t; c]`` and a
+    ``Linear(A, 1)``; ``out``'s bias is dropped (it shifts every score)."""
+    W = _torch_array(score.weight, "score.weight")
+    if W.ndim != 2 or W.shape[1] % 2:
+        raise ValueError(f"score.weight has shape {W.shape}; expected "
+                         f"(A, 2H) of a Linear(2H, A)")
+    b = None if score.bias is None else _torch_array(score.bias,
+                                                     "score.bias")
+    return W, _v_from(out, W.shape[0]), b
+
+
+def _additive_from_linear(score: Any, out: Any, key_size: int
+                          ) -> tuple[Array, Array, Array | None]:
+    """(W, v, b) of a ``Linear(H + Hq, A)`` on ``[k_t; q_i]`` and a
+    ``Linear(A, 1)``; ``out``'s bias is dropped (it shifts every score)."""
+    W = _torch_array(score.weight, "score.weight")
+    if W.ndim != 2 or not 0 < key_size < W.shape[1]:
+        raise ValueError(f"score.weight has shape {W.shape}; expected "
+                         f"(A, H + Hq) of a Linear(H + Hq, A) with "
+                         f"H = key_size = {key_size} and Hq >= 1")
+    b = None if score.bias is None else _torch_array(score.bias,
+                                                     "score.bias")
+    return W, _v_from(out, W.shape[0]), b
+
+
+def _additive_from_d2l(W_k: Any, W_q: Any, w_v: Any
+                       ) -> tuple[Array, Array, Array | None, int]:
+    """(W, v, b, H) of d2l's ``W_k = Linear(H, A)``, ``W_q = Linear(Hq,
+    A)``, ``w_v = Linear(A, 1)``: ``W = [W_k | W_q]``, ``b`` the sum of the
+    biases of W_k and W_q (None if neither has one)."""
+    Wk = _torch_array(W_k.weight, "W_k.weight")
+    Wq = _torch_array(W_q.weight, "W_q.weight")
+    if Wk.ndim != 2 or Wq.ndim != 2 or Wk.shape[0] != Wq.shape[0]:
+        raise ValueError(f"W_k.weight has shape {Wk.shape} and W_q.weight "
+                         f"{Wq.shape}; expected (A, H) and (A, Hq) of a "
+                         f"Linear(H, A) and a Linear(Hq, A)")
+    biases = [_torch_array(lin.bias, f"{name}.bias")
+              for name, lin in (("W_k", W_k), ("W_q", W_q))
+              if lin.bias is not None]
+    b = None if not biases else sum(biases[1:], biases[0])
+    W = np.concatenate([Wk, Wq], axis=1)
+    return W, _v_from(w_v, W.shape[0], "w_v"), b, Wk.shape[1]
+
+
+def _cast_weights(dtype: np.dtype[Any], W: Array, v: Array,
+                  b: Array | None) -> tuple[Array, Array, Array | None]:
+    """Loaded (W, v, b) in a layer's dtype (they are copies already)."""
+    return (W.astype(dtype, copy=False), v.astype(dtype, copy=False),
+            None if b is None else b.astype(dtype, copy=False))
+
+
+def _general_from_linear(linear: Any) -> Array:
+    """W (Hq, H) of a ``Linear(H, Hq)`` applied to the keys; its bias is
+    dropped (q_i . bias is the same for every key of a query)."""
+    W = _torch_array(linear.weight, "linear.weight")
+    if W.ndim != 2:
+        raise ValueError(f"linear.weight has shape {W.shape}; expected "
+                         f"(Hq, H) of a Linear(H, Hq)")
+    return W
+
+
+# --------------------------------------------------------------------------
+# What every layer shares
+
+class _Layer:
+    """A float dtype, the parameters by name (the live arrays), the
+    gradients of the last backward and the weights of the last call."""
+
+    _param_names: tuple[str, ...] = ()
+
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        self.dtype: np.dtype[Any] = _float_dtype(dtype)
+        self.attention_weights: Array | None = None
+        self._grads: dict[str, Array] = {}
+
+    def parameters(self) -> dict[str, Array]:
+        """The parameters by name (those of the layer that are not None).
+
+        The arrays themselves, not copies, so that :func:`sgd_step` and
+        :func:`adam_step` update the layer in place.
+        """
+        return {name: p for name in self._param_names
+                if (p := getattr(self, name)) is not None}
+
+    def grads(self) -> dict[str, Array]:
+        """The gradients of the last :meth:`backward`, keyed like
+        :meth:`parameters` (empty before the first backward)."""
+        return dict(self._grads)
+
+    def _store_grads(self, grads: Any) -> None:
+        """Keep the parameter fields of a gradient tuple (replacing any
+        earlier ones)."""
+        self._grads = {name: g for name in self._param_names
+                       if (g := getattr(grads, name)) is not None}
+
+    def _config(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self._config()}, "
+                f"dtype={self.dtype.name})")
+
+
+class ContextAttention(_Layer):
     """Context-pooled additive attention as a trainable NumPy layer.
 
     ``out = sum_t alpha_t h_t`` with ``alpha = masked softmax of
     v . tanh(W_h h_t + W_c c + b)`` and ``c`` the mean of the valid
-    ``h_t`` (SPEC.md section 1).  Forward and backward are one C call each.
+    ``h_t`` (docs/contract.md section 1).  Forward and backward are one C call each.
 
     Parameters
     ----------
@@ -87,17 +257,14 @@ class ContextAttention:
     ((2, 4), (2, 5, 4), (3, 8))
     """
 
+    _param_names = ("W", "v", "b")
+
     def __init__(self, hidden_size: int, attention_size: int,
                  bias: bool = True, dtype: npt.DTypeLike = np.float64,
                  seed: int | np.random.Generator | None = None,
                  keep_activations: bool = True) -> None:
-        self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64, got "
-                            f"{self.dtype}")
-        if hidden_size < 1 or attention_size < 1:
-            raise ValueError(f"hidden_size and attention_size must be >= 1, "
-                             f"got {hidden_size} and {attention_size}")
+        super().__init__(dtype)
+        _positive(hidden_size=hidden_size, attention_size=attention_size)
         self.hidden_size = int(hidden_size)
         self.attention_size = int(attention_size)
         self.keep_activations = bool(keep_activations)
@@ -108,9 +275,8 @@ class ContextAttention:
         self.b: Array | None = (_uniform(rng, bound, (A,), self.dtype)
                                 if bias else None)
         self.v: Array = _uniform(rng, 1.0 / np.sqrt(A), (A,), self.dtype)
-        self.attention_weights: Array | None = None
-        self._grads: dict[str, Array] = {}
-        self._cache: tuple[Array, Any, Array | None] | None = None
+        # h, mask, activations (or None), alpha of the last call
+        self._cache: tuple[Array, Any, Array | None, Array] | None = None
 
     # ------------------------------------------------------------------
     @classmethod
@@ -131,29 +297,17 @@ class ContextAttention:
             ``Linear(2H, A)`` whose input is the item followed by the
             context, ``[h_t, c]``.
         out : torch.nn.Linear
-            ``Linear(A, 1)``.
+            ``Linear(A, 1)`` (or its weight, a tensor (A,) or (1, A)).
         dtype : dtype, optional
             Default: the dtype of ``score.weight`` (float32 or float64).
         keep_activations : bool, optional
             As in the constructor.
         """
-        W = score.weight.detach().cpu().numpy()
-        v = out.weight.detach().cpu().numpy()
-        if W.ndim != 2 or W.shape[1] % 2:
-            raise ValueError(f"score.weight has shape {W.shape}; expected "
-                             f"(A, 2H) of a Linear(2H, A)")
-        A, H = W.shape[0], W.shape[1] // 2
-        if v.shape != (1, A):
-            raise ValueError(f"out.weight has shape {v.shape}; expected "
-                             f"(1, {A}) of a Linear({A}, 1) to match "
-                             f"score.weight with shape {W.shape}")
-        layer = cls(H, A, bias=score.bias is not None,
+        W, v, b = _context_from_linear(score, out)
+        layer = cls(W.shape[1] // 2, W.shape[0], bias=b is not None,
                     dtype=W.dtype if dtype is None else dtype,
                     keep_activations=keep_activations)
-        layer.W = W.astype(layer.dtype)             # astype copies
-        layer.v = v[0].astype(layer.dtype)
-        if score.bias is not None:
-            layer.b = score.bias.detach().cpu().numpy().astype(layer.dtype)
+        layer.W, layer.v, layer.b = _cast_weights(layer.dtype, W, v, b)
         return layer
 
     # ------------------------------------------------------------------
@@ -178,7 +332,7 @@ class ContextAttention:
             h, self.W, self.v, self.b, mask,
             keep_activations=self.keep_activations)
         self.attention_weights = alpha
-        self._cache = (h, mask, act[0] if act else None)
+        self._cache = (h, mask, act[0] if act else None, alpha)
         return out
 
     def backward(self, grad_out: npt.ArrayLike,
@@ -201,39 +355,508 @@ class ContextAttention:
         dh : ndarray (..., T, H)
             Gradient with respect to ``h``; 0 for masked items.
         """
-        if self._cache is None or self.attention_weights is None:
-            raise RuntimeError("backward() called before the layer was "
-                               "called on an input")
-        h, mask, act = self._cache
-        g = context_attention_backward(
-            grad_out, h, self.W, self.v, self.attention_weights, self.b,
-            mask, grad_alpha, activations=act)
-        self._grads = {"W": g.W, "v": g.v}
-        if g.b is not None:
-            self._grads["b"] = g.b
+        h, mask, act, alpha = _last_call(self._cache)
+        g = context_attention_backward(grad_out, h, self.W, self.v, alpha,
+                                       self.b, mask, grad_alpha,
+                                       activations=act)
+        self._store_grads(g)
         return g.h
 
-    # ------------------------------------------------------------------
-    def parameters(self) -> dict[str, Array]:
-        """The parameters by name: ``W``, ``v`` and (with a bias) ``b``.
-
-        The arrays themselves, not copies, so that :func:`sgd_step` and
-        :func:`adam_step` update the layer in place.
-        """
-        params = {"W": self.W, "v": self.v}
-        if self.b is not None:
-            params["b"] = self.b
-        return params
-
-    def grads(self) -> dict[str, Array]:
-        """The gradients of the last :meth:`backward`, keyed like
-        :meth:`parameters` (empty before the first backward)."""
-        return dict(self._grads)
-
-    def __repr__(self) -> str:
-        return (f"ContextAttention(hidden_size={self.hidden_size}, "
+    def _config(self) -> str:
+        return (f"hidden_size={self.hidden_size}, "
                 f"attention_size={self.attention_size}, "
-                f"bias={self.b is not None}, dtype={self.dtype.name})")
+                f"bias={self.b is not None}")
+
+
+# --------------------------------------------------------------------------
+# The attention family: a query against keys
+
+class AttentionInputGrads(NamedTuple):
+    """Gradients of the loss with respect to the inputs of an attention
+    family layer, returned by its ``backward``.
+
+    Attributes
+    ----------
+    query : ndarray, the shape of the query
+    keys : ndarray (..., T, H)
+        With the values' gradient included when no values were given.
+    values : ndarray (..., T, Hv) or None
+        None when no values were given (the keys were the values).
+    """
+
+    query: Array
+    keys: Array
+    values: Array | None
+
+
+class _Attention(_Layer):
+    """Forward and backward bookkeeping of the attention family layers;
+    a subclass says how to attend (:meth:`_attend`, :meth:`_attend_backward`)
+    and has the public ``__call__``."""
+
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        super().__init__(dtype)
+        # query, keys, values, mask, key_proj, alpha of the last call
+        self._cache: tuple[Array, Array, Array | None, Any, Array | None,
+                           Array] | None = None
+
+    def _cast(self, x: npt.ArrayLike) -> Array:
+        return np.asarray(x, dtype=self.dtype)
+
+    def _cast_opt(self, x: npt.ArrayLike | None) -> Array | None:
+        return None if x is None else self._cast(x)
+
+    def _forward(self, query: npt.ArrayLike, keys: npt.ArrayLike,
+                 values: npt.ArrayLike | None, mask: npt.ArrayLike | None,
+                 key_proj: npt.ArrayLike | None = None) -> Array:
+        q, k = self._cast(query), self._cast(keys)
+        vals, kp = self._cast_opt(values), self._cast_opt(key_proj)
+        out, alpha = self._attend(q, k, vals, mask, kp)
+        self.attention_weights = alpha
+        self._cache = (q, k, vals, mask, kp, alpha)
+        return out
+
+    def backward(self, grad_out: npt.ArrayLike,
+                 grad_alpha: npt.ArrayLike | None = None
+                 ) -> AttentionInputGrads:
+        """Backward pass of the last call.
+
+        Stores the parameter gradients (summed over the batch and the
+        queries) for :meth:`grads`, replacing those of any earlier
+        backward.
+
+        Parameters
+        ----------
+        grad_out : array_like, the shape of the output
+            Gradient of the loss with respect to the output.
+        grad_alpha : array_like, the shape of :attr:`attention_weights`, \
+optional
+            Gradient of the loss with respect to the weights, if the loss
+            uses them.
+
+        Returns
+        -------
+        AttentionInputGrads
+            Named tuple ``(query, keys, values)``; ``values`` is None when
+            the call had no values (``keys`` then includes their gradient).
+            Masked keys get 0.
+        """
+        q, k, vals, mask, kp, alpha = _last_call(self._cache)
+        g = self._attend_backward(self._cast(grad_out), q, k, vals, mask,
+                                  kp, alpha, self._cast_opt(grad_alpha))
+        self._store_grads(g)
+        return AttentionInputGrads(g.query, g.keys, g.values)
+
+    def _attend(self, query: Array, keys: Array, values: Array | None,
+                mask: Any, key_proj: Array | None
+                ) -> tuple[Array, Array]:
+        raise NotImplementedError
+
+    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
+                         values: Array | None, mask: Any,
+                         key_proj: Array | None, alpha: Array,
+                         grad_alpha: Array | None) -> Any:
+        raise NotImplementedError
+
+
+class AdditiveAttention(_Attention):
+    """Additive (Bahdanau) attention as a trainable NumPy layer.
+
+    ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i`` the masked
+    softmax of ``s_i`` over the keys, ``out_i = sum_t alpha_it val_t``
+    (docs/contract.md section 4; :func:`attention_c.additive_attention`).
+
+    Parameters
+    ----------
+    key_size : int
+        H, the features of a key.
+    query_size : int
+        Hq, the features of a query.
+    attention_size : int
+        A, the width of the score network.
+    bias : bool, optional
+        Whether the score network has the bias ``b`` (default True).
+    dtype : dtype, optional
+        float32 or float64 (default float64): the dtype of the parameters,
+        of the computation and of every result.  Inputs are converted to it.
+    seed : int or numpy.random.Generator, optional
+        Seed of the initialisation, like ``torch.nn.Linear``: ``W`` and
+        ``b`` are ``U(-1/sqrt(H + Hq), 1/sqrt(H + Hq))`` (a
+        ``Linear(H + Hq, A)``), ``v`` is ``U(-1/sqrt(A), 1/sqrt(A))`` (a
+        ``Linear(A, 1)``).
+
+    Attributes
+    ----------
+    W : ndarray (A, H + Hq)
+        ``[W_k | W_q]``, the layout of ``torch.nn.Linear(H + Hq, A).weight``
+        applied to ``[k_t; q_i]``.
+    v : ndarray (A,)
+    b : ndarray (A,) or None
+    attention_weights : ndarray (..., T) or (..., Tq, T), or None
+        The weights of the last call (0 for masked keys).
+
+    Notes
+    -----
+    The layer keeps references to the inputs of the last call (not
+    copies); :meth:`backward` overwrites the stored gradients.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import AdditiveAttention
+    >>> layer = AdditiveAttention(key_size=4, query_size=3,
+    ...                           attention_size=5, seed=0)
+    >>> rng = np.random.default_rng(1)
+    >>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 6, 4))
+    >>> out = layer(q, k)
+    >>> g = layer.backward(np.ones_like(out))
+    >>> out.shape, g.query.shape, g.keys.shape, layer.grads()["W"].shape
+    ((2, 4), (2, 3), (2, 6, 4), (5, 7))
+    """
+
+    _param_names = ("W", "v", "b")
+
+    def __init__(self, key_size: int, query_size: int, attention_size: int,
+                 bias: bool = True, dtype: npt.DTypeLike = np.float64,
+                 seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(dtype)
+        _positive(key_size=key_size, query_size=query_size,
+                  attention_size=attention_size)
+        self.key_size, self.query_size = int(key_size), int(query_size)
+        self.attention_size = int(attention_size)
+        rng = np.random.default_rng(seed)
+        H, Hq, A = self.key_size, self.query_size, self.attention_size
+        bound = 1.0 / np.sqrt(H + Hq)
+        self.W: Array = _uniform(rng, bound, (A, H + Hq), self.dtype)
+        self.b: Array | None = (_uniform(rng, bound, (A,), self.dtype)
+                                if bias else None)
+        self.v: Array = _uniform(rng, 1.0 / np.sqrt(A), (A,), self.dtype)
+
+    @classmethod
+    def _from_weights(cls, W: Array, v: Array, b: Array | None,
+                      key_size: int, dtype: npt.DTypeLike | None
+                      ) -> AdditiveAttention:
+        layer = cls(key_size, W.shape[1] - key_size, W.shape[0],
+                    bias=b is not None,
+                    dtype=W.dtype if dtype is None else dtype)
+        layer.W, layer.v, layer.b = _cast_weights(layer.dtype, W, v, b)
+        return layer
+
+    @classmethod
+    def from_torch(cls, score: Any, out: Any, key_size: int,
+                   dtype: npt.DTypeLike | None = None) -> AdditiveAttention:
+        """A layer with the weights (copied) of a PyTorch
+        ``Linear(H + Hq, A)`` and ``Linear(A, 1)`` pair computing
+        ``out(tanh(score([k_t, q_i])))``.
+
+        ``score.weight`` is ``W`` as it is, ``score.bias`` is ``b``,
+        ``out.weight[0]`` is ``v``; ``out.bias`` is ignored (a constant
+        added to every score does not change the softmax).
+
+        Parameters
+        ----------
+        score : torch.nn.Linear
+            ``Linear(H + Hq, A)`` whose input is the key followed by the
+            query.
+        out : torch.nn.Linear
+            ``Linear(A, 1)``, or ``v`` itself: a tensor (A,) or (1, A).
+        key_size : int
+            H (the query has the other ``Hq`` inputs of ``score``).
+        dtype : dtype, optional
+            Default: the dtype of ``score.weight`` (float32 or float64).
+        """
+        W, v, b = _additive_from_linear(score, out, key_size)
+        return cls._from_weights(W, v, b, key_size, dtype)
+
+    @classmethod
+    def from_d2l(cls, W_k: Any, W_q: Any, w_v: Any,
+                 dtype: npt.DTypeLike | None = None) -> AdditiveAttention:
+        """A layer with the weights (copied) of d2l.ai's additive attention:
+        ``w_v(tanh(W_k(k_t) + W_q(q_i)))``.
+
+        Parameters
+        ----------
+        W_k : torch.nn.Linear
+            ``Linear(H, A, bias=False)`` on the keys.
+        W_q : torch.nn.Linear
+            ``Linear(Hq, A, bias=False)`` on the queries.  Biases of
+            ``W_k`` and ``W_q``, if any, add up to ``b``.
+        w_v : torch.nn.Linear
+            ``Linear(A, 1)`` (its bias is ignored), or a tensor (A,).
+        dtype : dtype, optional
+            Default: the dtype of the weights.
+
+        Notes
+        -----
+        d2l masks with ``valid_lens`` and gives a query with no valid key
+        uniform weights; here it gets 0 (docs/contract.md section 4).
+        """
+        W, v, b, H = _additive_from_d2l(W_k, W_q, w_v)
+        return cls._from_weights(W, v, b, H, dtype)
+
+    def project_keys(self, keys: npt.ArrayLike) -> Array:
+        """``W_k k_t`` (..., T, A) for ``key_proj=``: the keys' side of the
+        score, computed once for calls that attend to the same keys."""
+        return project_keys(self._cast(keys), self.W)
+
+    def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike,
+                 values: npt.ArrayLike | None = None,
+                 mask: npt.ArrayLike | None = None,
+                 key_proj: npt.ArrayLike | None = None) -> Array:
+        """Forward pass; keeps what :meth:`backward` needs.
+
+        Parameters
+        ----------
+        query : array_like (..., Hq) or (..., Tq, Hq)
+            One query per sequence, or several when ``query.ndim ==
+            keys.ndim``.  Converted to the layer's dtype, like every
+            array argument.
+        keys : array_like (..., T, H)
+        values : array_like (..., T, Hv), optional
+            Default: the keys.
+        mask : array_like of bool (..., T) or (..., Tq, T), optional
+            True marks a valid key; per query only with several queries.
+            A query with no valid key gives 0.
+        key_proj : array_like (..., T, A), optional
+            :meth:`project_keys` of these keys, to skip projecting them
+            again (e.g. once per step of a decoder).  The results, and the
+            gradients of :meth:`backward`, are the same.
+
+        Returns
+        -------
+        out : ndarray (..., Hv) or (..., Tq, Hv)
+        """
+        return self._forward(query, keys, values, mask, key_proj)
+
+    def _attend(self, query: Array, keys: Array, values: Array | None,
+                mask: Any, key_proj: Array | None
+                ) -> tuple[Array, Array]:
+        out, alpha = additive_attention(query, keys, self.W, self.v, self.b,
+                                        mask, values, key_proj)
+        return out, alpha
+
+    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
+                         values: Array | None, mask: Any,
+                         key_proj: Array | None, alpha: Array,
+                         grad_alpha: Array | None) -> Any:
+        return additive_attention_backward(
+            grad_out, query, keys, self.W, self.v, alpha, self.b, mask,
+            values, grad_alpha, key_proj)
+
+    def _config(self) -> str:
+        return (f"key_size={self.key_size}, query_size={self.query_size}, "
+                f"attention_size={self.attention_size}, "
+                f"bias={self.b is not None}")
+
+
+class DotAttention(_Attention):
+    """Scaled dot-product attention as a NumPy layer (no parameters).
+
+    ``s_it = scale q_i . k_t``, ``alpha_i`` the masked softmax of ``s_i``
+    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md section 4;
+    :func:`attention_c.dot_attention`).
+
+    Parameters
+    ----------
+    scale : float, optional
+        Default ``1/sqrt(H)`` (H = the features of a key and of a query).
+    dtype : dtype, optional
+        float32 or float64 (default float64, as for the other layers): the
+        dtype of the computation and of every result.  Inputs are converted
+        to it.
+
+    Attributes
+    ----------
+    attention_weights : ndarray (..., T) or (..., Tq, T), or None
+        The weights of the last call (0 for masked keys).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import DotAttention
+    >>> rng = np.random.default_rng(1)
+    >>> q, k = rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 6, 4))
+    >>> layer = DotAttention()
+    >>> out = layer(q, k)
+    >>> g = layer.backward(np.ones_like(out))
+    >>> out.shape, layer.attention_weights.shape, g.keys.shape
+    ((2, 7, 4), (2, 7, 6), (2, 6, 4))
+    """
+
+    def __init__(self, scale: float | None = None,
+                 dtype: npt.DTypeLike = np.float64) -> None:
+        super().__init__(dtype)
+        self.scale = None if scale is None else float(scale)
+
+    def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike,
+                 values: npt.ArrayLike | None = None,
+                 mask: npt.ArrayLike | None = None) -> Array:
+        """Forward pass; keeps what :meth:`backward` needs.
+
+        Parameters
+        ----------
+        query : array_like (..., H) or (..., Tq, H)
+            One query per sequence, or several when ``query.ndim ==
+            keys.ndim``.
+        keys : array_like (..., T, H)
+        values : array_like (..., T, Hv), optional
+            Default: the keys.
+        mask : array_like of bool (..., T) or (..., Tq, T), optional
+            True marks a valid key; per query only with several queries.
+            A query with no valid key gives 0.
+
+        Returns
+        -------
+        out : ndarray (..., Hv) or (..., Tq, Hv)
+        """
+        return self._forward(query, keys, values, mask)
+
+    def _attend(self, query: Array, keys: Array, values: Array | None,
+                mask: Any, key_proj: Array | None
+                ) -> tuple[Array, Array]:
+        out, alpha = dot_attention(query, keys, mask, values, self.scale)
+        return out, alpha
+
+    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
+                         values: Array | None, mask: Any,
+                         key_proj: Array | None, alpha: Array,
+                         grad_alpha: Array | None) -> Any:
+        return dot_attention_backward(grad_out, query, keys, alpha, mask,
+                                      values, self.scale, grad_alpha)
+
+    def _config(self) -> str:
+        return f"scale={self.scale}"
+
+
+class GeneralAttention(_Attention):
+    """Multiplicative ("general", Luong) attention as a trainable NumPy
+    layer.
+
+    ``s_it = q_i . (W_a k_t)``, ``alpha_i`` the masked softmax of ``s_i``
+    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md section 4;
+    :func:`attention_c.general_attention`).
+
+    Parameters
+    ----------
+    query_size : int
+        Hq, the features of a query.
+    key_size : int
+        H, the features of a key.
+    dtype : dtype, optional
+        float32 or float64 (default float64): the dtype of the parameters,
+        of the computation and of every result.  Inputs are converted to it.
+    seed : int or numpy.random.Generator, optional
+        Seed of the initialisation, like ``torch.nn.Linear(H, Hq,
+        bias=False)``: ``W`` is ``U(-1/sqrt(H), 1/sqrt(H))``.
+
+    Attributes
+    ----------
+    W : ndarray (Hq, H)
+        ``W_a``, the layout of ``torch.nn.Linear(H, Hq).weight`` applied to
+        the keys.
+    attention_weights : ndarray (..., T) or (..., Tq, T), or None
+        The weights of the last call (0 for masked keys).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import GeneralAttention
+    >>> layer = GeneralAttention(query_size=3, key_size=4, seed=0)
+    >>> rng = np.random.default_rng(1)
+    >>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 6, 4))
+    >>> out = layer(q, k)
+    >>> g = layer.backward(np.ones_like(out))
+    >>> out.shape, g.query.shape, layer.grads()["W"].shape
+    ((2, 4), (2, 3), (3, 4))
+    """
+
+    _param_names = ("W",)
+
+    def __init__(self, query_size: int, key_size: int,
+                 dtype: npt.DTypeLike = np.float64,
+                 seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(dtype)
+        _positive(query_size=query_size, key_size=key_size)
+        self.query_size, self.key_size = int(query_size), int(key_size)
+        rng = np.random.default_rng(seed)
+        self.W: Array = _uniform(rng, 1.0 / np.sqrt(self.key_size),
+                                 (self.query_size, self.key_size),
+                                 self.dtype)
+
+    @classmethod
+    def from_torch(cls, linear: Any,
+                   dtype: npt.DTypeLike | None = None) -> GeneralAttention:
+        """A layer with the weight (copied) of a PyTorch ``Linear(H, Hq)``
+        applied to the keys: ``s_it = q_i . linear(k_t)``.
+
+        ``linear.weight`` is ``W`` as it is.  A bias would add ``q_i .
+        bias`` to every score of query i, which does not change its
+        softmax: it is ignored.
+
+        Parameters
+        ----------
+        linear : torch.nn.Linear
+            ``Linear(H, Hq, bias=False)``.
+        dtype : dtype, optional
+            Default: the dtype of ``linear.weight`` (float32 or float64).
+        """
+        W = _general_from_linear(linear)
+        layer = cls(W.shape[0], W.shape[1],
+                    dtype=W.dtype if dtype is None else dtype)
+        layer.W = W.astype(layer.dtype, copy=False)
+        return layer
+
+    def project_keys(self, keys: npt.ArrayLike) -> Array:
+        """``W_a k_t`` (..., T, Hq) for ``key_proj=``: the keys' side of
+        the score, computed once for calls that attend to the same keys."""
+        return project_keys(self._cast(keys), self.W)
+
+    def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike,
+                 values: npt.ArrayLike | None = None,
+                 mask: npt.ArrayLike | None = None,
+                 key_proj: npt.ArrayLike | None = None) -> Array:
+        """Forward pass; keeps what :meth:`backward` needs.
+
+        Parameters
+        ----------
+        query : array_like (..., Hq) or (..., Tq, Hq)
+            One query per sequence, or several when ``query.ndim ==
+            keys.ndim``.  Converted to the layer's dtype, like every
+            array argument.
+        keys : array_like (..., T, H)
+        values : array_like (..., T, Hv), optional
+            Default: the keys.
+        mask : array_like of bool (..., T) or (..., Tq, T), optional
+            True marks a valid key; per query only with several queries.
+            A query with no valid key gives 0.
+        key_proj : array_like (..., T, Hq), optional
+            :meth:`project_keys` of these keys, to skip projecting them
+            again (e.g. once per step of a decoder).  The results, and the
+            gradients of :meth:`backward`, are the same.
+
+        Returns
+        -------
+        out : ndarray (..., Hv) or (..., Tq, Hv)
+        """
+        return self._forward(query, keys, values, mask, key_proj)
+
+    def _attend(self, query: Array, keys: Array, values: Array | None,
+                mask: Any, key_proj: Array | None
+                ) -> tuple[Array, Array]:
+        out, alpha = general_attention(query, keys, self.W, mask, values,
+                                       key_proj)
+        return out, alpha
+
+    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
+                         values: Array | None, mask: Any,
+                         key_proj: Array | None, alpha: Array,
+                         grad_alpha: Array | None) -> Any:
+        return general_attention_backward(
+            grad_out, query, keys, self.W, alpha, mask, values, grad_alpha,
+            key_proj)
+
+    def _config(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}"
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Plain NumPy reference for every attention_c kernel.
 
 This module is meant to be *read*: each function is one step of the layer,
-written the way the maths is written in ``SPEC.md``, with the shapes in the
+written the way the maths is written in ``docs/contract.md``, with the shapes in the
 comments.  The C kernels must agree with it; the tests check that they do.
 
 Notation (one sequence; any leading axes ``...`` are a batch):
@@ -165,7 +165,7 @@ def weighted_sum_backward(grad_out, alpha, h):
 
 
 # --------------------------------------------------------------------------
-# 5. The whole layer, written out once more from SPEC.md sections 1 and 2
+# 5. The whole layer, written out once more from docs/contract.md sections 1 and 2
 #    (independently of the building blocks above, so each checks the other).
 
 def context_attention(h, W, v, b=None, mask=None):
@@ -190,7 +190,7 @@ def context_attention(h, W, v, b=None, mask=None):
 
 def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
                                grad_alpha=None):
-    """Gradients (dh, dW, dv, db) of the layer, from SPEC.md section 2.
+    """Gradients (dh, dW, dv, db) of the layer, from docs/contract.md section 2.
 
     ``alpha`` is the forward's output; parameter gradients are summed over
     the batch; db is None when b is.

@@ -1,7 +1,7 @@
 /*
  * attention.h - plain C11 kernels of context-pooled additive attention.
  *
- * The layer, for one sequence (SPEC.md section 1):
+ * The layer, for one sequence (docs/contract.md section 1):
  *
  *   c       = (1/n) sum_t m_t h_t            mean context      (H)
  *   z_t     = W_h h_t + W_c c + b            pre-activation    (T, A)
@@ -122,7 +122,7 @@ ATT_DECLARE(double, f64)
 #undef ATT_DECLARE
 
 /*
- * The attention family (SPEC section 4): a query against keys.
+ * The attention family (docs/contract.md section 4): a query against keys.
  *
  *   additive  s_it = v . tanh(W_k k_t + W_q q_i + b)    W = [W_k | W_q]
  *   dot       s_it = scale q_i . k_t

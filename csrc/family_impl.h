@@ -1,5 +1,5 @@
 /*
- * family_impl.h - the attention family (attention.h, SPEC section 4) for
+ * family_impl.h - the attention family (attention.h, docs/contract.md section 4) for
  * one floating type; kernels.c includes it after kernels_impl.h, with the
  * same parameters (REAL, SFX, TSFX, TANH).  Not a public header.
  *

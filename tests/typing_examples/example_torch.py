@@ -3,7 +3,11 @@
 import torch
 from typing_extensions import assert_type
 
-from attention_c.torch import ContextAttention, context_attention
+from attention_c.torch import (AdditiveAttention, ContextAttention,
+                               DotAttention, GeneralAttention,
+                               additive_attention, context_attention,
+                               dot_attention, general_attention,
+                               project_keys)
 
 pool = ContextAttention(4, 3)
 h = torch.randn(2, 5, 4)
@@ -14,3 +18,30 @@ assert_type(alpha, torch.Tensor)
 pooled = pool(h, mask)
 assert_type(pool.forward(h, mask, return_weights=True),
             torch.Tensor | tuple[torch.Tensor, torch.Tensor])
+
+# The attention family
+query = torch.randn(2, 3)
+keys = torch.randn(2, 5, 4)
+attn = AdditiveAttention(4, 3, 6)
+kp = attn.project_keys(keys)
+assert_type(kp, torch.Tensor)
+assert_type(attn.forward(query, keys, mask=mask, key_proj=kp),
+            torch.Tensor | tuple[torch.Tensor, torch.Tensor])
+out, alpha = additive_attention(query, keys, attn.W, attn.v, attn.b,
+                                key_proj=project_keys(keys, attn.W))
+assert_type(alpha, torch.Tensor)
+loaded = AdditiveAttention.from_linear(torch.nn.Linear(7, 6),
+                                       torch.nn.Linear(6, 1), key_size=4)
+assert_type(loaded, AdditiveAttention)
+assert_type(AdditiveAttention.from_d2l(torch.nn.Linear(4, 6),
+                                       torch.nn.Linear(3, 6),
+                                       torch.nn.Linear(6, 1)),
+            AdditiveAttention)
+out, alpha = dot_attention(keys, keys, values=torch.randn(2, 5, 2),
+                           scale=0.5)
+assert_type(DotAttention().forward(keys, keys), torch.Tensor | tuple[
+    torch.Tensor, torch.Tensor])
+general = GeneralAttention.from_linear(torch.nn.Linear(4, 3, bias=False))
+out, alpha = general_attention(query, keys, general.W,
+                               key_proj=general.project_keys(keys))
+assert_type(out, torch.Tensor)

@@ -1,0 +1,419 @@
+"""The NumPy layers of the attention family: AdditiveAttention,
+DotAttention and GeneralAttention.
+
+A layer must equal its functions forward and backward (exactly: the same
+calls), its backward must equal finite differences of its own forward in
+float64, its dicts must be the live arrays so that sgd_step / adam_step
+train it, and loading PyTorch layers must give what the attention_c.torch
+module loaded from them computes.
+"""
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from conftest import DTYPES, TOL, make_mask, numerical_grad, rel_err
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+B, TQ, T, H, HQ, A, HV = 3, 4, 5, 3, 2, 7, 2
+KINDS = ["additive", "dot", "general"]
+# (several queries, mask kind); "causal" is a per-query mask (..., Tq, T)
+# with a fully masked query
+CASES = [(True, "none"), (True, "random"), (True, "causal"),
+         (True, "all_masked"), (False, "random"), (False, "single")]
+CASE_IDS = [f"{'several' if s else 'single'}-{m}" for s, m in CASES]
+
+
+def make_layer(kind, dtype=np.float64, seed=0, bias=True):
+    if kind == "additive":
+        return ac.AdditiveAttention(H, HQ, A, bias=bias, dtype=dtype,
+                                    seed=seed)
+    if kind == "general":
+        return ac.GeneralAttention(HQ, H, dtype=dtype, seed=seed)
+    return ac.DotAttention(dtype=dtype)
+
+
+def inputs(kind, seed=0, several=True, mask="random", values=True,
+           dtype=np.float64):
+    """Arguments of a layer call by name, and the generator."""
+    rng = np.random.default_rng(seed)
+    hq = H if kind == "dot" else HQ
+    lead = (B, TQ) if several else (B,)
+    args = {"query": rng.standard_normal(lead + (hq,)).astype(dtype),
+            "keys": rng.standard_normal((B, T, H)).astype(dtype),
+            "values": (rng.standard_normal((B, T, HV)).astype(dtype)
+                       if values else None)}
+    if mask == "causal":
+        m = np.tril(np.ones((TQ, T), bool), 1) & np.ones((B, 1, 1), bool)
+        m[1, 0] = False
+        args["mask"] = m
+    else:
+        args["mask"] = make_mask(rng, (B,), T, mask)
+    return args, rng
+
+
+def functions(kind, layer, args, grad_out, grad_alpha):
+    """(out, alpha, grads) of the functional API with the layer's
+    parameters."""
+    q, k, m, vals = args["query"], args["keys"], args["mask"], args["values"]
+    if kind == "additive":
+        out, alpha = ac.additive_attention(q, k, layer.W, layer.v, layer.b,
+                                           m, vals)
+        g = ac.additive_attention_backward(grad_out, q, k, layer.W, layer.v,
+                                           alpha, layer.b, m, vals,
+                                           grad_alpha)
+    elif kind == "general":
+        out, alpha = ac.general_attention(q, k, layer.W, m, vals)
+        g = ac.general_attention_backward(grad_out, q, k, layer.W, alpha, m,
+                                          vals, grad_alpha)
+    else:
+        out, alpha = ac.dot_attention(q, k, m, vals, layer.scale)
+        g = ac.dot_attention_backward(grad_out, q, k, alpha, m, vals,
+                                      layer.scale, grad_alpha)
+    return out, alpha, g
+
+
+# --------------------------------------------------------------------------
+# Construction
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_init_like_torch_linear(dtype):
+    """Shapes, dtype, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) bounds."""
+    add = make_layer("additive", dtype)
+    assert add.W.shape == (A, H + HQ) and add.v.shape == (A,)
+    assert add.b.shape == (A,)
+    assert np.abs(add.W).max() <= 1 / np.sqrt(H + HQ)
+    assert np.abs(add.b).max() <= 1 / np.sqrt(H + HQ)
+    assert np.abs(add.v).max() <= 1 / np.sqrt(A)
+    assert np.abs(add.W).max() > 0.5 / np.sqrt(H + HQ)
+    gen = make_layer("general", dtype)
+    assert gen.W.shape == (HQ, H)
+    assert 0.5 / np.sqrt(H) < np.abs(gen.W).max() <= 1 / np.sqrt(H)
+    for layer in (add, gen):
+        assert all(p.dtype == dtype for p in layer.parameters().values())
+
+
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_init_is_seeded_and_dtype_independent(kind):
+    a, b = make_layer(kind, seed=3), make_layer(kind, seed=3)
+    c = make_layer(kind, np.float32, seed=3)
+    for name, p in a.parameters().items():
+        np.testing.assert_array_equal(p, b.parameters()[name])
+        np.testing.assert_array_equal(p.astype(np.float32),
+                                      c.parameters()[name])
+    assert not np.array_equal(a.W, make_layer(kind, seed=4).W)
+
+
+def test_init_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ac.AdditiveAttention(H, HQ, A, dtype=np.int32)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ac.GeneralAttention(HQ, H, dtype=np.float16)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ac.DotAttention(dtype=complex)
+    with pytest.raises(ValueError, match="query_size"):
+        ac.AdditiveAttention(H, 0, A)
+    with pytest.raises(ValueError, match="key_size"):
+        ac.GeneralAttention(HQ, 0)
+
+
+def test_parameters_and_grads_dicts():
+    """parameters() gives the live arrays; grads() is empty until a
+    backward, then has the same keys and shapes; no 'b' without a bias;
+    DotAttention has none."""
+    add = make_layer("additive")
+    params = add.parameters()
+    assert list(params) == ["W", "v", "b"]
+    assert params["W"] is add.W and params["b"] is add.b
+    assert add.grads() == {}
+    args, _ = inputs("additive")
+    out = add(**args)
+    add.backward(np.ones_like(out))
+    grads = add.grads()
+    assert list(grads) == ["W", "v", "b"]
+    assert all(grads[n].shape == params[n].shape for n in params)
+    grads["W"] = None                              # a copy of the dict
+    assert add.grads()["W"] is not None
+    nob = make_layer("additive", bias=False)
+    assert list(nob.parameters()) == ["W", "v"]
+    nob(**args)
+    nob.backward(np.ones_like(out))
+    assert list(nob.grads()) == ["W", "v"]
+    gen = make_layer("general")
+    assert list(gen.parameters()) == ["W"]
+    dot = make_layer("dot")
+    assert dot.parameters() == {}
+    dot(**inputs("dot")[0])
+    dot.backward(np.ones((B, TQ, HV)))
+    assert dot.grads() == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_before_call_raises(kind):
+    with pytest.raises(RuntimeError, match="before"):
+        make_layer(kind).backward(np.zeros((B, HV)))
+
+
+def test_repr():
+    assert repr(make_layer("additive", np.float32)) == (
+        "AdditiveAttention(key_size=3, query_size=2, attention_size=7, "
+        "bias=True, dtype=float32)")
+    assert repr(ac.DotAttention(0.5)) == "DotAttention(scale=0.5, " \
+                                         "dtype=float64)"
+    assert repr(make_layer("general")) == (
+        "GeneralAttention(query_size=2, key_size=3, dtype=float64)")
+
+
+# --------------------------------------------------------------------------
+# Against the functions
+
+
+@pytest.mark.parametrize("values", [True, False], ids=["values", "keys"])
+@pytest.mark.parametrize("several,mask", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_layer_equals_functions(kind, dtype, several, mask, values):
+    """Forward, attention_weights, the input gradients and the stored
+    parameter gradients (with grad_alpha) are the functions' results."""
+    layer = make_layer(kind, dtype, seed=1)
+    args, rng = inputs(kind, 2, several, mask, values, dtype)
+    out = layer(**args)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    ga = rng.standard_normal(layer.attention_weights.shape).astype(dtype)
+    grads = layer.backward(g, ga)
+    f_out, f_alpha, f_g = functions(kind, layer, args, g, ga)
+    assert out.dtype == dtype and grads.query.dtype == dtype
+    np.testing.assert_array_equal(out, f_out)
+    np.testing.assert_array_equal(layer.attention_weights, f_alpha)
+    assert isinstance(grads, ac.AttentionInputGrads)
+    for name in ["query", "keys", "values"]:
+        mine, theirs = getattr(grads, name), getattr(f_g, name)
+        if theirs is None:
+            assert mine is None and not values
+        else:
+            np.testing.assert_array_equal(mine, theirs)
+    for name, dp in layer.grads().items():
+        np.testing.assert_array_equal(dp, getattr(f_g, name))
+
+
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_key_proj_gives_the_same_results(kind):
+    """layer(..., key_proj=layer.project_keys(keys)) and its backward equal
+    the call without it."""
+    layer = make_layer(kind, seed=2)
+    args, rng = inputs(kind, 3, mask="causal", values=False)
+    out = layer(**args)
+    g = rng.standard_normal(out.shape)
+    grads, pgrads = layer.backward(g), layer.grads()
+    kp = layer.project_keys(args["keys"])
+    np.testing.assert_allclose(kp, ac.project_keys(args["keys"], layer.W),
+                               rtol=1e-15)
+    out_kp = layer(**args, key_proj=kp)
+    grads_kp = layer.backward(g)
+    tight = dict(rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(out_kp, out, **tight)
+    for a, b in zip(grads_kp, grads):
+        if b is not None:
+            np.testing.assert_allclose(a, b, **tight)
+    for name, dp in layer.grads().items():
+        np.testing.assert_allclose(dp, pgrads[name], **tight)
+
+
+def test_inputs_are_converted_to_the_layer_dtype():
+    """A float32 layer computes in float32 whatever the inputs' dtype, and
+    takes array-likes."""
+    for kind in KINDS:
+        layer = make_layer(kind, np.float32)
+        args, _ = inputs(kind, 4)                  # float64
+        out = layer(**args)
+        assert out.dtype == np.float32
+        g = layer.backward(out.astype(np.float64))
+        assert g.query.dtype == np.float32 and g.keys.dtype == np.float32
+        assert all(p.dtype == np.float32 for p in layer.grads().values())
+        listed = {n: x.tolist() if n != "mask" else x
+                  for n, x in args.items()}
+        np.testing.assert_array_equal(layer(**listed), out)
+
+
+def test_leading_batch_axes():
+    layer = make_layer("additive")
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 3, HQ))
+    k = rng.standard_normal((2, 3, T, H))
+    out = layer(q, k)
+    assert out.shape == (2, 3, H)
+    assert layer.attention_weights.shape == (2, 3, T)
+    g = layer.backward(np.ones_like(out))
+    assert g.query.shape == q.shape and g.keys.shape == k.shape
+    assert g.values is None
+
+
+# --------------------------------------------------------------------------
+# Finite differences of the layers themselves
+
+
+@pytest.mark.parametrize("several,mask", [(True, "causal"),
+                                          (False, "random")],
+                         ids=["several-causal", "single-random"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_matches_finite_differences(kind, several, mask):
+    """L = sum(out G) + sum(alpha Ga): the layer's input gradients and its
+    stored parameter gradients equal central differences of its own
+    forward (float64)."""
+    layer = make_layer(kind, seed=5)
+    args, rng = inputs(kind, 6, several, mask)
+    out = layer(**args)
+    G = rng.standard_normal(out.shape)
+    Ga = rng.standard_normal(layer.attention_weights.shape)
+
+    def loss():
+        out = layer(**args)
+        return np.sum(out * G) + np.sum(layer.attention_weights * Ga)
+
+    loss()
+    grads = layer.backward(G, Ga)
+    pgrads = layer.grads()
+    for name in ["query", "keys", "values"]:
+        err = rel_err(getattr(grads, name), numerical_grad(loss, args[name]))
+        assert err <= 1e-6, f"d{name}: relative error {err:.3g}"
+    for name, p in layer.parameters().items():
+        err = rel_err(pgrads[name], numerical_grad(loss, p))
+        assert err <= 1e-6, f"d{name}: relative error {err:.3g}"
+
+
+# --------------------------------------------------------------------------
+# Training with the optimiser steps
+
+
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_adam_training_reduces_the_loss(kind):
+    """Fit the output of a layer to that of a sharper teacher layer: the
+    loss falls by more than half in 100 Adam steps."""
+    rng = np.random.default_rng(7)
+    args, _ = inputs(kind, 8, mask="causal")
+    args["query"] = rng.standard_normal((16, TQ, HQ))
+    args["keys"] = rng.standard_normal((16, T, H))
+    args["values"] = rng.standard_normal((16, T, HV))
+    args["mask"] = np.broadcast_to(args["mask"][0], (16, TQ, T))
+    teacher = make_layer(kind, seed=11)
+    teacher.W *= 6
+    target = teacher(**args)
+    layer, state = make_layer(kind, seed=12), {}
+
+    def loss_and_step():
+        diff = layer(**args) - target
+        layer.backward(2 * diff / diff.size)
+        ac.adam_step(layer.parameters(), layer.grads(), state, lr=0.05)
+        return np.mean(diff ** 2)
+
+    first = loss_and_step()
+    for _ in range(100):
+        last = loss_and_step()
+    assert last < 0.5 * first, (first, last)
+
+
+def test_adam_on_the_query_of_dot_attention():
+    """DotAttention has no parameters; its query gradient trains a query
+    (with adam_step on a dict of inputs) to pick out one key's value."""
+    rng = np.random.default_rng(9)
+    keys = rng.standard_normal((8, T, H))
+    values = rng.standard_normal((8, T, HV))
+    target = values[:, 2]
+    params = {"query": rng.standard_normal((8, H)) * 0.1}
+    layer, state = ac.DotAttention(scale=2.0), {}
+
+    def loss_and_step():
+        diff = layer(params["query"], keys, values) - target
+        g = layer.backward(2 * diff / diff.size)
+        ac.adam_step(params, {"query": g.query}, state, lr=0.1)
+        return np.mean(diff ** 2)
+
+    first = loss_and_step()
+    for _ in range(100):
+        last = loss_and_step()
+    assert last < 0.2 * first, (first, last)
+
+
+# --------------------------------------------------------------------------
+# Loading from PyTorch
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_from_torch_equals_the_torch_modules(dtype, bias):
+    """AdditiveAttention.from_torch / from_d2l and
+    GeneralAttention.from_torch compute what the attention_c.torch modules
+    loaded from the same PyTorch layers compute, in the Linear's dtype."""
+    torch = pytest.importorskip("torch")
+    import attention_c.torch as act
+    torch.manual_seed(0)
+    tdtype = getattr(torch, dtype)
+    score = torch.nn.Linear(H + HQ, A, bias=bias, dtype=tdtype)
+    out_lin = torch.nn.Linear(A, 1, dtype=tdtype)
+    W_k = torch.nn.Linear(H, A, bias=bias, dtype=tdtype)
+    W_q = torch.nn.Linear(HQ, A, bias=False, dtype=tdtype)
+    linear = torch.nn.Linear(H, HQ, bias=bias, dtype=tdtype)
+    pairs = [
+        (ac.AdditiveAttention.from_torch(score, out_lin, key_size=H),
+         act.AdditiveAttention.from_linear(score, out_lin, key_size=H)),
+        (ac.AdditiveAttention.from_d2l(W_k, W_q, out_lin),
+         act.AdditiveAttention.from_d2l(W_k, W_q, out_lin)),
+        (ac.GeneralAttention.from_torch(linear),
+         act.GeneralAttention.from_linear(linear)),
+    ]
+    args, _ = inputs("additive", 10, mask="causal", dtype=dtype)
+    for layer, module in pairs:
+        assert layer.dtype == np.dtype(dtype)
+        for name, p in layer.parameters().items():
+            t = getattr(module, name).detach().numpy()
+            np.testing.assert_array_equal(p, t)
+            assert not np.shares_memory(p, t)
+        assert ("b" in layer.parameters()) == (
+            getattr(module, "b", None) is not None)
+        out = layer(**args)
+        with torch.no_grad():
+            t_out, t_alpha = module(
+                *(torch.from_numpy(args[n]) for n in
+                  ["query", "keys", "values", "mask"]), return_weights=True)
+        tol = dict(rtol=TOL[np.dtype(dtype).type], atol=0)
+        np.testing.assert_allclose(out, t_out.numpy(), **tol)
+        np.testing.assert_allclose(layer.attention_weights, t_alpha.numpy(),
+                                   **tol)
+
+
+def test_from_torch_dtype_and_bare_v():
+    torch = pytest.importorskip("torch")
+    score = torch.nn.Linear(H + HQ, A)
+    out_lin = torch.nn.Linear(A, 1)
+    layer = ac.AdditiveAttention.from_torch(score, out_lin.weight[0], H,
+                                            dtype=np.float64)
+    assert layer.dtype == np.float64 and layer.v.shape == (A,)
+    np.testing.assert_array_equal(layer.v, out_lin.weight[0].detach())
+    # the loaders share one helper: ContextAttention takes a bare v too
+    ctx = ac.ContextAttention.from_torch(torch.nn.Linear(2 * H, A),
+                                         out_lin.weight)
+    np.testing.assert_array_equal(ctx.v, out_lin.weight[0].detach())
+
+
+def test_from_torch_rejects_wrong_shapes():
+    torch = pytest.importorskip("torch")
+    score = torch.nn.Linear(H + HQ, A)
+    with pytest.raises(ValueError, match=r"out.weight has shape \(2, 7\)"):
+        ac.AdditiveAttention.from_torch(score, torch.nn.Linear(A, 2), H)
+    with pytest.raises(ValueError, match=r"score.weight has shape \(7, 5\)"
+                                         r".*key_size = 5"):
+        ac.AdditiveAttention.from_torch(score, torch.nn.Linear(A, 1), H + HQ)
+    with pytest.raises(ValueError, match="W_k.weight has shape"):
+        ac.AdditiveAttention.from_d2l(torch.nn.Linear(H, A),
+                                      torch.nn.Linear(HQ, A + 1),
+                                      torch.nn.Linear(A, 1))
+    with pytest.raises(ValueError, match="not initialised"):
+        ac.AdditiveAttention.from_d2l(torch.nn.LazyLinear(A),
+                                      torch.nn.Linear(HQ, A),
+                                      torch.nn.Linear(A, 1))
+    with pytest.raises(ValueError, match=r"w_v.weight has shape \(1, 3\)"):
+        ac.AdditiveAttention.from_d2l(torch.nn.Linear(H, A),
+                                      torch.nn.Linear(HQ, A),
+                                      torch.nn.Linear(3, 1))

@@ -1,0 +1,687 @@
+"""The attention family in the PyTorch adapter (attention_c.torch).
+
+AdditiveAttention, DotAttention and GeneralAttention and their functions:
+gradients checked with torch.autograd.gradcheck in float64 (both outputs;
+key masks, per-query causal masks and fully masked queries; one query or
+several; values or not; the key_proj path of a decoder loop); float32
+results and gradients against pure-PyTorch implementations (d2l.ai's
+additive attention, matmul-softmax-matmul, F.scaled_dot_product_attention);
+the loaders from PyTorch layers; the errors; and that the modules train.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import attention_c  # noqa: E402
+import attention_c.torch as act  # noqa: E402
+from conftest import rel_err  # noqa: E402
+
+B, TQ, T, H, HQ, A, HV = 3, 3, 5, 3, 2, 5, 2
+KINDS = ["additive", "dot", "general"]
+
+
+def key_mask():
+    """(B, T): all valid, fully masked, one valid key."""
+    return torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0]],
+                        dtype=torch.bool)
+
+
+def causal_mask():
+    """(B, TQ, T): query i sees keys t <= i + 2; one fully masked query and
+    one query with a single valid key."""
+    m = torch.ones(TQ, T, dtype=torch.bool).tril(2).repeat(B, 1, 1)
+    m[1, 0] = False
+    m[2, 1] = torch.tensor([0, 0, 0, 1, 0], dtype=torch.bool)
+    return m
+
+
+MASKS = {"none": lambda: None, "key": key_mask, "causal": causal_mask}
+
+
+def make(kind, several=True, values=False, mask="key", dtype=torch.float64,
+         bias=True, seed=0, grad=True):
+    """Random arguments of the kind's function, by name (the float ones
+    require grad)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        x = torch.randn(*shape, generator=g, dtype=dtype) * scale
+        return x.requires_grad_(grad)
+
+    hq = H if kind == "dot" else HQ
+    args = {"query": rnd(B, TQ, hq) if several else rnd(B, hq),
+            "keys": rnd(B, T, H),
+            "values": rnd(B, T, HV) if values else None,
+            "mask": MASKS[mask]()}
+    if kind == "additive":
+        args.update(W=rnd(A, H + HQ, scale=0.7), v=rnd(A),
+                    b=rnd(A, scale=0.3) if bias else None)
+    elif kind == "general":
+        args["W"] = rnd(HQ, H, scale=0.7)
+    return args
+
+
+CASES = [(several, mask) for several in (True, False)
+         for mask in MASKS if several or mask != "causal"]
+CASE_IDS = [f"{'several' if s else 'single'}-{m}" for s, m in CASES]
+
+
+def ours(kind, **args):
+    return getattr(act, f"{kind}_attention")(**args)
+
+
+def differentiable(args):
+    """Names of the arguments that require grad."""
+    return [n for n, x in args.items()
+            if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def as_function(kind, args, key_proj=False):
+    """(f, inputs) for gradcheck: f(*inputs) = (out, alpha), the inputs
+    being the arguments that require grad; with key_proj, f projects the
+    keys with project_keys and passes them on."""
+    names = differentiable(args)
+
+    def f(*xs):
+        a = dict(args, **dict(zip(names, xs)))
+        if key_proj:
+            a["key_proj"] = act.project_keys(a["keys"], a["W"])
+        return ours(kind, **a)
+
+    return f, [args[n] for n in names]
+
+
+# --------------------------------------------------------------------------
+# Pure-PyTorch implementations (their gradients come from autograd)
+
+
+def masked_softmax(s, m):
+    """Softmax over the valid keys; masked keys and queries with no valid
+    key get 0 (SPEC.md section 4)."""
+    if m is None:
+        return torch.softmax(s, -1)
+    any_valid = m.any(-1, keepdim=True)
+    s = s.masked_fill(~m, -math.inf)
+    M = torch.where(any_valid, s.amax(-1, keepdim=True), 0).detach()
+    e = torch.exp(s - M)
+    return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
+
+
+def attend(s, mask, vals, single):
+    """s (..., Tq, T) -> (out, alpha), a key mask applying to every query."""
+    if mask is not None and mask.ndim == s.ndim - 1:
+        mask = mask.unsqueeze(-2)
+    alpha = masked_softmax(s, mask)
+    out = alpha @ vals
+    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+
+
+def d2l_additive(query, keys, W, v, b=None, mask=None, values=None):
+    """d2l.ai's AdditiveAttention: W_q(q) and W_k(k) broadcast-added, tanh,
+    then w_v."""
+    single = query.ndim < keys.ndim
+    q = query.unsqueeze(-2) if single else query
+    Hk = keys.shape[-1]
+    features = (F.linear(q, W[:, Hk:], b).unsqueeze(-2)
+                + F.linear(keys, W[:, :Hk]).unsqueeze(-3))
+    scores = F.linear(torch.tanh(features), v[None])[..., 0]
+    return attend(scores, mask, keys if values is None else values, single)
+
+
+def matmul_general(query, keys, W, mask=None, values=None):
+    """q_i . (W_a k_t): matmul, softmax, matmul."""
+    single = query.ndim < keys.ndim
+    q = query.unsqueeze(-2) if single else query
+    s = q @ (keys @ W.T).transpose(-1, -2)
+    return attend(s, mask, keys if values is None else values, single)
+
+
+def sdpa_dot(query, keys, mask=None, values=None, scale=None):
+    """out from F.scaled_dot_product_attention (same scale and mask
+    conventions; a query with no valid key gives 0 in torch 2.13), alpha
+    from matmul-softmax."""
+    single = query.ndim < keys.ndim
+    q = query.unsqueeze(-2) if single else query
+    vals = keys if values is None else values
+    m = mask
+    if m is not None and m.ndim == q.ndim - 1:
+        m = m.unsqueeze(-2)
+    out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m,
+                                         scale=scale)
+    c = 1 / math.sqrt(keys.shape[-1]) if scale is None else scale
+    _, alpha = attend(c * q @ keys.transpose(-1, -2), mask, vals, False)
+    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+
+
+PURE = {"additive": d2l_additive, "dot": sdpa_dot, "general": matmul_general}
+
+
+# --------------------------------------------------------------------------
+# Gradients in float64
+
+
+@pytest.mark.parametrize("values", [False, True], ids=["keys", "values"])
+@pytest.mark.parametrize("several,mask", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck(kind, several, mask, values):
+    """gradcheck of both outputs for every differentiable argument."""
+    f, inputs = as_function(kind, make(kind, several, values, mask))
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("values", [False, True], ids=["keys", "values"])
+@pytest.mark.parametrize("several,mask", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_gradcheck_key_proj(kind, several, mask, values):
+    """With key_proj = project_keys(keys, W): the gradients of the keys and
+    of W come through the projection's graph, and are right."""
+    f, inputs = as_function(kind, make(kind, several, values, mask),
+                            key_proj=True)
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_gradcheck_additive_without_bias_and_scaled_dot():
+    f, inputs = as_function("additive", make("additive", bias=False))
+    assert torch.autograd.gradcheck(f, inputs)
+    args = make("dot", mask="causal")
+    assert torch.autograd.gradcheck(
+        lambda q, k: act.dot_attention(q, k, args["mask"], scale=0.3),
+        (args["query"], args["keys"]))
+
+
+def test_gradcheck_leading_batch_axes():
+    """Two leading axes, a key mask with a fully masked sequence."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 2, HQ, dtype=torch.float64, generator=g,
+                    requires_grad=True)
+    k = torch.randn(2, 2, T, H, dtype=torch.float64, generator=g,
+                    requires_grad=True)
+    m = torch.rand(2, 2, T, generator=g) < 0.7
+    m[0, 1] = False
+    W = make("additive")["W"]
+    v, b = make("additive")["v"], make("additive")["b"]
+    assert torch.autograd.gradcheck(
+        lambda q, k, W: act.additive_attention(q, k, W, v, b, m), (q, k, W))
+
+
+@pytest.mark.parametrize("values", [False, True], ids=["keys", "values"])
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_decoder_loop_with_key_proj(kind, values):
+    """A decoder loop attends to the same keys at every step: projecting
+    them once gives the gradients of projecting them at every step."""
+    args = make(kind, several=False, values=values, mask="key")
+    g = torch.Generator().manual_seed(9)
+    queries = torch.randn(4, *args["query"].shape, dtype=torch.float64,
+                          generator=g)
+    Ga = torch.randn(4, B, T, dtype=torch.float64, generator=g)
+
+    def run(use_proj):
+        leaves = {n: args[n].detach().clone().requires_grad_()
+                  for n in differentiable(args)}
+        a = dict(args, **leaves)
+        if use_proj:
+            a["key_proj"] = act.project_keys(a["keys"], a["W"])
+        loss = 0
+        state = a["query"]
+        for step in range(4):
+            a["query"] = torch.tanh(state + queries[step])
+            out, alpha = ours(kind, **a)
+            loss = loss + (out ** 2).sum() + (alpha * Ga[step]).sum()
+            state = a["query"] + out.sum(-1, keepdim=True)
+        loss.backward()
+        return {n: x.grad for n, x in leaves.items()}
+
+    plain, projected = run(False), run(True)
+    for name in plain:
+        err = rel_err(projected[name], plain[name])
+        assert err < 1e-13, f"d{name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_constant_key_proj_gives_the_full_gradients(kind):
+    """A key_proj that does not require grad (made under no_grad) stands
+    for the projection of the keys: each call then gives the keys and W
+    the gradients of a call without key_proj."""
+    args = make(kind, values=False, mask="causal")
+    f, inputs = as_function(kind, args)
+    with torch.no_grad():
+        kp = act.project_keys(args["keys"], args["W"])
+    g = as_function(kind, dict(args, key_proj=kp))[0]
+    out, alpha = f(*inputs)
+    grads = torch.autograd.grad(out.sum() + alpha[..., 0].sum(), inputs)
+    out, alpha = g(*inputs)
+    grads_kp = torch.autograd.grad(out.sum() + alpha[..., 0].sum(), inputs)
+    for a, b in zip(grads_kp, grads):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
+
+
+def test_fully_masked_queries_give_zeros_and_zero_gradients():
+    """A query with no valid key: out = 0, alpha = 0, zero gradient; NaN in
+    masked keys and values reaches nothing.  (With key_proj, NaN keys would
+    reach dW through PyTorch's own backward of project_keys: only the
+    values get one there.)"""
+    for kind in KINDS:
+        for use_proj in [False, True] if kind != "dot" else [False]:
+            args = make(kind, several=True, values=True, mask="causal")
+            args["mask"][0, :, -1] = False
+            with torch.no_grad():
+                if not use_proj:                   # masked for every query
+                    args["keys"][0, -1] = math.nan
+                args["values"][0, -1] = math.nan
+            f, inputs = as_function(kind, args, key_proj=use_proj)
+            out, alpha = f(*inputs)
+            (out.sum() + alpha.sum()).backward()
+            assert torch.all(out[1, 0] == 0) and torch.all(alpha[1, 0] == 0)
+            assert torch.all(args["query"].grad[1, 0] == 0)
+            for x in inputs:
+                assert torch.isfinite(x.grad).all(), (kind, use_proj)
+            assert torch.isfinite(out).all() and torch.isfinite(alpha).all()
+
+
+# --------------------------------------------------------------------------
+# float32 against pure PyTorch
+
+
+def detached_copy(args):
+    return {n: x.detach().clone().requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor) else x for n, x in args.items()}
+
+
+@pytest.mark.parametrize("values", [False, True], ids=["keys", "values"])
+@pytest.mark.parametrize("several,mask", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_equals_pure_pytorch(kind, several, mask, values):
+    """float32 outputs and gradients (of a loss using both outputs) equal
+    the pure-PyTorch float32 implementation within float32 rounding."""
+    mine = make(kind, several, values, mask, dtype=torch.float32, seed=2)
+    theirs = detached_copy(mine)
+    out, alpha = ours(kind, **mine)
+    r_out, r_alpha = PURE[kind](**theirs)
+    assert out.dtype == torch.float32 and alpha.dtype == torch.float32
+    assert rel_err(out.detach(), r_out.detach()) < 1e-6
+    assert rel_err(alpha.detach(), r_alpha.detach()) < 1e-6
+    g = torch.Generator().manual_seed(3)
+    Go = torch.randn(out.shape, generator=g)
+    Ga = torch.randn(alpha.shape, generator=g)
+    ((out * Go).sum() + (alpha * Ga).sum()).backward()
+    ((r_out * Go).sum() + (r_alpha * Ga).sum()).backward()
+    for name in differentiable(mine):
+        assert mine[name].grad.dtype == torch.float32
+        err = rel_err(mine[name].grad, theirs[name].grad)
+        assert err < 1e-5, f"d{name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("use", ["out", "alpha"])
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_float32_key_proj_one_output(kind, use):
+    """key_proj with a loss on one output only (the other gradient None)."""
+    mine = make(kind, values=True, mask="causal", dtype=torch.float32,
+                seed=4)
+    theirs = detached_copy(mine)
+    out, alpha = ours(kind, **mine,
+                      key_proj=act.project_keys(mine["keys"], mine["W"]))
+    r_out, r_alpha = PURE[kind](**theirs)
+    (out if use == "out" else alpha).pow(2).sum().backward()
+    (r_out if use == "out" else r_alpha).pow(2).sum().backward()
+    for name in differentiable(mine):
+        grad, r_grad = mine[name].grad, theirs[name].grad
+        if r_grad is None:                  # alpha does not see the values
+            r_grad = torch.zeros_like(grad)
+        err = rel_err(grad, r_grad)
+        assert err < 1e-5, f"d{name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("scale", [None, 0.25])
+def test_dot_equals_scaled_dot_product_attention(scale):
+    """Against SDPA with a per-query causal mask and its scale argument."""
+    mine = make("dot", values=True, mask="causal", dtype=torch.float32,
+                seed=6)
+    theirs = detached_copy(mine)
+    out, _ = act.dot_attention(**mine, scale=scale)
+    r_out = F.scaled_dot_product_attention(
+        theirs["query"], theirs["keys"], theirs["values"],
+        attn_mask=theirs["mask"], scale=scale)
+    assert rel_err(out.detach(), r_out.detach()) < 1e-6
+    out.sum().backward()
+    r_out.sum().backward()
+    for name in ["query", "keys", "values"]:
+        assert rel_err(mine[name].grad, theirs[name].grad) < 1e-5, name
+
+
+# --------------------------------------------------------------------------
+# Modules and loaders
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_module_parameters_and_init(dtype):
+    torch.manual_seed(0)
+    add = act.AdditiveAttention(H, HQ, A, dtype=dtype)
+    assert list(dict(add.named_parameters())) == ["W", "v", "b"]
+    assert add.W.shape == (A, H + HQ) and add.W.dtype == dtype
+    assert add.W.abs().max() <= 1 / math.sqrt(H + HQ)
+    assert add.b.abs().max() <= 1 / math.sqrt(H + HQ)
+    assert add.v.abs().max() <= 1 / math.sqrt(A)
+    assert "key_size=3, query_size=2, attention_size=5, bias=True" in repr(
+        add)
+    nob = act.AdditiveAttention(H, HQ, A, bias=False)
+    assert list(dict(nob.named_parameters())) == ["W", "v"]
+    gen = act.GeneralAttention(HQ, H, dtype=dtype)
+    assert list(dict(gen.named_parameters())) == ["W"]
+    assert gen.W.shape == (HQ, H) and gen.W.dtype == dtype
+    assert gen.W.abs().max() <= 1 / math.sqrt(H)
+    dot = act.DotAttention(scale=0.5)
+    assert list(dot.parameters()) == [] and "scale=0.5" in repr(dot)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_modules_equal_their_functions(kind):
+    args = make(kind, values=True, mask="causal", grad=False)
+    if kind == "additive":
+        module = act.AdditiveAttention(H, HQ, A, dtype=torch.float64)
+    elif kind == "general":
+        module = act.GeneralAttention(HQ, H, dtype=torch.float64)
+    else:
+        module = act.DotAttention()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(args[name])
+    out, alpha = module(args["query"], args["keys"], args["values"],
+                        args["mask"], return_weights=True)
+    f_out, f_alpha = ours(kind, **args)
+    assert torch.equal(out, f_out) and torch.equal(alpha, f_alpha)
+    assert torch.equal(module(args["query"], args["keys"], args["values"],
+                              args["mask"]), f_out)
+    if kind != "dot":
+        kp = module.project_keys(args["keys"])
+        torch.testing.assert_close(
+            module(args["query"], args["keys"], args["values"],
+                   args["mask"], key_proj=kp), f_out, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_additive_from_linear(bias):
+    """from_linear(score, out, key_size) computes out(tanh(score([k; q])))
+    scores, with out a Linear(A, 1) or its weight as a tensor."""
+    torch.manual_seed(1)
+    score = torch.nn.Linear(H + HQ, A, bias=bias, dtype=torch.float64)
+    out_lin = torch.nn.Linear(A, 1, dtype=torch.float64)
+    module = act.AdditiveAttention.from_linear(score, out_lin, key_size=H)
+    assert module.W.dtype == torch.float64 and (module.b is None) != bias
+    args = make("additive", mask="causal", grad=False)
+    q, k, m = args["query"], args["keys"], args["mask"]
+    out, alpha = module(q, k, mask=m, return_weights=True)
+    kq = torch.cat([k[:, None].expand(B, TQ, T, H),
+                    q[:, :, None].expand(B, TQ, T, HQ)], -1)
+    r_out, r_alpha = attend(out_lin(torch.tanh(score(kq)))[..., 0], m, k,
+                            False)
+    torch.testing.assert_close(alpha, r_alpha, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(out, r_out, rtol=1e-12, atol=1e-15)
+    for v in [out_lin.weight, out_lin.weight[0]]:
+        other = act.AdditiveAttention.from_linear(score, v, key_size=H)
+        assert torch.equal(other.v, module.v)
+    with pytest.raises(ValueError, match=r"out.weight has shape \(2, 5\)"):
+        act.AdditiveAttention.from_linear(score, torch.nn.Linear(A, 2), H)
+    with pytest.raises(ValueError, match="key_size = 5"):
+        act.AdditiveAttention.from_linear(score, out_lin, key_size=H + HQ)
+
+
+class D2LAdditiveAttention(torch.nn.Module):
+    """d2l.ai's additive attention (chapter 11.3), with nn.Linear for its
+    nn.LazyLinear layers and valid_lens masking."""
+
+    def __init__(self, key_size, query_size, num_hiddens):
+        super().__init__()
+        self.W_k = torch.nn.Linear(key_size, num_hiddens, bias=False)
+        self.W_q = torch.nn.Linear(query_size, num_hiddens, bias=False)
+        self.w_v = torch.nn.Linear(num_hiddens, 1, bias=False)
+
+    def forward(self, queries, keys, values, valid_lens):
+        queries, keys = self.W_q(queries), self.W_k(keys)
+        features = torch.tanh(queries.unsqueeze(2) + keys.unsqueeze(1))
+        scores = self.w_v(features).squeeze(-1)
+        valid = torch.arange(scores.shape[-1]) < valid_lens[:, None, None]
+        scores = scores.masked_fill(~valid, -1e6)
+        self.attention_weights = torch.softmax(scores, dim=-1)
+        return torch.bmm(self.attention_weights, values)
+
+
+def test_additive_from_d2l():
+    torch.manual_seed(2)
+    d2l = D2LAdditiveAttention(H, HQ, A)
+    module = act.AdditiveAttention.from_d2l(d2l.W_k, d2l.W_q, d2l.w_v)
+    assert module.b is None and module.W.dtype == torch.float32
+    args = make("additive", values=True, dtype=torch.float32, grad=False)
+    valid_lens = torch.tensor([5, 1, 3])
+    mask = torch.arange(T) < valid_lens[:, None]
+    out, alpha = module(args["query"], args["keys"], args["values"], mask,
+                        return_weights=True)
+    r_out = d2l(args["query"], args["keys"], args["values"], valid_lens)
+    assert rel_err(out.detach(), r_out.detach()) < 1e-6
+    assert rel_err(alpha.detach(), d2l.attention_weights.detach()) < 1e-6
+    # biases of W_k and W_q, if any, add up to b
+    W_k = torch.nn.Linear(H, A)
+    W_q = torch.nn.Linear(HQ, A)
+    biased = act.AdditiveAttention.from_d2l(W_k, W_q, d2l.w_v)
+    torch.testing.assert_close(biased.b, W_k.bias + W_q.bias)
+    with pytest.raises(ValueError, match="not initialised"):
+        act.AdditiveAttention.from_d2l(torch.nn.LazyLinear(A), d2l.W_q,
+                                       d2l.w_v)
+    with pytest.raises(ValueError, match="W_k.weight has shape"):
+        act.AdditiveAttention.from_d2l(torch.nn.Linear(H, A + 1), d2l.W_q,
+                                       d2l.w_v)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_general_from_linear(bias):
+    """q_i . linear(k_t): linear's bias shifts the scores of a query by a
+    constant and drops out."""
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(H, HQ, bias=bias, dtype=torch.float64)
+    module = act.GeneralAttention.from_linear(linear)
+    assert torch.equal(module.W, linear.weight)
+    assert module.W.data_ptr() != linear.weight.data_ptr()
+    args = make("general", mask="causal", grad=False)
+    q, k, m = args["query"], args["keys"], args["mask"]
+    out, alpha = module(q, k, mask=m, return_weights=True)
+    r_out, r_alpha = attend(q @ linear(k).transpose(-1, -2), m, k, False)
+    torch.testing.assert_close(alpha, r_alpha, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(out, r_out, rtol=1e-12, atol=1e-15)
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_cpu_tensors_are_refused(kind):
+    """Every tensor argument on another device ('meta' here; CUDA takes the
+    same path) raises before any data is touched, naming the argument."""
+    base = make(kind, values=True, grad=False)
+    for name, x in base.items():
+        if not isinstance(x, torch.Tensor) or name == "mask":
+            continue
+        args = dict(base, **{name: x.to("meta")})
+        with pytest.raises(ValueError,
+                           match=f"CPU only, but {name} is on device 'meta'"):
+            ours(kind, **args)
+    args = dict(base, mask=base["mask"].to("meta"))
+    with pytest.raises(ValueError, match="CPU only, but mask is on device"):
+        ours(kind, **args)
+    module = {"additive": act.AdditiveAttention(H, HQ, A),
+              "dot": act.DotAttention(),
+              "general": act.GeneralAttention(HQ, H)}[kind].to("meta")
+    device = "meta" if kind == "dot" else "cpu"    # dot has no parameters
+    q = torch.zeros(B, H if kind == "dot" else HQ, device=device)
+    with pytest.raises(ValueError, match="CPU only.*move the module"):
+        module(q, torch.zeros(B, T, H, device=device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_are_refused():
+    args = make("dot", grad=False)
+    args["keys"] = args["keys"].cuda()
+    with pytest.raises(ValueError, match="CPU only, but keys is on device "
+                                         "'cuda:0'"):
+        act.dot_attention(**args)
+
+
+def test_bad_dtypes_are_refused():
+    args = make("additive", values=True, grad=False)
+    with pytest.raises(TypeError, match="W has dtype torch.float32 but "
+                                        "query has torch.float64"):
+        act.additive_attention(**dict(args, W=args["W"].float()))
+    with pytest.raises(TypeError, match="values has dtype torch.float32"):
+        act.additive_attention(**dict(args, values=args["values"].float()))
+    with pytest.raises(TypeError, match="key_proj has dtype torch.float32"):
+        act.additive_attention(**args, key_proj=act.project_keys(
+            args["keys"], args["W"]).float())
+    half = {n: x.half() if isinstance(x, torch.Tensor) and n != "mask"
+            else x for n, x in make("dot", grad=False).items()}
+    with pytest.raises(TypeError, match="query has dtype torch.float16"):
+        act.dot_attention(**half)
+    with pytest.raises(TypeError, match="keys must be a torch.Tensor"):
+        act.general_attention(**dict(make("general"),
+                                     keys=np.zeros((B, T, H))))
+    for cls, sizes in [(act.AdditiveAttention, (H, HQ, A)),
+                       (act.GeneralAttention, (HQ, H))]:
+        with pytest.raises(TypeError, match="dtype must be"):
+            cls(*sizes, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mask_that_requires_grad_is_refused(kind):
+    args = make(kind)
+    m = torch.ones(B, T, requires_grad=True)
+    with pytest.raises(ValueError, match="mask requires grad"):
+        ours(kind, **dict(args, mask=m))
+    with pytest.raises(TypeError, match="mask has dtype torch.float32; "
+                                        "expected torch.bool with True = "
+                                        "valid key"):
+        ours(kind, **dict(args, mask=m.detach()))
+
+
+def test_shape_errors_come_from_the_kernels():
+    """ValueErrors of the NumPy functions, naming the argument."""
+    args = make("additive", values=True, grad=False)
+    with pytest.raises(ValueError, match="values"):
+        act.additive_attention(**dict(args, values=args["values"][:, :2]))
+    args = make("dot", several=False, grad=False)
+    with pytest.raises(ValueError, match="mask"):
+        act.dot_attention(**dict(args, mask=causal_mask()))
+    args = make("general", grad=False)
+    with pytest.raises(ValueError, match="W"):
+        act.general_attention(**dict(args, W=args["W"].T))
+    with pytest.raises(ValueError, match=r"W has shape \(2, 3\); expected "
+                                         r"\(P, >= H\) = \(P, >= 4\)"):
+        act.project_keys(torch.zeros(B, T, 4, dtype=torch.float64),
+                         args["W"])
+
+
+def test_alpha_modified_in_place_is_detected():
+    args = make("general")
+    out, alpha = act.general_attention(**args)
+    loss = (alpha * 2).sum() + out.sum()
+    alpha.mul_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace"):
+        loss.backward()
+
+
+# --------------------------------------------------------------------------
+# Memory and modes
+
+
+def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
+    """The arrays given to the NumPy function are the tensors' memory (a
+    strided view too), and out is the function's own result."""
+    seen = {}
+    real = attention_c.additive_attention
+
+    def spy(*args, **kwargs):
+        seen["in"], seen["out"] = args, real(*args, **kwargs)
+        return seen["out"]
+
+    monkeypatch.setattr(attention_c, "additive_attention", spy)
+    args = make("additive", mask="key")
+    keys_t = args["keys"].detach().transpose(0, 1).requires_grad_()
+    args["keys"] = keys_t.transpose(0, 1)
+    out, alpha = act.additive_attention(**args)
+    for name, arr in zip(["query", "keys", "W", "v", "b", "mask"],
+                         seen["in"]):
+        t = args[name]
+        assert arr.__array_interface__["data"][0] == t.data_ptr(), name
+        assert arr.strides == tuple(s * t.element_size()
+                                    for s in t.stride()), name
+    assert out.data_ptr() == seen["out"][0].ctypes.data
+    assert alpha.data_ptr() == seen["out"][1].ctypes.data
+
+
+def test_non_contiguous_inputs():
+    """Transposed and sliced views give the results and gradients of their
+    contiguous copies."""
+    args = make("dot", values=True, mask="causal")
+    big = torch.randn(B, H, 2 * T, dtype=torch.float64, requires_grad=True)
+    view = big[:, :, ::2].transpose(1, 2)              # (B, T, H), strided
+    assert not view.is_contiguous()
+    out, alpha = act.dot_attention(**dict(args, keys=view))
+    flat = view.detach().contiguous().requires_grad_()
+    out_c, alpha_c = act.dot_attention(**dict(args, keys=flat))
+    torch.testing.assert_close(out, out_c, rtol=1e-14, atol=0)
+    (out.sum() + alpha[..., 0].sum()).backward()
+    (out_c.sum() + alpha_c[..., 0].sum()).backward()
+    torch.testing.assert_close(big.grad[:, :, ::2].transpose(1, 2),
+                               flat.grad, rtol=1e-14, atol=0)
+    assert torch.all(big.grad[:, :, 1::2] == 0)
+
+
+def test_no_grad_mode():
+    args = make("general", values=True)
+    with torch.no_grad():
+        out, alpha = act.general_attention(**args)
+    assert not out.requires_grad and not alpha.requires_grad
+
+
+# --------------------------------------------------------------------------
+# Training
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_module_trains(kind):
+    """Retrieval: the query is a noisy copy of one key, the target that
+    key's value.  A small model (a Linear on the query, then the
+    attention module) trained with Adam brings the loss down."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    n, length, hk, hv = 128, 6, 8, 4
+    keys = torch.randn(n, length, hk, generator=g)
+    values = torch.randn(n, length, hv, generator=g)
+    pick = torch.randint(0, length, (n,), generator=g)
+    lengths = torch.maximum(torch.randint(3, length + 1, (n,), generator=g),
+                            pick + 1)
+    mask = torch.arange(length) < lengths[:, None]
+    query = keys[torch.arange(n), pick] + 0.1 * torch.randn(n, hk,
+                                                            generator=g)
+    target = values[torch.arange(n), pick]
+    attention = {"additive": act.AdditiveAttention(hk, hk, 16),
+                 "dot": act.DotAttention(),
+                 "general": act.GeneralAttention(hk, hk)}[kind]
+    model = torch.nn.ModuleDict({"proj": torch.nn.Linear(hk, hk),
+                                 "attention": attention})
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+
+    def loss_fn():
+        out = model["attention"](model["proj"](query), keys, values, mask)
+        return F.mse_loss(out, target)
+
+    first = loss_fn().item()
+    for _ in range(60):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    last = loss_fn().item()
+    assert last < 0.3 * first, (first, last)
