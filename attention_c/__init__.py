@@ -69,7 +69,8 @@ _threads_from_environment()
 
 
 def set_num_threads(n):
-    """Set how many threads the fused layer (forward and backward) may use.
+    """Set how many threads the fused layer and the attention family
+    (forward and backward) may use.
 
     The default is the ``ATTENTION_C_NUM_THREADS`` environment variable, or
     else the cores this process may run on.  Results are bitwise the same

@@ -554,10 +554,11 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor,
     ``s_it = scale q_i . k_t``.
 
     Same maths, arguments and shapes as :func:`attention_c.dot_attention`
-    (docs/contract.md section 4); the gradients are the C backward.  With several
-    queries this is ``F.scaled_dot_product_attention(query, keys, values,
-    attn_mask=mask, scale=scale)`` (the same scale and mask conventions),
-    except that a query with no valid key gets 0 instead of NaN.
+    (docs/contract.md section 4); the gradients are the C backward.  With
+    several queries this is ``F.scaled_dot_product_attention(query, keys,
+    values, attn_mask=mask, scale=scale)`` (the same scale and mask
+    conventions); a query with no valid key gets 0 (older PyTorch versions
+    gave NaN there).
 
     Parameters
     ----------
