@@ -3,9 +3,9 @@
 :class:`ContextAttention` pools a sequence with its own mean as the query;
 :class:`AdditiveAttention`, :class:`DotAttention` and
 :class:`GeneralAttention` attend from queries to keys (the attention family,
-docs/contract.md section 4).  Each layer holds its parameters, remembers what its
-backward needs from the last call, and stores the parameter gradients of the
-last backward.  :func:`sgd_step` and :func:`adam_step` update a dict of
+docs/contract.md section 4).  Each layer holds its parameters, remembers
+what its backward needs from the last call, and stores the parameter
+gradients of the last backward.  :func:`sgd_step` and :func:`adam_step` update a dict of
 parameters in place from a dict of gradients, so a NumPy training loop is::
 
     layer = ContextAttention(H, A, seed=0)
@@ -207,7 +207,8 @@ class ContextAttention(_Layer):
 
     ``out = sum_t alpha_t h_t`` with ``alpha = masked softmax of
     v . tanh(W_h h_t + W_c c + b)`` and ``c`` the mean of the valid
-    ``h_t`` (docs/contract.md section 1).  Forward and backward are one C call each.
+    ``h_t`` (docs/contract.md section 1).  Forward and backward are one C
+    call each.
 
     Parameters
     ----------
@@ -653,8 +654,8 @@ class DotAttention(_Attention):
     """Scaled dot-product attention as a NumPy layer (no parameters).
 
     ``s_it = scale q_i . k_t``, ``alpha_i`` the masked softmax of ``s_i``
-    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md section 4;
-    :func:`attention_c.dot_attention`).
+    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md
+    section 4; :func:`attention_c.dot_attention`).
 
     Parameters
     ----------
@@ -733,8 +734,8 @@ class GeneralAttention(_Attention):
     layer.
 
     ``s_it = q_i . (W_a k_t)``, ``alpha_i`` the masked softmax of ``s_i``
-    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md section 4;
-    :func:`attention_c.general_attention`).
+    over the keys, ``out_i = sum_t alpha_it val_t`` (docs/contract.md
+    section 4; :func:`attention_c.general_attention`).
 
     Parameters
     ----------

@@ -1,8 +1,9 @@
 """Plain NumPy reference for every attention_c kernel.
 
 This module is meant to be *read*: each function is one step of the layer,
-written the way the maths is written in ``docs/contract.md``, with the shapes in the
-comments.  The C kernels must agree with it; the tests check that they do.
+written the way the maths is written in ``docs/contract.md``, with the
+shapes in the comments.  The C kernels must agree with it; the tests check
+that they do.
 
 Notation (one sequence; any leading axes ``...`` are a batch):
 
@@ -165,8 +166,9 @@ def weighted_sum_backward(grad_out, alpha, h):
 
 
 # --------------------------------------------------------------------------
-# 5. The whole layer, written out once more from docs/contract.md sections 1 and 2
-#    (independently of the building blocks above, so each checks the other).
+# 5. The whole layer, written out once more from docs/contract.md sections
+#    1 and 2 (independently of the building blocks above, so each checks the
+#    other).
 
 def context_attention(h, W, v, b=None, mask=None):
     """(out (..., H), alpha (..., T)) of context-pooled additive attention."""
@@ -190,7 +192,7 @@ def context_attention(h, W, v, b=None, mask=None):
 
 def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
                                grad_alpha=None):
-    """Gradients (dh, dW, dv, db) of the layer, from docs/contract.md section 2.
+    """Gradients (dh, dW, dv, db) of the layer (docs/contract.md section 2).
 
     ``alpha`` is the forward's output; parameter gradients are summed over
     the batch; db is None when b is.
@@ -324,7 +326,7 @@ def _attend_backward(g, alpha, m, values, grad_alpha):
 
 
 def _additive_parts(query, keys, W, b, key_proj):
-    """u (..., Tq, T, A) = tanh(W_k k_t + W_q q_i + b), W_k k_t once per key."""
+    """u (..., Tq, T, A) = tanh(W_k k_t + W_q q_i + b); W_k k_t once a key."""
     H = keys.shape[-1]
     kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     qp = query @ W[:, H:].T                            # (..., Tq, A)

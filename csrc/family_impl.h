@@ -1,7 +1,8 @@
 /*
- * family_impl.h - the attention family (attention.h, docs/contract.md section 4) for
- * one floating type; kernels.c includes it after kernels_impl.h, with the
- * same parameters (REAL, SFX, TSFX, TANH).  Not a public header.
+ * family_impl.h - the attention family (attention.h, docs/contract.md
+ * section 4) for one floating type; kernels.c includes it after
+ * kernels_impl.h, with the same parameters (REAL, SFX, TSFX, TANH).  Not a
+ * public header.
  *
  * Every score is the same frame around a few primitives (fast.h, att_ops:
  * a product, the additive score of one query, one softmax row), taken

@@ -68,7 +68,7 @@ ATT_OPS_DECLARE(double, f64)
 
 #undef ATT_OPS_DECLARE
 
-#define ATT_FAST_DECLARE(R, SFX, T)                                             \
+#define ATT_FAST_DECLARE(R, SFX, T)                                          \
     size_t att_fast_workspace_##SFX(att_dims d, int backward, int threads);  \
     int att_fast_context_attention_##SFX(                                    \
         att_dims d, att_pool *pool, int threads, const R *h, const R *W,     \
