@@ -5,8 +5,9 @@
 :class:`GeneralAttention` attend from queries to keys (the attention family,
 docs/contract.md section 4).  Each layer holds its parameters, remembers
 what its backward needs from the last call, and stores the parameter
-gradients of the last backward.  :func:`sgd_step` and :func:`adam_step` update a dict of
-parameters in place from a dict of gradients, so a NumPy training loop is::
+gradients of the last backward.  :func:`sgd_step` and :func:`adam_step`
+update a dict of parameters in place from a dict of gradients, so a NumPy
+training loop is::
 
     layer = ContextAttention(H, A, seed=0)
     out = layer(h, mask)                   # (..., H)
