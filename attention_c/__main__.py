@@ -2,7 +2,8 @@
 
 Computes context-pooled attention on a random masked batch, shows one
 sequence's weights and output, checks the C kernels and their gradients
-against the plain NumPy reference in float32 and float64, and times the
+(the layer and the three scores of the attention family) against the plain
+NumPy reference in float32 and float64, and times the
 fused C layer against the reference.  Exits with status 1 if a check fails.
 """
 
@@ -66,9 +67,54 @@ def check(rng, dtype):
     return fwd, bwd, ok
 
 
+def check_family(rng, dtype):
+    """Max normwise errors of the three family scores (several queries,
+    per-query causal mask with a fully masked query, values) vs reference;
+    each score's forward and every gradient."""
+    B, Tq, T, H, Hq, Hv, A = 3, 5, 7, 6, 4, 3, 5
+    q, k, vals = (rng.standard_normal(s) for s in
+                  ((B, Tq, Hq), (B, T, H), (B, T, Hv)))
+    qd = rng.standard_normal((B, Tq, H))
+    Wadd, v, b = (rng.standard_normal((A, H + Hq)) / 3,
+                  rng.standard_normal(A), rng.standard_normal(A))
+    Wgen = rng.standard_normal((Hq, H)) / 3
+    mask = np.tril(np.ones((B, Tq, T), bool), 1)
+    mask[0, 2] = False                             # a query with no key
+    go, ga = rng.standard_normal((B, Tq, Hv)), rng.standard_normal((B, Tq, T))
+    calls = {
+        "additive": ((q, k, Wadd, v, b), "additive_attention",
+                     lambda a, x: (x[5], x[0], x[1], x[2], x[3], a, x[4])),
+        "dot": ((qd, k), "dot_attention",
+                lambda a, x: (x[2], x[0], x[1], a)),
+        "general": ((q, k, Wgen), "general_attention",
+                    lambda a, x: (x[3], x[0], x[1], x[2], a)),
+    }
+    errors = {}
+    for score, (args, fn, bwd_args) in calls.items():
+        cast = tuple(x.astype(dtype) for x in args)
+        extra = dict(mask=mask, values=vals.astype(dtype))
+        out, alpha = getattr(ac, fn)(*cast, **extra)
+        grads = getattr(ac, fn + "_backward")(
+            *bwd_args(alpha, cast + (go.astype(dtype),)),
+            grad_alpha=ga.astype(dtype), **extra)
+        f64 = tuple(x.astype(np.float64) for x in cast)
+        r_out, r_alpha = getattr(ref, fn)(*f64, mask=mask, values=vals)
+        r_grads = getattr(ref, fn + "_backward")(
+            *bwd_args(r_alpha, f64 + (go.astype(dtype).astype(np.float64),)),
+            grad_alpha=ga.astype(dtype).astype(np.float64), mask=mask,
+            values=vals.astype(dtype).astype(np.float64))
+        fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
+        bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads))
+        ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype] and out.dtype == dtype
+              and np.all(alpha[0, 2] == 0) and np.all(grads.query[0, 2] == 0))
+        errors[score] = (fwd, bwd, ok)
+    return errors
+
+
 def main():
     rng = np.random.default_rng(0)
-    print(f"attention_c {ac.__version__}: context-pooled additive attention")
+    print(f"attention_c {ac.__version__}: context-pooled additive attention "
+          f"and the attention family")
     print("  c = mean(h_t),  s_t = v . tanh(W [h_t; c] + b),  "
           "alpha = softmax(s),  out = sum_t alpha_t h_t\n")
 
@@ -92,6 +138,13 @@ def main():
         print(f"  {np.dtype(dtype).name:8s} forward {fwd:.1e}  "
               f"gradients {bwd:.1e}  (tolerance {TOL[dtype]:.0e})  "
               f"{'ok' if ok else 'FAILED'}")
+    print("the attention family (several queries, causal mask, values):")
+    for dtype in (np.float32, np.float64):
+        for score, (fwd, bwd, ok) in check_family(rng, dtype).items():
+            all_ok &= ok
+            print(f"  {score:8s} {np.dtype(dtype).name:8s} forward "
+                  f"{fwd:.1e}  gradients {bwd:.1e}  "
+                  f"{'ok' if ok else 'FAILED'}")
 
     # 3. Call times, median of repeated runs in this process.
     B, T, H, A = 32, 128, 128, 128
