@@ -381,12 +381,18 @@ def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
     return _family_grads(single, dq, dk, dvals, values is None) + (dW, dv, db)
 
 
+def _default_scale(keys):
+    """1/sqrt(H) as a Python float (which does not promote float32 arrays);
+    1 when H = 0."""
+    return 1 / float(np.sqrt(max(keys.shape[-1], 1)))
+
+
 def dot_attention(query, keys, mask=None, values=None, scale=None):
     """(out, alpha) with s_it = scale q_i . k_t, scale None = 1/sqrt(H)."""
     q, single = _queries(query, keys)
     keys = np.asarray(keys)
     vals = keys if values is None else np.asarray(values)
-    scale = 1 / np.sqrt(keys.shape[-1]) if scale is None else scale
+    scale = _default_scale(keys) if scale is None else scale
     m = _family_mask(mask, q, keys)
     q, keys, vals = _drop_padding(m, ("q", q), ("k", keys), ("k", vals))
     s = scale * (q @ keys.swapaxes(-1, -2))            # (..., Tq, T)
@@ -400,7 +406,7 @@ def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
     q, single = _queries(query, keys)
     keys = np.asarray(keys)
     vals = keys if values is None else np.asarray(values)
-    scale = 1 / np.sqrt(keys.shape[-1]) if scale is None else scale
+    scale = _default_scale(keys) if scale is None else scale
     g, a, ga = _add_query_axis(single, grad_out, alpha, grad_alpha)
     m = _family_mask(mask, q, keys)
     q, keys, vals, g = _drop_padding(m, ("q", q), ("k", keys), ("k", vals),
@@ -415,8 +421,11 @@ def general_attention(query, keys, W, mask=None, values=None,
                       key_proj=None):
     """(out, alpha) with s_it = q_i . (W_a k_t), W_a = W (Hq, H)."""
     keys = np.asarray(keys)
-    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     vals = keys if values is None else values
+    if key_proj is None:                    # padding dropped before W_a
+        q, _ = _queries(query, keys)
+        (keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
+    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     # the general score is the dot score (scale 1) on the projected keys
     return dot_attention(query, kp, mask, vals, scale=1.0)
 
@@ -425,14 +434,15 @@ def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
                                values=None, grad_alpha=None, key_proj=None):
     """(dquery, dkeys, dvalues, dW) of general_attention."""
     keys, W = np.asarray(keys), np.asarray(W)
-    kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     vals = keys if values is None else values
+    q, _ = _queries(query, keys)
+    (live_keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
+    kp = (project_keys(live_keys, W) if key_proj is None
+          else np.asarray(key_proj))
     dq, dkp, dvals = dot_attention_backward(grad_out, query, kp, alpha, mask,
                                             vals, 1.0, grad_alpha)
     # k_t -> W_a k_t:  dk_t = W_a^T dkp_t,  dW_a = sum_t dkp_t k_t^T
-    q, _ = _queries(query, keys)
-    (keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
-    dk, dW = project_keys_backward(dkp, keys, W)
+    dk, dW = project_keys_backward(dkp, live_keys, W)
     if values is None:
         dk, dvals = dk + dvals, None
     return dq, dk, dvals, dW

@@ -27,6 +27,20 @@ API_ARGS = {
     "context_attention": ["h", "W", "v", "b", "mask"],
     "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
                                    "mask", "grad_alpha"],
+    # the attention family (SPEC section 4); key_proj, like activations
+    # above, is an optional saving rather than an input, and is left out
+    "additive_attention": ["query", "keys", "W", "v", "b", "mask", "values"],
+    "additive_attention_backward": ["grad_out", "query", "keys", "W", "v",
+                                    "alpha", "b", "mask", "values",
+                                    "grad_alpha"],
+    "dot_attention": ["query", "keys", "mask", "values", "scale"],
+    "dot_attention_backward": ["grad_out", "query", "keys", "alpha", "mask",
+                               "values", "scale", "grad_alpha"],
+    "general_attention": ["query", "keys", "W", "mask", "values"],
+    "general_attention_backward": ["grad_out", "query", "keys", "W", "alpha",
+                                   "mask", "values", "grad_alpha"],
+    "project_keys": ["keys", "W"],
+    "project_keys_backward": ["grad_proj", "keys", "W"],
 }
 
 

@@ -21,17 +21,66 @@ import attention_c as ac
 from attention_c import _core, reference
 from conftest import Problem, record_figure
 
+FAMILY = ["additive_attention", "additive_attention_backward",
+          "dot_attention", "dot_attention_backward", "general_attention",
+          "general_attention_backward", "project_keys",
+          "project_keys_backward"]
 FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "additive_score_backward", "masked_softmax",
          "masked_softmax_backward", "weighted_sum", "weighted_sum_backward",
-         "context_attention", "context_attention_backward"]
-FUSED = {"context_attention", "context_attention_backward"}
+         "context_attention", "context_attention_backward"] + FAMILY
+# the functions that run on the thread pool with kept scratch memory
+FUSED = {"context_attention", "context_attention_backward"} | set(FAMILY)
+
+
+def _family_calls(rng):
+    """Keyword arguments of every family function with every optional
+    argument given: several queries, a per-query mask, values as wide as
+    the keys (so that leaving values out keeps grad_out's shape)."""
+    lead, Tq, T, H, Hq, A = (3,), 2, 5, 4, 3, 6
+    keys = rng.standard_normal(lead + (T, H))
+    values = rng.standard_normal(lead + (T, H))
+    q = rng.standard_normal(lead + (Tq, Hq))
+    q_dot = rng.standard_normal(lead + (Tq, H))
+    mask = rng.random(lead + (Tq, T)) < 0.7
+    mask[..., 0] = True
+    mask[1, 1] = False                          # a query with no valid key
+    W_add = rng.standard_normal((A, H + Hq)) / 3
+    v, b = rng.standard_normal(A), rng.standard_normal(A)
+    W_gen = rng.standard_normal((Hq, H)) / 2
+    G = rng.standard_normal(lead + (Tq, H))
+    Ga = rng.standard_normal(lead + (Tq, T))
+    add = dict(query=q, keys=keys, W=W_add, v=v, b=b, mask=mask,
+               values=values, key_proj=reference.project_keys(keys, W_add))
+    dot = dict(query=q_dot, keys=keys, mask=mask, values=values, scale=0.5)
+    gen = dict(query=q, keys=keys, W=W_gen, mask=mask, values=values,
+               key_proj=reference.project_keys(keys, W_gen))
+    a_add = reference.additive_attention(**add)[1]
+    a_dot = reference.dot_attention(**dot)[1]
+    a_gen = reference.general_attention(**gen)[1]
+    return {
+        "additive_attention": add,
+        "additive_attention_backward": dict(add, grad_out=G, alpha=a_add,
+                                            grad_alpha=Ga),
+        "dot_attention": dot,
+        "dot_attention_backward": dict(dot, grad_out=G, alpha=a_dot,
+                                       grad_alpha=Ga),
+        "general_attention": gen,
+        "general_attention_backward": dict(gen, grad_out=G, alpha=a_gen,
+                                           grad_alpha=Ga),
+        "project_keys": dict(keys=keys, W=W_add),
+        "project_keys_backward": dict(
+            grad_proj=rng.standard_normal(lead + (T, A)), keys=keys,
+            W=W_add),
+    }
 
 
 def _variants(fn, rng):
     """(label, kwargs) calls of fn: float64 with every optional argument,
     and float32 Fortran-ordered (every argument cast and copied) with
     none."""
+    if fn in FAMILY:
+        return _family_variants(fn, rng)
     p = Problem(rng, (3,), 5, 4, 6)
     alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
     full = {
@@ -59,6 +108,16 @@ def _variants(fn, rng):
     optional = {"mask", "b", "activations", "keep_activations"}
     if fn == "context_attention_backward":
         optional.add("grad_alpha")
+    bare = {k: np.asfortranarray(np.asarray(v, np.float32))
+            for k, v in full.items() if k not in optional}
+    return [("float64, all optional arguments", full),
+            ("float32 Fortran order, no optional argument", bare)]
+
+
+def _family_variants(fn, rng):
+    """The same two variants for a family function."""
+    full = _family_calls(rng)[fn]
+    optional = {"b", "mask", "values", "key_proj", "scale", "grad_alpha"}
     bare = {k: np.asfortranarray(np.asarray(v, np.float32))
             for k, v in full.items() if k not in optional}
     return [("float64, all optional arguments", full),
@@ -136,7 +195,9 @@ def test_every_allocation_point_fails_cleanly(fn, rng, threads_restored):
         assert any(n.startswith("output") for n in names), names
         if fn in FUSED:
             assert "thread pool" in names and "scratch memory" in names
-        objs = list(kw.values())
+        # (not the bool singletons: their counts move with everything else
+        # the interpreter does, e.g. on the first walk in a fresh process)
+        objs = [o for o in kw.values() if not isinstance(o, bool)]
         refs = [sys.getrefcount(o) for o in objs]
         gc.collect()
         tracemalloc.start()
@@ -208,6 +269,38 @@ def _overflow_cases():
         ("context_attention", dict(h=e, W=W0, v=v3)),
         ("context_attention_backward", dict(
             grad_out=np.zeros((B, 0), np.int8), h=e, W=W0, v=v3, alpha=bT)),
+    ] + _family_overflow_cases()
+
+
+def _family_overflow_cases():
+    """The same for the family: one query per sequence with (B, T)
+    weights, and several queries whose (B, Tq, T) weights alone would need
+    2**65 bytes (refused by the binding's own check)."""
+    B, T = TWO31, TWO31
+    e = np.zeros((B, T, 0), np.int8)
+    q = np.zeros((B, 0), np.int8)
+    bT = _zero_strided((B, T))
+    W0, v3, Wg = np.zeros((3, 0), np.int8), np.zeros(3, np.int8), \
+        np.zeros((0, 0), np.int8)
+    qs = np.zeros((2 ** 20, 2 ** 22, 0), np.int8)     # Tq = T = 2**22
+    return [
+        ("dot_attention", dict(query=q, keys=e)),
+        ("dot_attention_backward", dict(grad_out=q, query=q, keys=e,
+                                        alpha=bT)),
+        ("additive_attention", dict(query=q, keys=e, W=W0, v=v3)),
+        ("additive_attention_backward", dict(grad_out=q, query=q, keys=e,
+                                             W=W0, v=v3, alpha=bT)),
+        ("general_attention", dict(query=q, keys=e, W=Wg)),
+        ("general_attention_backward", dict(grad_out=q, query=q, keys=e,
+                                            W=Wg, alpha=bT)),
+        ("project_keys", dict(keys=e, W=np.zeros((8, 0), np.int8))),
+        ("project_keys_backward", dict(
+            grad_proj=_zero_strided((2 ** 21, 2 ** 21, 2 ** 20)),
+            keys=np.zeros((2 ** 21, 2 ** 21, 0), np.int8),
+            W=np.zeros((2 ** 20, 0), np.int8))),
+        ("dot_attention", dict(query=qs, keys=qs)),
+        ("additive_attention", dict(query=qs, keys=qs, W=W0, v=v3)),
+        ("general_attention", dict(query=qs, keys=qs, W=Wg)),
     ]
 
 

@@ -27,10 +27,30 @@ BATCH_ARGS = {
     "weighted_sum_backward": ["grad_out", "alpha", "h"],
     "context_attention": ["h"],
     "context_attention_backward": ["grad_out", "h", "alpha", "grad_alpha"],
+    "additive_attention": ["query", "keys", "values"],
+    "additive_attention_backward": ["grad_out", "query", "keys", "values",
+                                    "alpha", "grad_alpha"],
+    "dot_attention": ["query", "keys", "values"],
+    "dot_attention_backward": ["grad_out", "query", "keys", "values",
+                               "alpha", "grad_alpha"],
+    "general_attention": ["query", "keys", "values"],
+    "general_attention_backward": ["grad_out", "query", "keys", "values",
+                                   "alpha", "grad_alpha"],
+    "project_keys": ["keys"],
+    "project_keys_backward": ["grad_proj", "keys"],
 }
+FAMILY = ["additive_attention", "additive_attention_backward",
+          "dot_attention", "dot_attention_backward", "general_attention",
+          "general_attention_backward", "project_keys",
+          "project_keys_backward"]
 # outputs that are summed over the batch (may change)
 SHARED = {"additive_score_backward": {2, 3, 4},
-          "context_attention_backward": {1, 2, 3}}
+          "context_attention_backward": {1, 2, 3},
+          "additive_attention_backward": {3, 4, 5},
+          "general_attention_backward": {3},
+          "project_keys_backward": {1}}
+# arguments shared by the batch (weights), not split into sequences
+PARAMS = {"W", "v", "b", "scale"}
 BAD = [np.nan, np.inf, -np.inf]
 
 
@@ -39,6 +59,37 @@ def _args(fn, p, alpha):
                  W=p.W, v=p.v, b=p.b, grad_s=p.grad_s, scores=p.grad_s * 3,
                  grad_alpha=p.grad_alpha, alpha=alpha, grad_out=p.grad_out)
     return {n: every[n] for n in API_ARGS[fn]}
+
+
+def _family_args(fn, rng):
+    """Arguments of a family function: 4 sequences of Tq = 5 queries and
+    T = 37 keys, sequence 3 with keys 5.. masked."""
+    lead, Tq, T, H, Hq, Hv, A = (4,), 5, 37, 19, 11, 13, 23
+    kind = fn.split("_")[0]
+    if kind == "dot":
+        Hq = H
+    mask = np.ones(lead + (T,), bool)
+    mask[3, 5:] = False
+    x = dict(query=rng.standard_normal(lead + (Tq, Hq)),
+             keys=rng.standard_normal(lead + (T, H)),
+             values=rng.standard_normal(lead + (T, Hv)), mask=mask,
+             grad_out=rng.standard_normal(lead + (Tq, Hv)),
+             grad_alpha=rng.standard_normal(lead + (Tq, T)))
+    if kind == "additive":
+        x.update(W=rng.standard_normal((A, H + Hq)) / 5,
+                 v=rng.standard_normal(A), b=rng.standard_normal(A))
+    elif kind == "general":
+        x.update(W=rng.standard_normal((Hq, H)) / 5)
+    elif kind == "dot":
+        x.update(scale=0.4)
+    else:
+        x.update(W=rng.standard_normal((A, H + 2)),
+                 grad_proj=rng.standard_normal(lead + (T, A)))
+    if kind != "project":
+        fwd = getattr(reference, f"{kind}_attention")
+        x["alpha"] = fwd(**{n: x[n] for n in API_ARGS[f"{kind}_attention"]
+                            if n in x})[1]
+    return {n: x.get(n) for n in API_ARGS[fn]}
 
 
 def _outs(res):
@@ -59,12 +110,16 @@ def restore():
 def test_nonfinite_stays_in_its_sequence(fn, dtype, rng, restore):
     # 4 sequences; the NaN/Inf goes into sequence 1, sequence 2 is fully
     # valid and is compared with the same call on it alone.
-    p = Problem(rng, (4,), 37, 19, 23, mask="none")
-    p.mask = np.ones((4, 37), bool)
-    p.mask[3, 5:] = False
-    alpha = reference.masked_softmax(p.grad_s, p.mask)
-    base = {k: (v.astype(dtype) if v is not None and k != "mask" else v)
-            for k, v in _args(fn, p, alpha).items()}
+    if fn in FAMILY:
+        args = _family_args(fn, rng)
+    else:
+        p = Problem(rng, (4,), 37, 19, 23, mask="none")
+        p.mask = np.ones((4, 37), bool)
+        p.mask[3, 5:] = False
+        alpha = reference.masked_softmax(p.grad_s, p.mask)
+        args = _args(fn, p, alpha)
+    base = {k: (v.astype(dtype) if isinstance(v, np.ndarray) and k != "mask"
+                else v) for k, v in args.items()}
     func = getattr(ac, fn)
     cases = 0
     for path in SIMD_PATHS:
@@ -72,7 +127,7 @@ def test_nonfinite_stays_in_its_sequence(fn, dtype, rng, restore):
         for threads in (1, 2):
             ac.set_num_threads(threads)
             clean = _outs(func(**base))
-            alone = _outs(func(**{k: (v[2:3] if k not in ("W", "v", "b")
+            alone = _outs(func(**{k: (v[2:3] if k not in PARAMS
                                       and v is not None else v)
                                   for k, v in base.items()}))
             for arg in BATCH_ARGS[fn]:
@@ -129,3 +184,26 @@ def test_nonfinite_shared_gradients_do_not_hang(rng, restore):
                                         p.b, p.mask)
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("fn", [f for f in FAMILY
+                                if f.endswith("attention_backward")])
+def test_family_nonfinite_everywhere_does_not_hang(fn, rng, restore):
+    """NaN/Inf filling any one argument of a family forward and backward
+    (weights included): every call returns, and the next clean call gives
+    the same bits as before."""
+    args = _family_args(fn, rng)
+    kind = fn.split("_")[0]
+    fwd = getattr(ac, f"{kind}_attention")
+    bwd = getattr(ac, fn)
+    fwd_names = API_ARGS[f"{kind}_attention"]
+    want = _outs(bwd(**args))
+    for bad in BAD:
+        for name, x in args.items():
+            if not isinstance(x, np.ndarray) or name == "mask":
+                continue
+            kw = dict(args, **{name: np.full_like(x, bad)})
+            fwd(**{n: kw[n] for n in fwd_names})
+            bwd(**kw)
+    for g, w in zip(_outs(bwd(**args)), want):
+        assert (g is None and w is None) or np.array_equal(g, w)

@@ -14,6 +14,12 @@ the error of the same NumPy reference evaluated in the computing dtype.
 Outputs of finite inputs are finite, masked items get exactly 0, softmax
 rows sum to 1.
 
+The attention family (SPEC section 4: additive, dot and general
+attention, project_keys, and their backwards) is drawn the same way, with
+one or several queries (Tq), query and value widths (Hq, Hv), key masks,
+per-query and causal masks, values given or not, and, for the additive
+and general scores, the keys projected beforehand (``key_proj``) or not.
+
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (the default) runs 200
 derandomized examples per function, ``dev`` 50, ``long`` 2000; no example
 database is written.  The number of cases run is printed at the end of
@@ -21,6 +27,7 @@ the pytest run ("attention_c figures").
 """
 
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -46,6 +53,10 @@ FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "additive_score_backward", "masked_softmax",
          "masked_softmax_backward", "weighted_sum", "weighted_sum_backward",
          "context_attention", "context_attention_backward"]
+FAMILY = ["additive_attention", "additive_attention_backward",
+          "dot_attention", "dot_attention_backward", "general_attention",
+          "general_attention_backward", "project_keys",
+          "project_keys_backward"]
 ARGS = API_ARGS
 ILL_FACTOR = 8.0
 
@@ -165,8 +176,8 @@ def _ref(fn, kw):
 
 
 def _f64(kw):
-    return {k: (v.astype(np.float64) if v is not None and k != "mask"
-                else v) for k, v in kw.items()}
+    return {k: (v.astype(np.float64) if isinstance(v, np.ndarray)
+                and k != "mask" else v) for k, v in kw.items()}
 
 
 def _stable_ds(alpha, gamma):
@@ -262,7 +273,7 @@ def _check(fn, got, case, path):
 def _run(case, path):
     fn = case["fn"]
     kw = {k: _relayout(v, case["layouts"][k]) for k, v in case["kw"].items()}
-    before = {k: (v.copy() if v is not None else None)
+    before = {k: (v.copy() if isinstance(v, np.ndarray) else v)
               for k, v in kw.items()}
     if fn == "context_attention":
         res = ac.context_attention(**kw, keep_activations=case["keep"])
@@ -274,7 +285,7 @@ def _run(case, path):
     else:
         res = getattr(ac, fn)(**kw)
     for k, v in kw.items():                    # inputs never modified
-        if v is not None:
+        if isinstance(v, np.ndarray):
             assert np.array_equal(v, before[k], equal_nan=True), k
     return tuple(res) if isinstance(res, tuple) else (res,)
 
@@ -301,6 +312,302 @@ def _make_test(fn):
 
 for _fn in FUNCS:
     globals()[f"test_property_{_fn}"] = _make_test(_fn)
+del _fn
+
+
+# --------------------------------------------------------------------------
+# The attention family (SPEC section 4)
+
+FAMILY_MASKS = MASKS + ["per_query", "per_query_dead", "causal"]
+
+
+def _family_mask(rng, kind, lead, Tq, T, single):
+    """A key mask (..., T) or, with several queries, a per-query one."""
+    if kind == "none":
+        return None
+    if kind == "all_valid":
+        return np.ones(lead + (T,), bool)
+    if kind == "single":
+        mask = np.zeros(lead + (T,), bool)
+        idx = rng.integers(0, T, size=lead)
+        np.put_along_axis(mask, np.asarray(idx)[..., None], True, axis=-1)
+        return mask
+    if kind in ("random", "dead_rows"):
+        mask = rng.random(lead + (T,)) < 0.6
+        if kind == "dead_rows":
+            mask.reshape(-1, T)[::2] = False   # every other row all-false
+        return mask
+    assert not single
+    if kind == "causal":
+        tri = np.tril(np.ones((Tq, T), bool), k=T - Tq)
+        return np.broadcast_to(tri, lead + (Tq, T)).copy()
+    mask = rng.random(lead + (Tq, T)) < 0.6
+    if kind == "per_query_dead":
+        mask.reshape(-1, T)[::2] = False       # every other query: no key
+    return mask
+
+
+@st.composite
+def family_problems(draw, fn):
+    kind = fn.split("_")[0]             # additive, dot, general or project
+    lead = tuple(draw(st.lists(st.sampled_from([1, 2, 3]), max_size=2)))
+    if draw(st.integers(0, 24)) == 0:
+        lead = (0,) + lead                     # an empty batch
+    single = kind != "project" and draw(st.booleans())
+    Tq = 1 if single else draw(_size())
+    T, H, A = draw(_size()), draw(_size()), draw(_size())
+    Hq = H if kind == "dot" else draw(_size())
+    with_values = kind != "project" and draw(st.booleans())
+    Hv = draw(_size()) if with_values else H
+    B = int(np.prod(lead)) if lead else 1
+    pair = (A + 1) if kind == "additive" else 1
+    assume(B * (Tq * T * (pair + H + Hv) + T * H * (A + Hq)
+                + Tq * Hq * A) <= MAX_WORK)
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    mask_kind = draw(st.sampled_from(
+        MASKS if single or kind == "project" else FAMILY_MASKS))
+    large = kind != "project" and draw(st.integers(0, 3)) == 0
+    bias = draw(st.booleans())
+    scale = draw(st.sampled_from([None, 1.0, 0.25]))
+    extra = draw(st.integers(0, 3))            # project_keys: W past H
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    rng = np.random.default_rng(seed)
+
+    qlead = lead if single else lead + (Tq,)
+    query = rng.standard_normal(qlead + (Hq,))
+    keys = rng.standard_normal(lead + (T, H))
+    values = rng.standard_normal(lead + (T, Hv)) if with_values else None
+    W = v = b = None
+    params = {}
+    if kind == "additive":
+        W = rng.standard_normal((A, H + Hq)) / np.sqrt(H + Hq)
+        v = rng.standard_normal(A) * (1000.0 if large else 1.0)
+        b = rng.standard_normal(A) * 0.3 if bias else None
+        params = dict(W=W, v=v, b=b)
+    elif kind == "general":
+        W = rng.standard_normal((Hq, H)) / np.sqrt(H)
+        W *= 1000.0 / np.sqrt(Hq) if large else 1.0
+        params = dict(W=W)
+    elif kind == "dot":
+        scale = 1000.0 / np.sqrt(H) if large else scale
+        params = dict(scale=scale)
+    else:
+        W = rng.standard_normal((A, H + extra))
+    mask = (None if kind == "project" else
+            _family_mask(rng, mask_kind, lead, Tq, T, single))
+    alpha = None
+    if kind != "project":
+        alpha = getattr(reference, f"{kind}_attention")(
+            query, keys, mask=mask, values=values, **params)[1]
+    values_ = dict(
+        query=query, keys=keys, values=values, W=W, v=v, b=b, mask=mask,
+        scale=scale, alpha=alpha,
+        grad_out=rng.standard_normal(qlead + (Hv,)),
+        grad_alpha=(rng.standard_normal(qlead + (T,))
+                    if draw(st.booleans()) else None),
+        grad_proj=rng.standard_normal(lead + (T, A)),
+    )
+    kw = {}
+    for name in ARGS[fn]:
+        x = values_[name]
+        if isinstance(x, np.ndarray) and name != "mask":
+            x = x.astype(dtype)
+        kw[name] = x
+    layouts = {name: draw(st.sampled_from(LAYOUTS)) for name in kw}
+    layouts["key_proj"] = draw(st.sampled_from(LAYOUTS))
+    use_kp = kind in ("additive", "general") and draw(st.booleans())
+    return dict(fn=fn, kind=kind, kw=kw, layouts=layouts, dtype=dtype,
+                large=large, use_kp=use_kp, single=single,
+                shape=(lead, Tq, T, H, Hq, Hv, A))
+
+
+def _stable_attend_backward(g, alpha, m, values, grad_alpha):
+    """reference._attend_backward with delta evaluated as the kernels do
+    (_stable_ds); see SHIFTED above."""
+    gamma = g @ values.swapaxes(-1, -2)
+    if grad_alpha is not None:
+        gamma = gamma + grad_alpha
+    gamma = np.where(m, gamma, 0)
+    return _stable_ds(alpha, gamma), alpha.swapaxes(-1, -2) @ g
+
+
+def _shifted_family(fn, kw):
+    """The reference family backward with the kernels' (equally exact)
+    evaluation of delta.  If reference._attend_backward is renamed, this
+    raises rather than silently checking nothing."""
+    with mock.patch.object(reference, "_attend_backward",
+                           _stable_attend_backward):
+        return _ref(fn, kw)
+
+
+def _abs_delta_attend_backward(g, alpha, m, values, grad_alpha):
+    delta, dvalues = _stable_attend_backward(g, alpha, m, values, grad_alpha)
+    return np.abs(delta), dvalues
+
+
+def _cancellation(fn, kw, want):
+    """Per output, ||the backward with |delta| in place of delta|| /
+    ||the backward||: how much the sums over the keys and queries cancel.
+
+    sum_t delta_it = 0 (the softmax is shift-invariant), so a parameter
+    or query gradient summing delta_it times a slowly varying factor is a
+    small difference of large terms; any evaluation in the computing dtype
+    is then off by about eps times this ratio, relative.  (A draw with T = 6
+    keys and H = Hq = A = 1 had a ratio of 211 for dquery: float32 error
+    1.4e-5 there is rounding, not a wrong formula.)"""
+    with mock.patch.object(reference, "_attend_backward",
+                           _abs_delta_attend_backward):
+        big = _ref(fn, kw)
+    ratios = []
+    for b, w in zip(big, want):
+        n = 0.0 if w is None else np.linalg.norm(w)
+        ratios.append(np.linalg.norm(b) / n if n > 0 else 1.0)
+    return ratios
+
+
+class _NoisyTanh:
+    """numpy, except that tanh is off by `ulps` units of the computing
+    dtype's epsilon (relative): signs alternating over the keys (axis -2
+    of the (..., Tq, T, A) activations), or random with a seed."""
+
+    def __init__(self, ulps, eps, seed=None):
+        self.ulps, self.eps, self.seed = ulps, eps, seed
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def tanh(self, x):
+        u = np.tanh(x)
+        if self.seed is None:
+            t = np.arange(u.shape[-2])[:, None] if u.ndim > 1 else 0
+            sign = np.where(t % 2 == 0, 1.0, -1.0)
+        else:
+            sign = np.random.default_rng(self.seed).choice(
+                [-1.0, 1.0], size=np.shape(u))
+        return u + sign * self.ulps * self.eps * np.abs(u)
+
+
+def _tanh_sensitivity(fn, kw, want, dtype):
+    """Per output, the relative change of the reference's result when
+    every tanh is 3 ulp off (the kernels' vector tanh is within 3 ulp).
+    Where u_t is near +-1, 1 - u_t^2 magnifies that, and the sums over t
+    can cancel (see _cancellation): a draw with T = 2 keys, A = 1 and
+    Hq = 119 in float64 had dquery 1.1e-12 off on the AVX2 path, 6e-14 on
+    the scalar one, from the tanh alone."""
+    worst = [0.0] * len(want)
+    for seed in (None, 1, 2, 3):
+        with mock.patch.object(reference, "np",
+                               _NoisyTanh(3, np.finfo(dtype).eps, seed)):
+            moved = _ref(fn, kw)
+        worst = [w0 if w is None else max(w0, rel_err(m, w))
+                 for w0, m, w in zip(worst, moved, want)]
+    return worst
+
+
+def _run_family(case):
+    """(outputs, key_proj used or None) of the C call on relaid inputs."""
+    fn, c = case["fn"], case["kw"]
+    kw = {k: (_relayout(v, case["layouts"][k])
+              if isinstance(v, np.ndarray) else v) for k, v in c.items()}
+    kp = None
+    if case["use_kp"]:
+        kp = ac.project_keys(c["keys"], c["W"])       # on this SIMD path
+        kw["key_proj"] = _relayout(kp, case["layouts"]["key_proj"])
+    before = {k: v.copy() for k, v in kw.items() if isinstance(v, np.ndarray)}
+    res = getattr(ac, fn)(**kw)
+    for k, v in before.items():                # inputs never modified
+        assert np.array_equal(kw[k], v, equal_nan=True), k
+    return (tuple(res) if isinstance(res, tuple) else (res,)), kp
+
+
+def _full_mask(kw, single, alpha_shape):
+    """The mask as booleans of alpha's shape (key masks broadcast)."""
+    mask = kw.get("mask")
+    if mask is None:
+        return np.ones(alpha_shape, bool)
+    mask = np.asarray(mask)
+    if not single and mask.ndim == len(alpha_shape) - 1:
+        mask = mask[..., None, :]
+    return np.broadcast_to(mask, alpha_shape)
+
+
+def _check_family(fn, got, kp, case, path):
+    kw, dtype = dict(case["kw"]), case["dtype"]
+    if kp is not None:
+        kw["key_proj"] = kp                    # what the C was given
+    want = _ref(fn, _f64(kw))
+    same = _ref(fn, kw)            # the same formulas in the computing dtype
+    assert len(got) == len(want)
+    lead, Tq, T, H, Hq, Hv, A = case["shape"]
+    backward = fn.endswith("attention_backward")
+    cancel = (_cancellation(fn, _f64(kw), want) if backward
+              else [1.0] * len(want))
+    tanh = (_tanh_sensitivity(fn, _f64(kw), want, dtype)
+            if backward and case["kind"] == "additive" else [0.0] * len(want))
+    for i, (g, w, s) in enumerate(zip(got, want, same)):
+        what = (f"{fn} output {i} on {path}, shape {case['shape']}, "
+                f"key_proj {kp is not None}")
+        if w is None:
+            assert g is None, what
+            continue
+        assert type(g) is np.ndarray, what
+        assert g.dtype == np.dtype(dtype) and g.shape == w.shape, what
+        if np.all(np.isfinite(w)):
+            assert np.all(np.isfinite(g)), f"{what}: not finite"
+        tol = max(TOL[dtype], ILL_FACTOR * rel_err(s, w),
+                  ILL_FACTOR * np.finfo(dtype).eps * cancel[i],
+                  2 * tanh[i])
+        if case["large"]:
+            # scores ~1e3: see _check
+            tol = max(tol, 50 * 1e3 * np.finfo(dtype).eps
+                      * np.sqrt(max(A, H, Hq)))
+        err = rel_err(g, w)
+        if err > tol and backward:
+            err = min(err, rel_err(g, _shifted_family(fn, _f64(kw))[i]))
+        assert err <= tol, f"{what}: error {err:.3g} > {tol:.3g}"
+    if case["kind"] == "project":
+        if fn == "project_keys_backward":
+            assert np.all(got[1][:, H:] == 0)
+        return
+    if fn.endswith("_attention"):
+        alpha = got[1]
+        valid = _full_mask(kw, case["single"], alpha.shape)
+        assert np.all(alpha[~valid] == 0)
+        live = valid.any(axis=-1)
+        sums = alpha.astype(np.float64).sum(axis=-1)
+        assert np.all(np.abs(sums[live] - 1) <= 8 * T * np.finfo(dtype).eps)
+        assert np.all(sums[~live] == 0)
+        assert np.all(got[0][~live] == 0)
+    else:
+        alpha_shape = np.shape(kw["alpha"])
+        valid = _full_mask(kw, case["single"], alpha_shape)
+        if not case["single"]:
+            dead_keys = ~valid.any(axis=-2)
+        else:
+            dead_keys = ~valid
+        assert np.all(got[1][dead_keys] == 0), "dkeys of a masked key"
+        if got[2] is not None:
+            assert np.all(got[2][dead_keys] == 0), "dvalues of a masked key"
+        dead_q = ~valid.any(axis=-1)
+        assert np.all(got[0][dead_q] == 0), "dquery of a query with no key"
+
+
+def _make_family_test(fn):
+    @settings(settings.get_profile(PROFILE))
+    @given(case=family_problems(fn))
+    def test(case, simd_restored):
+        record_figure(f"property cases: {fn}", 1, add=True)
+        for path in SIMD_PATHS:
+            _core._set_simd(path)
+            got, kp = _run_family(case)
+            _check_family(fn, got, kp, case, path)
+    test.__name__ = f"test_property_{fn}"
+    test.__doc__ = f"{fn} on random problems, every SIMD path, vs reference."
+    return test
+
+
+for _fn in FAMILY:
+    globals()[f"test_property_{_fn}"] = _make_family_test(_fn)
 del _fn
 
 

@@ -1,6 +1,8 @@
 """Coverage-guided fuzzer (atheris / libFuzzer) of attention_c's public API.
 
-Every input picks one of the ten public functions and builds each of its
+Every input picks one of the public functions (the context-pooled layer,
+its building blocks, and the attention family: additive, dot and general
+attention, project_keys, and their backwards) and builds each of its
 arguments from the fuzz data: None, Python scalars, strings and nested
 lists, arrays of every dtype (float16/32/64, ints, bool, complex, object,
 strings, byte-swapped), of the right shape or of wrong rank and sizes
@@ -64,8 +66,27 @@ SIGS = {
     "context_attention": ["h", "W", "v", "b", "mask", "keep_activations"],
     "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
                                    "mask", "grad_alpha", "activations"],
+    "additive_attention": ["query", "keys", "W", "v", "b", "mask", "values",
+                           "key_proj"],
+    "additive_attention_backward": ["grad_out", "query", "keys", "W", "v",
+                                    "alpha", "b", "mask", "values",
+                                    "grad_alpha", "key_proj"],
+    "dot_attention": ["query", "keys", "mask", "values", "scale"],
+    "dot_attention_backward": ["grad_out", "query", "keys", "alpha", "mask",
+                               "values", "scale", "grad_alpha"],
+    "general_attention": ["query", "keys", "W", "mask", "values",
+                          "key_proj"],
+    "general_attention_backward": ["grad_out", "query", "keys", "W", "alpha",
+                                   "mask", "values", "grad_alpha",
+                                   "key_proj"],
+    "project_keys": ["keys", "W"],
+    "project_keys_backward": ["grad_proj", "keys", "W"],
 }
 FUNCS = list(SIGS)
+FAMILY = FUNCS[10:]
+SCALES = [None, 1.0, 0.5, -2.0, 0.0, 1e300, float("nan"), float("inf"), 3,
+          True, np.float32(0.25), np.float64(2.0), np.array(0.5),
+          np.array([0.5]), "0.5", 1j, 2 ** 70]
 SIMD = ["scalar"]
 
 
@@ -101,7 +122,29 @@ SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 1e-310,
            3e38, 1e4, -1e4, 65504.0]
 
 
-def shape_for(name, lead, T, H, A):
+def family_shape(name, fn, dims):
+    """The right shape of a family argument (None: not a family one)."""
+    lead, T, H, A, Tq, Hq, Hv, single = dims
+    kind = fn.split("_")[0]
+    if kind == "dot":
+        Hq = H
+    q = lead if single else lead + (Tq,)
+    P = A if kind in ("additive", "project") else Hq
+    shapes = {
+        "query": q + (Hq,), "keys": lead + (T, H), "values": lead + (T, Hv),
+        "grad_out": q + (Hv,), "alpha": q + (T,), "grad_alpha": q + (T,),
+        "mask": (lead + (T,)) if single or Tq % 2 else q + (T,),
+        "key_proj": lead + (T, P), "grad_proj": lead + (T, P),
+        "W": {"additive": (A, H + Hq), "general": (Hq, H),
+              "project": (A, H + Hq % 3)}.get(kind),
+        "v": (A,), "b": (A,),
+    }
+    return shapes.get(name)
+
+
+def shape_for(name, lead, T, H, A, fn=None, dims=None):
+    if fn in FAMILY:
+        return family_shape(name, fn, dims)
     if name in ("h", "activations"):
         return lead + (T, A if name == "activations" else H)
     if name in ("mask", "scores", "alpha", "grad_s", "grad_alpha"):
@@ -156,8 +199,10 @@ def relayout(fdp, x):
     return x
 
 
-def make_arg(fdp, name, dims, rng, made, shared):
-    lead, T, H, A = dims
+def make_arg(fdp, name, dims, rng, made, shared, fn=None):
+    lead, T, H, A = dims[:4]
+    if name == "scale":
+        return SCALES[fdp.ConsumeIntInRange(0, len(SCALES) - 1)]
     if name == "keep_activations":
         return [False, True, 0, 1, None, "yes", BoolBomb(), [],
                 2 ** 70][fdp.ConsumeIntInRange(0, 8)]
@@ -167,11 +212,11 @@ def make_arg(fdp, name, dims, rng, made, shared):
             DTYPES[min(kind // 2, len(DTYPES) - 1)] if kind < 6 else \
             DTYPES[fdp.ConsumeIntInRange(0, len(DTYPES) - 1)]
         if name == "mask" and kind < 6:
-            m = rng.random(shape_for(name, lead, T, H, A)) < \
+            m = rng.random(shape_for(name, lead, T, H, A, fn, dims)) < \
                 fdp.ConsumeProbability()
             return relayout(fdp, m)
         return relayout(fdp, make_array(
-            fdp, shape_for(name, lead, T, H, A), dt, rng))
+            fdp, shape_for(name, lead, T, H, A, fn, dims), dt, rng))
     if kind == 8:                              # wrong rank or sizes
         nd = fdp.ConsumeIntInRange(0, 5)
         shape = tuple(fdp.ConsumeIntInRange(0, 9) for _ in range(nd))
@@ -181,7 +226,7 @@ def make_arg(fdp, name, dims, rng, made, shared):
         return made[fdp.ConsumeIntInRange(0, len(made) - 1)] if made \
             else None
     if kind == 10:                             # overlapping views
-        shape = shape_for(name, lead, T, H, A)
+        shape = shape_for(name, lead, T, H, A, fn, dims)
         n = int(np.prod(shape))
         if n > 20000:
             return None
@@ -193,7 +238,7 @@ def make_arg(fdp, name, dims, rng, made, shared):
         # 2**40 .. 2**60 items: a copy fails at once (no machine has the
         # memory) rather than filling gigabytes
         shape = tuple(d if fdp.ConsumeBool() else 2 ** fdp.ConsumeIntInRange(
-            40, 60) for d in shape_for(name, lead, T, H, A))
+            40, 60) for d in shape_for(name, lead, T, H, A, fn, dims))
         try:
             return np.lib.stride_tricks.as_strided(
                 np.ones(1, np.float32), shape=shape, strides=(0,) * len(shape))
@@ -207,7 +252,7 @@ def make_arg(fdp, name, dims, rng, made, shared):
                 [[[1.0, 2.0]]], (1, 2), {"a": 1}, object(), 2 ** 80, True,
                 1j][fdp.ConsumeIntInRange(0, 14)]
     if kind == 14:                             # nested lists
-        shape = shape_for(name, lead, T, H, A)
+        shape = shape_for(name, lead, T, H, A, fn, dims)
         if int(np.prod(shape)) <= 200:
             return make_array(fdp, shape, np.float64, rng).tolist()
         return None
@@ -234,7 +279,19 @@ def canary():
     mask = rng.random((3, 7)) < 0.7
     out, alpha = ac.context_attention(h, W, v, mask=mask)
     g = ac.context_attention_backward(out, h, W, v, alpha, mask=mask)
-    return [out, alpha, *g[:3], ac.mean_context(h, mask)]
+    q = rng.standard_normal((3, 2, 5))
+    fam = []
+    for fwd, bwd, params in [
+            (ac.dot_attention, ac.dot_attention_backward, {}),
+            (ac.general_attention, ac.general_attention_backward,
+             dict(W=rng.standard_normal((5, 5)))),
+            (ac.additive_attention, ac.additive_attention_backward,
+             dict(W=W, v=v))]:
+        o, a = fwd(q, h, mask=mask, **params)
+        fam += [o, a, *[x for x in bwd(o, q, h, alpha=a, mask=mask,
+                                       **params) if x is not None]]
+    fam.append(ac.project_keys(h, W))
+    return [out, alpha, *g[:3], ac.mean_context(h, mask)] + fam
 
 
 def TestOneInput(data):
@@ -252,11 +309,15 @@ def TestOneInput(data):
     sizes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65]
     T, H, A = (sizes[fdp.ConsumeIntInRange(0, len(sizes) - 1)]
                for _ in range(3))
+    dims = (lead, T, H, A)
+    if fn in FAMILY:                           # Tq, Hq, Hv, one query?
+        dims += tuple(sizes[fdp.ConsumeIntInRange(0, len(sizes) - 1)]
+                      for _ in range(3)) + (fdp.ConsumeBool(),)
     made, shared, kwargs = [], [None], {}
     for name in SIGS[fn]:
         if fdp.ConsumeIntInRange(0, 9) == 0:
             continue                           # left out
-        x = make_arg(fdp, name, (lead, T, H, A), rng, made, shared)
+        x = make_arg(fdp, name, dims, rng, made, shared, fn)
         kwargs[name] = x
         if isinstance(x, np.ndarray):
             made.append(x)
