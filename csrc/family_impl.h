@@ -422,21 +422,38 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
                  j->out->out + row * f->Hv, f->Hv, work);
 }
 
+/* What both directions start with: the sizes checked, the scratch
+ * carved, the padding found, the keys and queries projected.  Returns 0,
+ * or -1 when the sizes are not those of a family call. */
+static int SFX(family_start)(SFX(fjob) *j, const att_fdims *f,
+                             const att_exec *ex, const FIN *in, FOUT *out,
+                             void *work, int backward)
+{
+    if (in == NULL || out == NULL ||
+        SFX(family_init)(j, f, ex, in, out) < 0) {
+        return -1;
+    }
+    char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    if (SFX(family_carve)(j, backward, base) < 0) {
+        return -1;
+    }
+    j->vals = in->values ? in->values : in->keys;
+    if (backward && out->dkproj != NULL &&
+        f->score == ATT_SCORE_ADDITIVE && j->apad == f->P) {
+        j->ek = out->dkproj;       /* the caller's dL/dkp: no copy */
+    }
+    SFX(find_live)(j);
+    SFX(project)(j);
+    return 0;
+}
+
 int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
                             const FIN *in, FOUT *out, void *work)
 {
     SFX(fjob) j;
-    if (in == NULL || out == NULL ||
-        SFX(family_init)(&j, f, ex, in, out) < 0) {
+    if (SFX(family_start)(&j, f, ex, in, out, work, 0) < 0) {
         return ATT_EINVAL;
     }
-    char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    if (SFX(family_carve)(&j, 0, base) < 0) {
-        return ATT_EINVAL;
-    }
-    j.vals = in->values ? in->values : in->keys;
-    SFX(find_live)(&j);
-    SFX(project)(&j);
     /* whole sequences per task when there are enough of them */
     ptrdiff_t per = (f->B * f->Tq + 4 * j.threads - 1) / (4 * j.threads);
     j.qblk = f->B >= 4 * j.threads || per >= f->Tq ? f->Tq
@@ -575,21 +592,9 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
                              const FIN *in, FOUT *out, void *work)
 {
     SFX(fjob) j;
-    if (in == NULL || out == NULL ||
-        SFX(family_init)(&j, f, ex, in, out) < 0) {
+    if (SFX(family_start)(&j, f, ex, in, out, work, 1) < 0) {
         return ATT_EINVAL;
     }
-    char *base = (char *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    if (SFX(family_carve)(&j, 1, base) < 0) {
-        return ATT_EINVAL;
-    }
-    j.vals = in->values ? in->values : in->keys;
-    if (out->dkproj != NULL && f->score == ATT_SCORE_ADDITIVE &&
-        j.apad == f->P) {
-        j.ek = out->dkproj;       /* the caller's dL/dkp: no copy */
-    }
-    SFX(find_live)(&j);
-    SFX(project)(&j);
     att_pool_run(j.ex.pool, j.threads, f->B, SFX(backward_task), &j);
     if (f->score != ATT_SCORE_DOT) {
         SFX(project_backward)(&j);
