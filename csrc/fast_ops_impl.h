@@ -101,15 +101,13 @@ static void FSFX(micro_kernel_row)(ptrdiff_t K, const REAL *restrict a,
         VSTORE(cr + VLEN, x1);                                               \
     }
 
-static void FSFX(tile_rows)(ptrdiff_t K, const REAL *const *rows,
-                            const REAL *restrict Bp, REAL alpha, REAL beta,
-                            REAL *restrict C, ptrdiff_t ldc)
+/* A read in place: row r at A + r ars, contiguous along k. */
+static void FSFX(tile_rows)(ptrdiff_t K, const REAL *restrict A,
+                            ptrdiff_t ars, const REAL *restrict Bp,
+                            REAL alpha, REAL beta, REAL *restrict C,
+                            ptrdiff_t ldc)
 {
-    const REAL *a_rows[MR];
-    for (int r = 0; r < MR; r++) {
-        a_rows[r] = rows[r];
-    }
-#define ROWS_AT(r, k) a_rows[r][k]
+#define ROWS_AT(r, k) A[(r) * ars + (k)]
     TILE_BODY(ROWS_AT)
 #undef ROWS_AT
 }
@@ -210,18 +208,14 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                         ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
                         REAL *Ci = C + (ic + r0) * ldc + jc + p * NR;
                         const REAL *Ap = Ab + r0 * kc;
-                        const REAL *rows[MR];
-                        for (ptrdiff_t r = 0; r < MR && !packed; r++) {
-                            rows[r] = r < mr ? Ai + (r0 + r) * ars : zero;
-                        }
                         if (mr == MR && nr == NR) {   /* straight to C */
                             if (packed) {
                                 FSFX(tile_packed)(kc, Ap, Bp, alpha, bk, Ci,
                                                   ldc);
                             }
                             else {
-                                FSFX(tile_rows)(kc, rows, Bp, alpha, bk, Ci,
-                                                ldc);
+                                FSFX(tile_rows)(kc, Ai + r0 * ars, ars, Bp,
+                                                alpha, bk, Ci, ldc);
                             }
                             continue;
                         }
@@ -229,6 +223,10 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                             FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
                         }
                         else if (mr == MR) {
+                            const REAL *rows[MR];
+                            for (ptrdiff_t r = 0; r < MR; r++) {
+                                rows[r] = Ai + (r0 + r) * ars;
+                            }
                             FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
                         }
                         else {
