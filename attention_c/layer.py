@@ -83,7 +83,10 @@ def _torch_array(t: Any, name: str) -> Array:
         raise ValueError(f"{name} is not initialised yet (a lazy layer such "
                          f"as nn.LazyLinear): run the model on an input "
                          f"once before loading its weights")
-    arr: Array = np.array(t.detach().cpu().numpy())     # a copy
+    t = t.detach().cpu()
+    if not t.is_floating_point() or t.dtype.itemsize < 4:
+        t = t.float()                # bfloat16 has no NumPy dtype
+    arr: Array = np.array(t.numpy())                   # a copy
     return arr
 
 

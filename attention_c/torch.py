@@ -17,14 +17,24 @@ The attention family (docs/contract.md section 4) attends from queries to keys:
     attn = AdditiveAttention(key_size=64, query_size=32, attention_size=48)
     out = attn(query, keys, mask=mask)     # query (B, 32), keys (B, T, 64)
 
-Double backward (gradients of gradients) is not supported.
+The kernels are PyTorch custom operators (``torch.ops.attention_c.*``,
+registered with ``torch.library.custom_op``), each with a fake (shape-only)
+implementation, an autograd formula and a vmap rule, so the functions and
+modules work under ``torch.compile(fullgraph=True)``, ``torch.export``,
+``torch.func`` (grad, vjp, jvp, jacrev, jacfwd, hessian, vmap) and on 'meta'
+tensors.  First-order gradients are the C backward; higher-order ones
+(``create_graph=True``, Hessians, gradient penalties) differentiate a
+PyTorch transcription of docs/contract.md and are exact.  bfloat16 and
+float16 are computed in float32 and returned in their dtype; under
+``torch.autocast('cpu')`` the layers compute in float32 and return float32.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -46,6 +56,11 @@ __all__ = ["ContextAttentionFunction", "context_attention",
            "GeneralAttention", "project_keys"]
 
 _FLOATS = (torch.float32, torch.float64)
+# Computed in float32 and returned in their own dtype, as the NumPy API does
+# for float16.
+_LOW = (torch.bfloat16, torch.float16)
+_DTYPES_TEXT = ("torch.float32, torch.float64 (computed natively), "
+                "torch.bfloat16 and torch.float16 (computed in float32)")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -58,33 +73,43 @@ def _np_opt(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
-                   mask: torch.Tensor | None, item: str = "item") -> None:
+                   mask: torch.Tensor | None, item: str = "item"
+                   ) -> torch.dtype | None:
     """Errors that the kernels cannot phrase in PyTorch's terms.
 
     ``named`` are the float tensors (None for an absent optional one), the
     first setting the dtype of all; ``mask`` the boolean mask of the valid
     items (``item``: what it masks, for the messages).
+
+    Returns the dtype to compute in float32 and return in: bfloat16 or
+    float16, float32 under ``torch.autocast`` (any mix of dtypes), or None
+    when the tensors go to the kernels as they are (float32, float64).
     """
-    for name, t in [*named, ("mask", mask)]:
-        if t is None:
-            continue
+    present = [(n, t) for n, t in [*named, ("mask", mask)] if t is not None]
+    for name, t in present:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got "
                             f"{type(t).__name__}")
-        if t.device.type != "cpu":
+    # All on 'meta': only shapes, which the operators' fake implementation
+    # propagates.  Anything else off the CPU is refused.
+    all_meta = all(t.device.type == "meta" for _, t in present)
+    for name, t in present:
+        if t.device.type != "cpu" and not all_meta:
             raise ValueError(
                 f"attention_c.torch runs on the CPU only, but {name} is on "
                 f"device '{t.device}'; move the module and its inputs with "
                 f".cpu(), or use a pure-PyTorch attention on the GPU")
     first, ref = named[0]
     assert ref is not None
-    for name, t in named:
-        if t is None:
+    autocast = torch.is_autocast_enabled("cpu")
+    for name, x in named:
+        if x is None:
             continue
-        if t.dtype not in _FLOATS:
+        t = x
+        if t.dtype not in _FLOATS + _LOW:
             raise TypeError(f"{name} has dtype {t.dtype}; attention_c.torch "
-                            f"supports torch.float32 and torch.float64")
-        if t.dtype != ref.dtype:
+                            f"supports {_DTYPES_TEXT}")
+        if t.dtype != ref.dtype and not autocast:
             # NumPy would promote; autograd needs each gradient in the
             # dtype of its input, so mixed dtypes are refused instead.
             raise TypeError(f"{name} has dtype {t.dtype} but {first} has "
@@ -97,19 +122,42 @@ def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
         if mask.dtype != torch.bool:
             raise TypeError(f"mask has dtype {mask.dtype}; expected "
                             f"torch.bool with True = valid {item}")
+    if autocast and any(t is not None and t.dtype != torch.float64
+                        for _, t in named):
+        # In float32, like autocast's softmax.  Cast here, where autograd
+        # records it, rather than inside the autograd.Function (whose saved
+        # inputs would keep autocast's dtypes).
+        return torch.float32
+    return ref.dtype if ref.dtype in _LOW else None
+
+
+def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, alpha)`` in the caller's low-precision dtype, if any."""
+    if low is None:
+        return out, alpha
+    return out.to(low), alpha.to(low)
+
+
+def _f32(t: torch.Tensor | None, low: torch.dtype | None
+         ) -> torch.Tensor | None:
+    """``t`` in float32 when computing a low-precision call (differentiable:
+    the gradient comes back in ``t``'s dtype)."""
+    return t if t is None or low is None else t.float()
 
 
 def _check(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
-           b: torch.Tensor | None, mask: torch.Tensor | None) -> None:
-    _check_tensors([("h", h), ("W", W), ("v", v), ("b", b)], mask)
+           b: torch.Tensor | None, mask: torch.Tensor | None
+           ) -> torch.dtype | None:
+    return _check_tensors([("h", h), ("W", W), ("v", v), ("b", b)], mask)
 
 
 def _module_dtype(dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype of a module's parameters: float32 or float64."""
+    """The dtype of a module's parameters: float32, float64, bfloat16 or
+    float16."""
     dtype = torch.get_default_dtype() if dtype is None else dtype
-    if dtype not in _FLOATS:
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, "
-                        f"got {dtype}")
+    if dtype not in _FLOATS + _LOW:
+        raise TypeError(f"dtype must be one of {_DTYPES_TEXT}, got {dtype}")
     return dtype
 
 
@@ -129,6 +177,26 @@ def _load_(p: torch.Tensor | None, x: np.ndarray | None) -> None:
             p.copy_(torch.from_numpy(x))
 
 
+def _first_order_only(backward: Any) -> Any:
+    """``once_differentiable``, and a clear error for ``create_graph=True``
+    (which would otherwise give gradients without a graph: silent zeros
+    in a Hessian)."""
+    inner = torch.autograd.function.once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "the legacy *AttentionFunction classes of attention_c.torch "
+                "are first-order only (create_graph=True, double backward, "
+                "Hessians): use the functions context_attention, "
+                "additive_attention, dot_attention, general_attention or "
+                "the modules, whose higher-order gradients are exact")
+        return inner(ctx, *grads)
+
+    return wrapper
+
+
 class ContextAttentionFunction(torch.autograd.Function):
     """``(out, alpha) = context_attention(h, W, v, b, mask)`` as an autograd
     function whose forward and backward are one C call each.
@@ -137,6 +205,11 @@ class ContextAttentionFunction(torch.autograd.Function):
     ``ContextAttentionFunction.apply`` directly.  Both outputs are
     differentiable; ``mask`` is not.  ``keep=True`` saves the tanh
     activations for the backward, which then skips recomputing them.
+
+    Kept for existing code: the functions and modules now run the custom
+    operators.  This class (like the family's ``*AttentionFunction``) is
+    first-order only: ``create_graph=True`` raises a RuntimeError, and
+    ``torch.func`` transforms do not apply to it.
     """
 
     @staticmethod
@@ -156,7 +229,7 @@ class ContextAttentionFunction(torch.autograd.Function):
         return out_t, alpha_t
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order_only
     def backward(ctx: Any, grad_out: torch.Tensor | None,
                  grad_alpha: torch.Tensor | None) -> tuple[Any, ...]:
         h_t, W_t, v_t, b_t, mask_t, alpha_t = ctx.saved_tensors
@@ -187,13 +260,15 @@ def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
     """Context-pooled additive attention on CPU tensors, differentiable.
 
     Same maths and shapes as :func:`attention_c.context_attention`
-    (docs/contract.md section 1); the gradients are the C backward.
+    (docs/contract.md section 1); the gradients are the C backward (exact
+    higher-order gradients in PyTorch, see the module docstring).
 
     Parameters
     ----------
     h : Tensor (..., T, H)
         float32 or float64, on the CPU; ``W``, ``v``, ``b`` of the same
-        dtype.
+        dtype.  bfloat16 or float16 are computed in float32 and the results
+        returned in that dtype.
     W : Tensor (A, 2H)
         Layout of ``torch.nn.Linear(2H, A).weight``.
     v : Tensor (A,)
@@ -216,17 +291,16 @@ def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
         A tensor not on the CPU (e.g. CUDA), a mask that requires grad, or
         shapes that do not fit.
     TypeError
-        A dtype other than float32/float64, mixed dtypes, a mask that is
-        not boolean.
+        A dtype other than float32, float64, bfloat16 and float16, mixed
+        dtypes (outside ``torch.autocast``), a mask that is not boolean.
     """
-    _check(h, W, v, b, mask)
+    low = _check(h, W, v, b, mask)
     # Keep the tanh activations for the backward only if there will be one.
     keep = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (h, W, v, b))
-    # Function.apply is not annotated in torch: typed here by the signature.
-    apply: Any = ContextAttentionFunction.apply
-    out, alpha = apply(h, W, v, b, mask, keep)
-    return out, alpha
+    out, alpha, _ = _call("context", _f32(h, low), _f32(W, low),
+                          _f32(v, low), _f32(b, low), mask, keep)
+    return _back(out, alpha, low)
 
 
 class ContextAttention(torch.nn.Module):
@@ -386,7 +460,7 @@ class AdditiveAttentionFunction(torch.autograd.Function):
                      key_proj)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order_only
     def backward(ctx: Any, grad_out: torch.Tensor | None,
                  grad_alpha: torch.Tensor | None) -> tuple[Any, ...]:
         if _nothing_to_do(ctx, grad_out, grad_alpha):
@@ -424,7 +498,7 @@ class DotAttentionFunction(torch.autograd.Function):
         return _save(ctx, out, alpha, query, keys, mask, values)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order_only
     def backward(ctx: Any, grad_out: torch.Tensor | None,
                  grad_alpha: torch.Tensor | None) -> tuple[Any, ...]:
         if _nothing_to_do(ctx, grad_out, grad_alpha):
@@ -458,7 +532,7 @@ class GeneralAttentionFunction(torch.autograd.Function):
         return _save(ctx, out, alpha, query, keys, W, mask, values, key_proj)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order_only
     def backward(ctx: Any, grad_out: torch.Tensor | None,
                  grad_alpha: torch.Tensor | None) -> tuple[Any, ...]:
         if _nothing_to_do(ctx, grad_out, grad_alpha):
@@ -477,6 +551,679 @@ class GeneralAttentionFunction(torch.autograd.Function):
                          dval, dkp)
 
 
+# --------------------------------------------------------------------------
+# PyTorch custom operators (torch.library.custom_op)
+#
+# The public functions below call these operators, which torch.compile
+# (fullgraph), torch.export and torch.func see as opaque ops with a fake
+# (shape-only) implementation, an autograd formula and a vmap rule:
+#
+# - the forward ops run one C call each; their backward is a backward op,
+#   one C call too, so first-order gradients stay on the fused kernels;
+# - a backward op's own backward (double backward, Hessians, jacrev of a
+#   grad) differentiates a pure-PyTorch transcription of the contract's
+#   forward twice with torch.func.vjp: exact, and differentiable again;
+# - optional tensor arguments are "Tensor?"; a gradient an op cannot have
+#   (db without b, ...) comes back as an empty placeholder tensor.
+
+_NS = "attention_c"
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder for a gradient that does not exist."""
+    return like.new_empty(0)
+
+
+def _t(x: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
+    return _empty(like) if x is None else torch.from_numpy(x)
+
+
+def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:
+    return None if grad_alpha is None else _np(grad_alpha)
+
+
+# ---- pure-PyTorch forwards (contract sections 1.2 and 4.3), for the
+# derivatives of the backward ops.  They zero the padding first so that
+# NaN or Inf there reaches no second derivative either (rule 1.3.2).
+
+def _pure_softmax(s: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """Masked softmax over the last axis; 0 where nothing is valid."""
+    if m is None:
+        return torch.softmax(s, -1)
+    any_valid = m.any(-1, keepdim=True)
+    M = torch.where(m, s, -torch.inf).amax(-1, keepdim=True)
+    M = torch.where(any_valid, M, 0).detach()
+    # exp(0) on masked entries: no inf whose zero gradient would give NaN.
+    e = torch.where(m, torch.exp(torch.where(m, s, M) - M), 0)
+    return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
+
+
+def _pure_context(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                  b: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    H = h.shape[-1]
+    if mask is None:
+        c = h.mean(-2)
+    else:
+        h = torch.where(mask[..., None], h, 0)
+        n = mask.sum(-1, keepdim=True).clamp(min=1).to(h.dtype)
+        c = h.sum(-2) / n
+    z = F.linear(h, W[:, :H], b) + F.linear(c, W[:, H:]).unsqueeze(-2)
+    alpha = _pure_softmax(torch.tanh(z) @ v, mask)
+    return (alpha.unsqueeze(-2) @ h).squeeze(-2), alpha
+
+
+def _pure_family(kind: str, query: torch.Tensor, keys: torch.Tensor,
+                 mask: torch.Tensor | None = None,
+                 values: torch.Tensor | None = None,
+                 W: torch.Tensor | None = None,
+                 v: torch.Tensor | None = None,
+                 b: torch.Tensor | None = None,
+                 key_proj: torch.Tensor | None = None,
+                 scale: float | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key_proj`` given: the scores use it (the gradient stops there)."""
+    single = query.ndim < keys.ndim
+    q = query.unsqueeze(-2) if single else query
+    m = None
+    if mask is not None:
+        m = mask if mask.ndim == keys.ndim else mask.unsqueeze(-2)
+        # Padding: keys masked for every query, queries with no valid key.
+        key_ok, query_ok = m.any(-2)[..., None], m.any(-1)[..., None]
+        keys = torch.where(key_ok, keys, 0)
+        values = None if values is None else torch.where(key_ok, values, 0)
+        key_proj = (None if key_proj is None
+                    else torch.where(key_ok, key_proj, 0))
+        q = torch.where(query_ok, q, 0)
+    H = keys.shape[-1]
+    if kind == "dot":
+        c = 1 / math.sqrt(H) if scale is None else scale
+        s = c * q @ keys.transpose(-1, -2)
+    elif kind == "general":
+        assert W is not None
+        kp = F.linear(keys, W) if key_proj is None else key_proj
+        s = q @ kp.transpose(-1, -2)
+    else:
+        assert W is not None and v is not None
+        kp = F.linear(keys, W[:, :H]) if key_proj is None else key_proj
+        qp = F.linear(q, W[:, H:], b)
+        s = torch.tanh(kp.unsqueeze(-3) + qp.unsqueeze(-2)) @ v
+    alpha = _pure_softmax(s, m)
+    out = alpha @ (keys if values is None else values)
+    return (out.squeeze(-2), alpha.squeeze(-2)) if single else (out, alpha)
+
+
+
+
+
+
+# ---- vmap: leading batch axes are native, so a vmapped data argument just
+# moves its batched dimension to the front (unbatched data is expanded).
+# Batched weights, and every backward op (whose parameter gradients are
+# summed over the batch axes, but must stay per-example under vmap), loop.
+
+def _vmap_loop(op: Any, info: Any, in_dims: tuple[Any, ...],
+               *args: Any) -> tuple[Any, Any]:
+    outs = []
+    for i in range(info.batch_size):
+        outs.append(op(*[a.select(d, i) if d is not None else a
+                         for a, d in zip(args, in_dims)]))
+    stacked = tuple(torch.stack(o) for o in zip(*outs))
+    return stacked, (0,) * len(stacked)
+
+
+def _vmap_native(op: Any, data: tuple[int, ...]) -> Any:
+    """A vmap rule for a forward op whose arguments at positions ``data``
+    take leading batch axes (the others are weights or flags)."""
+
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
+             ) -> tuple[Any, Any]:
+        if any(d is not None for i, d in enumerate(in_dims)
+               if i not in data):
+            return _vmap_loop(op, info, in_dims, *args)
+        new = list(args)
+        for i in data:
+            a, d = args[i], in_dims[i]
+            if a is None:
+                continue
+            new[i] = (a.movedim(d, 0) if d is not None
+                      else a.expand(info.batch_size, *a.shape))
+        outs = op(*new)
+        # An empty placeholder (no activations kept) is not batched.
+        return outs, tuple(0 if o.numel() or o.ndim > 1 else None
+                           for o in outs)
+
+    return rule
+
+
+def _loop_rule(op: Any) -> Any:
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
+             ) -> tuple[Any, Any]:
+        return _vmap_loop(op, info, in_dims, *args)
+    return rule
+
+
+# ---- context_attention
+
+@torch.library.custom_op(
+    f"{_NS}::context_attention", mutates_args=(),
+    schema="(Tensor h, Tensor W, Tensor v, Tensor? b, Tensor? mask, "
+           "bool keep) -> (Tensor, Tensor, Tensor)")
+def _context_op(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                b: torch.Tensor | None, mask: torch.Tensor | None,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                     torch.Tensor]:
+    """``(out, alpha, act)``; ``act`` the tanh activations (..., T, A) with
+    ``keep``, else an empty placeholder."""
+    out, alpha, *act = _ac.context_attention(
+        _np(h), _np(W), _np(v), _np_opt(b), _np_opt(mask),
+        keep_activations=keep)
+    return (torch.from_numpy(out), torch.from_numpy(alpha),
+            _t(act[0] if act else None, h))
+
+
+@_context_op.register_fake
+def _context_fake(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                  b: torch.Tensor | None, mask: torch.Tensor | None,
+                  keep: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                       torch.Tensor]:
+    lead = h.shape[:-2]
+    act = (h.new_empty(*h.shape[:-1], W.shape[0]) if keep
+           else _empty(h))
+    return (h.new_empty(*lead, h.shape[-1]), h.new_empty(*h.shape[:-1]),
+            act)
+
+
+@torch.library.custom_op(
+    f"{_NS}::context_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor h, Tensor W, "
+           "Tensor v, Tensor alpha, Tensor? b, Tensor? mask, Tensor? act) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+def _context_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                    h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                    alpha: torch.Tensor, b: torch.Tensor | None,
+                    mask: torch.Tensor | None, act: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, ...]:
+    """``(dh, dW, dv, db)``, db empty without b.  ``alpha`` must be the
+    forward's for these inputs (its own derivative is taken as 0: the
+    double backward differentiates through the recomputed forward)."""
+    g = _ac.context_attention_backward(
+        _np(grad_out), _np(h), _np(W), _np(v), _np(alpha), _np_opt(b),
+        _np_opt(mask), _ga(grad_alpha), activations=_np_opt(act))
+    return (torch.from_numpy(g.h), torch.from_numpy(g.W),
+            torch.from_numpy(g.v), _t(g.b, h))
+
+
+@_context_bwd_op.register_fake
+def _context_bwd_fake(grad_out: torch.Tensor,
+                      grad_alpha: torch.Tensor | None, h: torch.Tensor,
+                      W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
+                      b: torch.Tensor | None, mask: torch.Tensor | None,
+                      act: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(h), torch.empty_like(W), torch.empty_like(v),
+            _empty(h) if b is None else torch.empty_like(b))
+
+
+
+
+
+
+
+
+
+
+
+
+# ---- the family: additive, dot, general
+
+def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
+                     values: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    lead = query.shape[:-1]
+    hv = (keys if values is None else values).shape[-1]
+    return query.new_empty(*lead, hv), query.new_empty(*lead, keys.shape[-2])
+
+
+def _like(x: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
+    return _empty(ref) if x is None else torch.empty_like(x)
+
+
+@torch.library.custom_op(
+    f"{_NS}::additive_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor W, Tensor v, Tensor? b, "
+           "Tensor? mask, Tensor? values, Tensor? key_proj) "
+           "-> (Tensor, Tensor)")
+def _additive_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                 v: torch.Tensor, b: torch.Tensor | None,
+                 mask: torch.Tensor | None, values: torch.Tensor | None,
+                 key_proj: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.additive_attention(
+        _np(query), _np(keys), _np(W), _np(v), _np_opt(b), _np_opt(mask),
+        _np_opt(values), _np_opt(key_proj))
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_additive_op.register_fake
+def _additive_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                   v: torch.Tensor, b: torch.Tensor | None,
+                   mask: torch.Tensor | None, values: torch.Tensor | None,
+                   key_proj: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::additive_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor W, Tensor v, Tensor alpha, Tensor? b, "
+           "Tensor? mask, Tensor? values, Tensor? key_proj, bool stop) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _additive_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                     query: torch.Tensor, keys: torch.Tensor,
+                     W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
+                     b: torch.Tensor | None, mask: torch.Tensor | None,
+                     values: torch.Tensor | None,
+                     key_proj: torch.Tensor | None, stop: bool
+                     ) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dW, dv, db, dvalues, dkey_proj)``; with ``stop`` the
+    gradient stops at ``key_proj`` (contract section 4.6)."""
+    args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(v),
+            _np(alpha), _np_opt(b), _np_opt(mask), _np_opt(values),
+            _ga(grad_alpha))
+    if stop:
+        assert key_proj is not None
+        dq, dk, dval, dW, dv, db, dkp = _core.additive_attention_backward(
+            *args, key_proj=_np(key_proj), stop_at_key_proj=True)
+    else:
+        dq, dk, dval, dW, dv, db = _ac.additive_attention_backward(
+            *args, _np_opt(key_proj))
+        dkp = None
+    return tuple(_t(x, query) for x in (dq, dk, dW, dv, db, dval, dkp))
+
+
+@_additive_bwd_op.register_fake
+def _additive_bwd_fake(grad_out: torch.Tensor,
+                       grad_alpha: torch.Tensor | None, query: torch.Tensor,
+                       keys: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                       alpha: torch.Tensor, b: torch.Tensor | None,
+                       mask: torch.Tensor | None, values: torch.Tensor | None,
+                       key_proj: torch.Tensor | None, stop: bool
+                       ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            torch.empty_like(W), torch.empty_like(v), _like(b, query),
+            _like(values, query), _like(key_proj if stop else None, query))
+
+
+
+
+
+
+
+
+
+
+@torch.library.custom_op(
+    f"{_NS}::dot_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? values, "
+           "float? scale) -> (Tensor, Tensor)")
+def _dot_op(query: torch.Tensor, keys: torch.Tensor,
+            mask: torch.Tensor | None, values: torch.Tensor | None,
+            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.dot_attention(_np(query), _np(keys), _np_opt(mask),
+                                   _np_opt(values), scale)
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_dot_op.register_fake
+def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
+              mask: torch.Tensor | None, values: torch.Tensor | None,
+              scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::dot_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor alpha, Tensor? mask, Tensor? values, "
+           "float? scale) -> (Tensor, Tensor, Tensor)")
+def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
+                mask: torch.Tensor | None, values: torch.Tensor | None,
+                scale: float | None) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dvalues)``."""
+    g = _ac.dot_attention_backward(
+        _np(grad_out), _np(query), _np(keys), _np(alpha), _np_opt(mask),
+        _np_opt(values), scale, _ga(grad_alpha))
+    return (torch.from_numpy(g.query), torch.from_numpy(g.keys),
+            _t(g.values, query))
+
+
+@_dot_bwd_op.register_fake
+def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                  query: torch.Tensor, keys: torch.Tensor,
+                  alpha: torch.Tensor, mask: torch.Tensor | None,
+                  values: torch.Tensor | None, scale: float | None
+                  ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            _like(values, query))
+
+
+
+
+
+
+
+
+@torch.library.custom_op(
+    f"{_NS}::general_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor W, Tensor? mask, "
+           "Tensor? values, Tensor? key_proj) -> (Tensor, Tensor)")
+def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                mask: torch.Tensor | None, values: torch.Tensor | None,
+                key_proj: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.general_attention(
+        _np(query), _np(keys), _np(W), _np_opt(mask), _np_opt(values),
+        _np_opt(key_proj))
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_general_op.register_fake
+def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                  mask: torch.Tensor | None, values: torch.Tensor | None,
+                  key_proj: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::general_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor W, Tensor alpha, Tensor? mask, "
+           "Tensor? values, Tensor? key_proj, bool stop) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                    query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                    alpha: torch.Tensor, mask: torch.Tensor | None,
+                    values: torch.Tensor | None,
+                    key_proj: torch.Tensor | None, stop: bool
+                    ) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dW, dvalues, dkey_proj)``; with ``stop`` dW is 0 (W
+    only acts through key_proj)."""
+    args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(alpha),
+            _np_opt(mask), _np_opt(values), _ga(grad_alpha))
+    if stop:
+        assert key_proj is not None
+        dq, dk, dval, _, dkp = _core.general_attention_backward(
+            *args, key_proj=_np(key_proj), stop_at_key_proj=True)
+        dW = np.zeros(W.shape, _np(W).dtype)
+    else:
+        dq, dk, dval, dW = _ac.general_attention_backward(
+            *args, _np_opt(key_proj))
+        dkp = None
+    return tuple(_t(x, query) for x in (dq, dk, dW, dval, dkp))
+
+
+@_general_bwd_op.register_fake
+def _general_bwd_fake(grad_out: torch.Tensor,
+                      grad_alpha: torch.Tensor | None, query: torch.Tensor,
+                      keys: torch.Tensor, W: torch.Tensor,
+                      alpha: torch.Tensor, mask: torch.Tensor | None,
+                      values: torch.Tensor | None,
+                      key_proj: torch.Tensor | None, stop: bool
+                      ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            torch.empty_like(W), _like(values, query),
+            _like(key_proj if stop else None, query))
+
+
+# ---- autograd: first order on the backward ops, higher orders in PyTorch
+#
+# Each op gets its formulas twice: registered on the op itself
+# (register_autograd, for direct calls and torch.compile), and as an
+# autograd.Function with setup_context, jvp and generate_vmap_rule, which
+# the public functions use in eager mode: the Function generated by
+# register_autograd has no setup_context, so torch.func.grad, jacrev and
+# vmap of a grad refuse it (pytorch/pytorch#168393, #179652).
+
+# torch.func.vjp and jvp, typed loosely (their stubs do not fit
+# tuple-valued functions).
+_func_vjp: Any = torch.func.vjp
+
+
+def _func_jvp(f: Any, primals: tuple[Any, ...],
+              tangents: tuple[Any, ...]) -> Any:
+    """The tangents of ``f``'s outputs."""
+    return torch.func.jvp(f, primals, tangents)[1]
+
+
+class _Spec(NamedTuple):
+    """How an op and its backward op take their arguments (by name)."""
+
+    kind: str
+    op: Any
+    bwd_op: Any
+    inputs: tuple[str, ...]         # the forward op's arguments
+    bwd_inputs: tuple[str, ...]     # the backward op's arguments
+    grads: tuple[str, ...]          # the backward op's results, by input
+
+
+_SPECS = {
+    "context": _Spec(
+        "context", _context_op, _context_bwd_op,
+        ("h", "W", "v", "b", "mask", "keep"),
+        ("grad_out", "grad_alpha", "h", "W", "v", "alpha", "b", "mask",
+         "act"),
+        ("h", "W", "v", "b")),
+    "additive": _Spec(
+        "additive", _additive_op, _additive_bwd_op,
+        ("query", "keys", "W", "v", "b", "mask", "values", "key_proj"),
+        ("grad_out", "grad_alpha", "query", "keys", "W", "v", "alpha", "b",
+         "mask", "values", "key_proj", "stop"),
+        ("query", "keys", "W", "v", "b", "values", "key_proj")),
+    "dot": _Spec(
+        "dot", _dot_op, _dot_bwd_op,
+        ("query", "keys", "mask", "values", "scale"),
+        ("grad_out", "grad_alpha", "query", "keys", "alpha", "mask",
+         "values", "scale"),
+        ("query", "keys", "values")),
+    "general": _Spec(
+        "general", _general_op, _general_bwd_op,
+        ("query", "keys", "W", "mask", "values", "key_proj"),
+        ("grad_out", "grad_alpha", "query", "keys", "W", "alpha", "mask",
+         "values", "key_proj", "stop"),
+        ("query", "keys", "W", "values", "key_proj")),
+}
+
+
+def _pure_for(spec: _Spec, a: dict[str, Any]) -> Any:
+    """The pure-PyTorch forward ``(**xs) -> (out, alpha)`` with the
+    non-differentiable arguments of ``a`` fixed."""
+    if spec.kind == "context":
+        return lambda **x: _pure_context(mask=a["mask"], **x)
+    return lambda **x: _pure_family(spec.kind, mask=a["mask"],
+                                    scale=a.get("scale"), **x)
+
+
+def _xs(spec: _Spec, a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The differentiable inputs of a backward op's arguments ``a``: a
+    key_proj only where the gradient stops there (otherwise the keys'
+    projection is recomputed from the keys and W, as the C backward
+    does)."""
+    return {n: a[n] for n in spec.grads
+            if a.get(n) is not None and (n != "key_proj" or a.get("stop"))}
+
+
+def _saved(ctx: Any, names: tuple[str, ...]
+           ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
+    t = ctx.saved_tensors
+    a = dict(zip(names, t))
+    a.update(ctx.consts)
+    return a, t[len(names):]
+
+
+def _setup(names: tuple[str, ...]) -> Any:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...],
+                      output: Any) -> None:
+        ctx.consts = {n: x for n, x in zip(names, inputs)
+                      if not isinstance(x, torch.Tensor)}
+        outs = tuple(output) if isinstance(output, tuple) else (output,)
+        tensors = [x if isinstance(x, torch.Tensor) else None
+                   for x in inputs] + list(outs)
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+        ctx.set_materialize_grads(False)    # an unused output gives None
+    return setup_context
+
+
+def _first_backward(spec: _Spec, bwd: Any) -> Any:
+    """The forward op's backward, calling ``bwd`` (the backward op or its
+    autograd.Function)."""
+
+    def backward(ctx: Any, grad_out: torch.Tensor | None,
+                 grad_alpha: torch.Tensor | None, *_: Any
+                 ) -> tuple[Any, ...]:
+        a, outs = _saved(ctx, spec.inputs)
+        need = dict(zip(spec.inputs, ctx.needs_input_grad))
+        if grad_out is None and grad_alpha is None:
+            return (None,) * len(spec.inputs)
+        given = dict(a, grad_out=(torch.zeros_like(outs[0])
+                                  if grad_out is None else grad_out),
+                     grad_alpha=grad_alpha, alpha=outs[1],
+                     # A key_proj that requires grad: stop there, autograd
+                     # carries the keys' projection through its graph.
+                     stop=bool(need.get("key_proj")),
+                     act=outs[2] if a.get("keep") else None)
+        res = bwd(*[given[n] for n in spec.bwd_inputs])
+        g = dict(zip(spec.grads, res))
+        return tuple(g[n] if n in g and a[n] is not None and need[n]
+                     else None for n in spec.inputs)
+
+    return backward
+
+
+def _forward_jvp(spec: _Spec) -> Any:
+    def jvp(ctx: Any, *tangents: torch.Tensor | None) -> tuple[Any, ...]:
+        a, outs = _saved(ctx, spec.inputs)
+        t = dict(zip(spec.inputs, tangents))
+        # A key_proj without a tangent is a constant equal to the keys'
+        # projection: recompute it so that the keys' tangent goes through.
+        xs = {n: a[n] for n in spec.grads if a[n] is not None
+              and (n != "key_proj" or t[n] is not None)}
+        t_out, t_alpha = _func_jvp(
+            lambda *y: _pure_for(spec, a)(**dict(zip(xs, y))),
+            tuple(xs.values()),
+            tuple(torch.zeros_like(x) if t[n] is None else t[n]
+                  for n, x in xs.items()))
+        return (t_out, t_alpha, *[torch.zeros_like(o) for o in outs[2:]])
+
+    return jvp
+
+
+def _first_order(spec: _Spec, a: dict[str, Any]) -> Any:
+    """``(grad_out, grad_alpha, *xs) -> grads of xs``, the backward op in
+    pure PyTorch."""
+    pure, names = _pure_for(spec, a), list(_xs(spec, a))
+
+    def first(go: torch.Tensor, ga: torch.Tensor,
+              *x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        vjp = _func_vjp(lambda *y: pure(**dict(zip(names, y))), *x)[1]
+        grads: tuple[torch.Tensor, ...] = vjp((go, ga))
+        return grads
+
+    return first
+
+
+def _second_backward(spec: _Spec) -> Any:
+    """The backward op's backward: the VJP of the pure-PyTorch first order
+    (differentiable again, for third and higher orders).  ``alpha`` (and
+    ``act``) get no gradient: they are the forward's results for these
+    inputs, and the pure first order recomputes them, so the derivative
+    through them is in the inputs' share already."""
+
+    def backward(ctx: Any, *gg: torch.Tensor | None) -> tuple[Any, ...]:
+        a, _ = _saved(ctx, spec.bwd_inputs)
+        xs = _xs(spec, a)
+        go, ga = a["grad_out"], a["grad_alpha"]
+        ga0 = torch.zeros_like(a["alpha"]) if ga is None else ga
+        grads, vjp = _func_vjp(_first_order(spec, a), go, ga0,
+                               *xs.values())
+        cot = dict(zip(spec.grads, gg))
+        d_go, d_ga, *d_xs = vjp(tuple(
+            torch.zeros_like(g) if cot[n] is None else cot[n]
+            for n, g in zip(xs, grads)))
+        d = dict(zip(xs, d_xs), grad_out=d_go,
+                 grad_alpha=None if ga is None else d_ga)
+        return tuple(d.get(n) for n in spec.bwd_inputs)
+
+    return backward
+
+
+def _second_jvp(spec: _Spec) -> Any:
+    def jvp(ctx: Any, *tangents: torch.Tensor | None) -> tuple[Any, ...]:
+        a, _ = _saved(ctx, spec.bwd_inputs)
+        t = dict(zip(spec.bwd_inputs, tangents))
+        xs = _xs(spec, a)
+        ga = (torch.zeros_like(a["alpha"]) if a["grad_alpha"] is None
+              else a["grad_alpha"])
+        primals = (a["grad_out"], ga, *xs.values())
+        t_grads = _func_jvp(_first_order(spec, a), primals, tuple(
+            torch.zeros_like(p) if t.get(n) is None else t[n]
+            for n, p in zip(["grad_out", "grad_alpha", *xs], primals)))
+        tg = dict(zip(xs, t_grads))
+        ref = primals[0]
+        return tuple(tg[n] if n in tg else ref.new_zeros(0)
+                     for n in spec.grads)
+
+    return jvp
+
+
+def _function(name: str, op: Any, names: tuple[str, ...], backward: Any,
+              jvp: Any) -> Any:
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": f"Autograd of ``{op}`` (internal).",
+        "generate_vmap_rule": True,         # the op's own vmap rule
+        "forward": staticmethod(lambda *args: op(*args)),
+        "setup_context": staticmethod(_setup(names)),
+        "backward": staticmethod(backward),
+        "jvp": staticmethod(jvp)})
+
+
+# kind -> the autograd.Function of its forward op (what eager calls).
+_FUNCTIONS: dict[str, Any] = {}
+for _spec in _SPECS.values():
+    _bwd_fn = _function(f"_{_spec.kind}_backward", _spec.bwd_op,
+                        _spec.bwd_inputs, _second_backward(_spec),
+                        _second_jvp(_spec))
+    _FUNCTIONS[_spec.kind] = _function(
+        f"_{_spec.kind}", _spec.op, _spec.inputs,
+        _first_backward(_spec, _bwd_fn.apply), _forward_jvp(_spec))
+    _spec.op.register_autograd(_first_backward(_spec, _spec.bwd_op),
+                               setup_context=_setup(_spec.inputs))
+    _spec.bwd_op.register_autograd(_second_backward(_spec),
+                                   setup_context=_setup(_spec.bwd_inputs))
+    # Under torch.autocast the kernels run in float32 (like softmax) and
+    # return float32, whatever mix of dtypes autocast gave the inputs.
+    torch.library.register_autocast(_spec.op, "cpu", torch.float32)
+    torch.library.register_vmap(_spec.bwd_op, _loop_rule(_spec.bwd_op))
+for _kind, _data in [("context", (0, 4)), ("additive", (0, 1, 5, 6, 7)),
+                     ("dot", (0, 1, 2, 3)), ("general", (0, 1, 3, 4, 5))]:
+    _op = _SPECS[_kind].op
+    torch.library.register_vmap(_op, _vmap_native(_op, _data))
+del _spec, _bwd_fn, _kind, _data, _op
+
+
+def _call(kind: str, *args: Any) -> Any:
+    """The op of ``kind`` through its autograd.Function (eager, torch.func)
+    or directly (torch.compile traces the op with its registered
+    autograd)."""
+    if torch.compiler.is_compiling():
+        return _SPECS[kind].op(*args)
+    return _FUNCTIONS[kind].apply(*args)
+
+
 _FAMILY_RETURNS = """
     Returns
     -------
@@ -491,8 +1238,8 @@ _FAMILY_RETURNS = """
         A tensor not on the CPU (e.g. CUDA), a mask that requires grad, or
         shapes that do not fit.
     TypeError
-        A dtype other than float32/float64, mixed dtypes, a mask that is
-        not boolean.
+        A dtype other than float32, float64, bfloat16 and float16, mixed
+        dtypes (outside ``torch.autocast``), a mask that is not boolean.
 """
 
 
@@ -514,8 +1261,9 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     ----------
     query : Tensor (..., Hq) or (..., Tq, Hq)
         One query per sequence, or several when ``query.ndim ==
-        keys.ndim``.  float32 or float64, on the CPU; every other float
-        tensor of the same dtype.
+        keys.ndim``.  float32 or float64 (bfloat16 and float16 computed
+        in float32), on the CPU; every other float tensor of the same
+        dtype.
     keys : Tensor (..., T, H)
     W : Tensor (A, H + Hq)
         ``[W_k | W_q]``, the layout of ``torch.nn.Linear(H + Hq, A).weight``
@@ -537,12 +1285,13 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
         backward gives the keys and ``W`` their full gradients, as without
         ``key_proj``.  Either way it must equal ``project_keys(keys, W)``.
     """
-    _check_tensors([("query", query), ("keys", keys), ("W", W), ("v", v),
-                    ("b", b), ("values", values), ("key_proj", key_proj)],
-                   mask, "key")
-    apply: Any = AdditiveAttentionFunction.apply
-    out, alpha = apply(query, keys, W, v, b, mask, values, key_proj)
-    return out, alpha
+    low = _check_tensors([("query", query), ("keys", keys), ("W", W),
+                          ("v", v), ("b", b), ("values", values),
+                          ("key_proj", key_proj)], mask, "key")
+    out, alpha = _call("additive", _f32(query, low), _f32(keys, low),
+                       _f32(W, low), _f32(v, low), _f32(b, low), mask,
+                       _f32(values, low), _f32(key_proj, low))
+    return _back(out, alpha, low)
 
 
 def dot_attention(query: torch.Tensor, keys: torch.Tensor,
@@ -564,7 +1313,8 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor,
     ----------
     query : Tensor (..., H) or (..., Tq, H)
         One query per sequence, or several when ``query.ndim ==
-        keys.ndim``.  float32 or float64, on the CPU.
+        keys.ndim``.  float32 or float64 (bfloat16 and float16 computed
+        in float32), on the CPU.
     keys : Tensor (..., T, H)
     mask : Tensor of torch.bool (..., T) or (..., Tq, T), optional
         True marks a valid key.  Must not require grad.
@@ -573,12 +1323,15 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor,
     scale : float, optional
         Default ``1/sqrt(H)``.
     """
-    _check_tensors([("query", query), ("keys", keys), ("values", values)],
-                   mask, "key")
-    apply: Any = DotAttentionFunction.apply
-    out, alpha = apply(query, keys, mask, values,
-                       None if scale is None else float(scale))
-    return out, alpha
+    low = _check_tensors([("query", query), ("keys", keys),
+                          ("values", values)], mask, "key")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number or None, got "
+                        f"{type(scale).__name__}")
+    out, alpha = _call("dot", _f32(query, low), _f32(keys, low), mask,
+                         _f32(values, low),
+                         None if scale is None else float(scale))
+    return _back(out, alpha, low)
 
 
 def general_attention(query: torch.Tensor, keys: torch.Tensor,
@@ -597,7 +1350,8 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     ----------
     query : Tensor (..., Hq) or (..., Tq, Hq)
         One query per sequence, or several when ``query.ndim ==
-        keys.ndim``.  float32 or float64, on the CPU.
+        keys.ndim``.  float32 or float64 (bfloat16 and float16 computed
+        in float32), on the CPU.
     keys : Tensor (..., T, H)
     W : Tensor (Hq, H)
         ``W_a``, the layout of ``torch.nn.Linear(H, Hq).weight`` applied to
@@ -610,11 +1364,13 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
         ``project_keys(keys, W)``, computed once for several calls with the
         same keys; see :func:`additive_attention`.
     """
-    _check_tensors([("query", query), ("keys", keys), ("W", W),
-                    ("values", values), ("key_proj", key_proj)], mask, "key")
-    apply: Any = GeneralAttentionFunction.apply
-    out, alpha = apply(query, keys, W, mask, values, key_proj)
-    return out, alpha
+    low = _check_tensors([("query", query), ("keys", keys), ("W", W),
+                          ("values", values), ("key_proj", key_proj)], mask,
+                         "key")
+    out, alpha = _call("general", _f32(query, low), _f32(keys, low),
+                             _f32(W, low), mask, _f32(values, low),
+                             _f32(key_proj, low))
+    return _back(out, alpha, low)
 
 
 for _f in (additive_attention, dot_attention, general_attention):
@@ -883,3 +1639,19 @@ class GeneralAttention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"query_size={self.query_size}, key_size={self.key_size}"
+
+
+def _no_script(self: torch.nn.Module) -> torch.nn.Module:
+    """``torch.jit.script`` calls this first: refuse with a clear error
+    (TorchScript cannot compile the Python around the operators, and is
+    deprecated in PyTorch)."""
+    raise RuntimeError(
+        f"torch.jit.script is not supported for attention_c.torch."
+        f"{type(self).__name__}: use torch.compile or torch.export, which "
+        f"support its operators (torch.ops.attention_c.*)")
+
+
+for _cls in (ContextAttention, AdditiveAttention, DotAttention,
+             GeneralAttention):
+    setattr(_cls, "__prepare_scriptable__", _no_script)
+del _cls

@@ -176,8 +176,13 @@ def test_bad_dtypes_are_refused():
     with pytest.raises(TypeError, match="W has dtype torch.float32 but h "
                                         "has torch.float64"):
         act.context_attention(h, W.float(), v, b, m)
-    with pytest.raises(TypeError, match="h has dtype torch.float16"):
-        act.context_attention(h.half(), W.half(), v.half(), None, m)
+    # float16 and bfloat16 are accepted now (computed in float32, see
+    # test_torch_op.py); an integer or complex dtype is named.
+    with pytest.raises(TypeError, match="h has dtype torch.int32; "
+                                        "attention_c.torch supports"):
+        act.context_attention(h.int(), W.int(), v.int(), None, m)
+    with pytest.raises(TypeError, match="h has dtype torch.complex128"):
+        act.context_attention(h.cdouble(), W.cdouble(), v.cdouble(), None, m)
     with pytest.raises(TypeError, match="v must be a torch.Tensor"):
         act.context_attention(h, W, v.numpy(), b, m)
     with pytest.raises(TypeError, match="dtype must be"):

@@ -1,0 +1,473 @@
+"""The kernels as PyTorch custom operators (issue 13): torch.library
+registration, higher-order gradients, torch.compile, torch.export,
+torch.func, meta tensors, bfloat16/float16 and autocast, and the loaders.
+
+Everything is checked against pure PyTorch: the implementations of
+tests/test_torch_adapter.py (context pooling) and tests/test_family_torch.py
+(the three family scores), differentiated by autograd.  Shapes are tiny and
+there are only two compilations (one torch.compile, one torch.export), to
+keep the file fast.
+"""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import attention_c.torch as act  # noqa: E402
+import test_family_torch as fam  # noqa: E402
+import test_torch_adapter as ctx  # noqa: E402
+
+KINDS = ["context", "additive", "dot", "general"]
+OPS = ["context_attention", "additive_attention", "dot_attention",
+       "general_attention"]
+
+# Normwise relative error allowed against float32 on the same (rounded)
+# inputs and weights: twice the unit roundoff of the format (the results
+# are rounded once to it; bfloat16 keeps 8 significant bits, float16 11).
+LOW_TOL = {torch.bfloat16: 2 * 2.0 ** -8, torch.float16: 2 * 2.0 ** -11}
+
+
+def rel(x, ref):
+    """Normwise relative error in float64 (absolute when ref is 0, e.g.
+    the gradients of a fully masked row)."""
+    x, ref = x.detach().double(), ref.detach().double()
+    diff, scale = (x - ref).norm().item(), ref.norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def problem(kind, several=True, mask="key", values=False, grad=True,
+            bias=True):
+    """(ours, pure, args): our function, its pure-PyTorch twin and random
+    float64 arguments by name (the float ones requiring grad)."""
+    if kind == "context":
+        mask = {"key": "edge", "causal": "partial"}.get(mask, mask)
+        h, W, v, b, m = ctx.make(mask=mask, grad=grad, bias=bias)
+        return (act.context_attention, ctx.pure_torch,
+                {"h": h, "W": W, "v": v, "b": b, "mask": m})
+    return (getattr(act, f"{kind}_attention"), fam.PURE[kind],
+            fam.make(kind, several=several, mask=mask, values=values,
+                     grad=grad, bias=bias))
+
+
+def split(args):
+    """(names, tensors) of the arguments that require grad, and f building
+    the call from them."""
+    names = [n for n, x in args.items()
+             if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def bind(fn):
+        return lambda *xs: fn(**dict(args, **dict(zip(names, xs))))
+
+    return names, [args[n] for n in names], bind
+
+
+def modules(dtype=torch.float64):
+    torch.manual_seed(0)
+    return {"context": act.ContextAttention(fam.H, fam.A, dtype=dtype),
+            "additive": act.AdditiveAttention(fam.H, fam.HQ, fam.A,
+                                              dtype=dtype),
+            "dot": act.DotAttention(),
+            "general": act.GeneralAttention(fam.HQ, fam.H, dtype=dtype)}
+
+
+def call(kind, module, query, keys, mask):
+    """A module on (query, keys); the context module pools the keys."""
+    if kind == "context":
+        return module(keys, mask)
+    return module(query, keys, mask=mask)
+
+
+# --------------------------------------------------------------------------
+# Registration
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_opcheck(kind):
+    """torch.library.opcheck: schema, fake implementation, autograd
+    registration and AOT dispatch of each forward operator."""
+    _, _, args = problem(kind, values=kind != "context")
+    op = getattr(torch.ops.attention_c, OPS[KINDS.index(kind)]).default
+    if kind == "context":
+        a = (args["h"], args["W"], args["v"], args["b"], args["mask"], True)
+    elif kind == "dot":
+        a = (args["query"], args["keys"], args["mask"], args["values"], 0.7)
+    elif kind == "general":
+        a = (args["query"], args["keys"], args["W"], args["mask"],
+             args["values"], None)
+    else:
+        a = tuple(args[n] for n in ["query", "keys", "W", "v", "b", "mask",
+                                    "values"]) + (None,)
+    torch.library.opcheck(op, a)
+
+
+@pytest.mark.parametrize("several", [True, False], ids=["several", "single"])
+def test_meta_tensors_propagate_shapes(several):
+    """Modules and inputs all on 'meta': the fake implementation gives the
+    output shapes (no data, no kernel call)."""
+    q_shape = (fam.B, fam.TQ) if several else (fam.B,)
+    for kind, module in modules(torch.float32).items():
+        module = module.to("meta")
+        hq = fam.H if kind in ("dot", "context") else fam.HQ
+        query = torch.empty(*q_shape, hq, device="meta")
+        keys = torch.empty(fam.B, fam.T, fam.H, device="meta")
+        mask = torch.empty(fam.B, fam.T, dtype=torch.bool, device="meta")
+        out = call(kind, module, query, keys, mask)
+        assert out.device.type == "meta"
+        want = (fam.B, fam.H) if kind == "context" else (*q_shape, fam.H)
+        assert tuple(out.shape) == want, kind
+
+
+# --------------------------------------------------------------------------
+# Higher-order gradients: exact, never silently zero
+
+GG_CASES = [("context", True, "key", False), ("context", False, "none", False),
+            ("additive", True, "causal", True), ("additive", False, "key",
+                                                  False),
+            ("dot", True, "causal", False), ("dot", False, "key", True),
+            ("general", True, "key", True), ("general", False, "none",
+                                             False)]
+
+
+@pytest.mark.parametrize("kind,several,mask,values", GG_CASES)
+def test_gradgradcheck(kind, several, mask, values):
+    """Second derivatives of both outputs in float64 against finite
+    differences of the (C) first derivatives; masks with fully masked
+    rows or queries."""
+    ours, _, args = problem(kind, several, mask, values,
+                            bias=several or kind != "context")
+    _, xs, bind = split(args)
+    assert torch.autograd.gradgradcheck(bind(ours), xs)
+
+
+@pytest.mark.parametrize("kind", ["additive", "general"])
+def test_gradgradcheck_key_proj(kind):
+    """The decoder path: the gradient stops at a key_proj made by
+    project_keys, and the second derivatives still are exact."""
+    ours, _, args = problem(kind, values=True)
+    names, xs, _ = split(args)
+
+    def f(*x):
+        a = dict(args, **dict(zip(names, x)))
+        return ours(**a, key_proj=act.project_keys(a["keys"], a["W"]))
+
+    assert torch.autograd.gradgradcheck(f, xs)
+
+
+def scalar_loss(fn):
+    """A loss that uses both outputs nonlinearly."""
+    def loss(**a):
+        out, alpha = fn(**a)
+        return (out ** 2).sum() + (alpha ** 3).sum()
+    return loss
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hessian_equals_pure_pytorch(kind):
+    """torch.autograd.functional.hessian (reverse over reverse) and
+    torch.func.hessian (forward over reverse) equal pure PyTorch's, with a
+    nonzero Hessian (it was all zeros before the operators)."""
+    ours, pure, args = problem(kind, mask="causal" if kind != "context"
+                               else "partial", values=kind == "dot")
+    names, xs, bind = split(args)
+    name = "h" if kind == "context" else "query"
+    i = names.index(name)
+    x0 = xs[i].detach()
+
+    def only(fn):
+        f = bind(scalar_loss(fn))
+        return lambda x: f(*xs[:i], x, *xs[i + 1:])
+
+    ref = torch.autograd.functional.hessian(only(pure), x0)
+    assert ref.norm() > 0.1
+    got = torch.autograd.functional.hessian(only(ours), x0)
+    assert rel(got, ref) < 1e-12
+    detached = [x.detach() for x in xs]
+    f = bind(scalar_loss(ours))
+    got = torch.func.hessian(
+        lambda x: f(*detached[:i], x, *detached[i + 1:]))(x0)
+    assert rel(got, ref) < 1e-12
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_penalty_equals_pure_pytorch(kind):
+    """A WGAN-GP style penalty: the norm of d loss / d input, taken with
+    create_graph=True, then differentiated for every parameter and input;
+    and a third derivative along the way."""
+    ours, pure, args = problem(kind, values=True)
+    names, xs, bind = split(args)
+    results = []
+    for fn in (ours, pure):
+        leaves = [x.detach().requires_grad_() for x in xs]
+        loss = bind(scalar_loss(fn))(*leaves)
+        g = torch.autograd.grad(loss, leaves, create_graph=True)
+        penalty = sum((gi ** 2).sum() for gi in g)
+        second = torch.autograd.grad(penalty, leaves, create_graph=True)
+        third = torch.autograd.grad(second[0].sum(), leaves[0])[0]
+        results.append((penalty, second, third))
+    (p, s, t), (rp, rs, rt) = results
+    assert rel(p, rp) < 1e-12
+    for a, b, n in zip(s, rs, names):
+        assert rel(a, b) < 1e-11, n
+    assert rt.norm() > 0 and rel(t, rt) < 1e-10
+
+
+def test_legacy_function_refuses_double_backward():
+    """The autograd.Function classes (kept for old code) are first-order
+    only: create_graph=True raises, a Hessian is never silently zero."""
+    _, _, a = problem("context")
+    out, _ = act.ContextAttentionFunction.apply(a["h"], a["W"], a["v"],
+                                                a["b"], a["mask"], False)
+    with pytest.raises(RuntimeError, match="first-order only"):
+        torch.autograd.grad(out.sum(), a["h"], create_graph=True)
+    out, _ = act.ContextAttentionFunction.apply(a["h"], a["W"], a["v"],
+                                                a["b"], a["mask"], False)
+    g, = torch.autograd.grad(out.sum(), a["h"])      # first order: fine
+    assert g.norm() > 0
+    _, _, a = problem("dot")
+    out, _ = act.DotAttentionFunction.apply(a["query"], a["keys"], a["mask"],
+                                            None, None)
+    with pytest.raises(RuntimeError, match="first-order only"):
+        torch.autograd.grad(out.sum(), a["query"], create_graph=True)
+
+
+# --------------------------------------------------------------------------
+# torch.func
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_func_grad_jacrev_vmap(kind):
+    """torch.func.grad, jacrev and vmap (of the forward and of per-example
+    gradients) against autograd and loops over the batch."""
+    module = modules()[kind]
+    _, _, args = problem(kind, several=False, grad=False)
+    keys = args["h"] if kind == "context" else args["keys"]
+    # The context module has no query: it gets the keys and ignores them.
+    query = keys if kind == "context" else args["query"]
+    mask = args["mask"]
+    live = dict(module.named_parameters())
+    params = {n: p.detach() for n, p in live.items()}
+
+    def loss(p, q, k, m):
+        a = (k, m) if kind == "context" else (q, k, None, m)
+        return (torch.func.functional_call(module, p, a) ** 2).sum()
+
+    # grad w.r.t. the parameters and the keys, against autograd
+    k = keys.detach().requires_grad_()
+    loss(live, query, k, mask).backward()
+    g = torch.func.grad(loss, argnums=(0, 2))(params, query, keys, mask)
+    assert rel(g[1], k.grad) < 1e-14
+    for n, p in live.items():
+        assert rel(g[0][n], p.grad) < 1e-14, n
+    # jacrev of the output w.r.t. the keys, against a row from autograd
+    J = torch.func.jacrev(lambda k: call(kind, module, query, k, mask))(keys)
+    row, = torch.autograd.grad(call(kind, module, query, k, mask)[0, 1], k)
+    assert rel(J[0, 1], row) < 1e-14
+    # vmap of per-example gradients (parameters and keys) against a loop
+    per = torch.func.vmap(torch.func.grad(loss, argnums=(0, 2)),
+                          in_dims=(None, 0, 0, 0))(
+        params, query[:, None], keys[:, None], mask[:, None])
+    for b in range(keys.shape[0]):
+        kb = keys[b:b + 1].detach().requires_grad_()
+        refs = torch.autograd.grad(
+            loss(live, query[b:b + 1], kb, mask[b:b + 1]), [*live.values(),
+                                                            kb])
+        for n, ref in zip([*live, "keys"], refs):
+            got = per[1][b] if n == "keys" else per[0][n][b]
+            assert rel(got, ref) < 1e-13, (n, b)
+    # vmap of the forward over a new leading axis
+    vm = torch.func.vmap(lambda k: call(kind, module, query, k, mask))(
+        torch.stack([keys, keys.flip(1)]))
+    assert rel(vm[1], call(kind, module, query, keys.flip(1), mask)) < 1e-15
+
+
+def test_vmap_over_batched_weights_loops():
+    """vmap over a stack of weights (not a native batch axis) runs one call
+    per weight and matches them."""
+    _, _, a = problem("general", grad=False)
+    Ws = torch.stack([a["W"], 2 * a["W"]])
+    out = torch.func.vmap(lambda W: act.general_attention(
+        a["query"], a["keys"], W, a["mask"])[0])(Ws)
+    for i in range(2):
+        ref, _ = act.general_attention(a["query"], a["keys"], Ws[i],
+                                       a["mask"])
+        assert rel(out[i], ref) < 1e-15
+
+
+# --------------------------------------------------------------------------
+# torch.compile and torch.export
+
+
+class AllFour(torch.nn.Module):
+    """A model with each layer: a Linear, then the four attentions, their
+    outputs summed into a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(fam.H, fam.H)
+        self.att = torch.nn.ModuleDict(modules(torch.float32))
+        self.head = torch.nn.Linear(fam.H, 1)
+
+    def forward(self, query, keys, mask):
+        k = torch.tanh(self.inp(keys))
+        q_dot = k[:, :fam.TQ]
+        pooled = self.att["context"](k, mask)
+        out = (self.att["additive"](query, k, mask=mask).mean(-2)
+               + self.att["dot"](q_dot, k, mask=mask).mean(-2)
+               + self.att["general"](query, k, mask=mask).mean(-2))
+        return self.head(pooled + out)[..., 0]
+
+
+def all_four_inputs():
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(fam.B, fam.TQ, fam.HQ, generator=g),
+            torch.randn(fam.B, fam.T, fam.H, generator=g), fam.key_mask())
+
+
+def test_compile_fullgraph_training_step():
+    """torch.compile(fullgraph=True) of a model with all four layers (a
+    graph break would raise): two training steps give eager's losses and
+    gradients."""
+    torch.manual_seed(0)
+    eager = AllFour()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    query, keys, mask = all_four_inputs()
+    y = torch.randn(fam.B)
+    losses = []
+    for model, fn in ((eager, eager), (compiled_model, compiled)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = []
+        for _ in range(2):
+            opt.zero_grad()
+            loss = F.mse_loss(fn(query, keys, mask), y)
+            loss.backward()
+            opt.step()
+            run.append(loss.detach())
+        losses.append((run, [p.grad for p in model.parameters()]))
+    (le, ge), (lc, gc) = losses
+    for a, b in zip(le, lc):
+        assert abs(a - b) <= 1e-6 * abs(a)
+    for a, b in zip(ge, gc):
+        assert rel(b, a) < 1e-5
+
+
+def test_export():
+    """torch.export.export of the model with all four layers: the exported
+    program calls the attention_c operators and gives eager's output."""
+    model = AllFour()
+    inputs = all_four_inputs()
+    exported = torch.export.export(model, inputs)
+    text = str(exported.graph)
+    for name in OPS:
+        assert f"attention_c.{name}" in text, name
+    torch.testing.assert_close(exported.module()(*inputs), model(*inputs),
+                               rtol=1e-6, atol=1e-7)
+
+
+# --------------------------------------------------------------------------
+# bfloat16, float16, autocast
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_low_precision(kind, dtype):
+    """Module and inputs in bfloat16 or float16: computed in float32,
+    returned (with the gradients) in the input dtype, within twice the
+    format's unit roundoff of float32 on the same rounded values."""
+    low = modules(torch.float32)[kind].to(dtype)
+    ref = copy.deepcopy(low).float()
+    query, keys, mask = all_four_inputs()
+    if kind in ("dot", "context"):
+        query = keys[:, :fam.TQ]
+    q, k = query.to(dtype), keys.to(dtype).requires_grad_()
+    k32 = k.detach().float().requires_grad_()
+    out = call(kind, low, q, k, mask)
+    out32 = call(kind, ref, q.float(), k32, mask)
+    assert out.dtype == dtype
+    assert rel(out, out32) <= LOW_TOL[dtype]
+    (out.float() ** 2).sum().backward()
+    (out32 ** 2).sum().backward()
+    assert k.grad.dtype == dtype
+    assert rel(k.grad, k32.grad) <= LOW_TOL[dtype]
+    for p, p32 in zip(low.parameters(), ref.parameters()):
+        assert p.grad.dtype == dtype
+        assert rel(p.grad, p32.grad) <= LOW_TOL[dtype]
+
+
+def test_autocast_bfloat16():
+    """Under torch.autocast('cpu', torch.bfloat16) the model runs forward
+    and backward; the attention layers compute in float32 (their output
+    is float32) from autocast's bfloat16 inputs."""
+    model = AllFour()
+    query, keys, mask = all_four_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        k = torch.tanh(model.inp(keys))
+        assert k.dtype == torch.bfloat16
+        pooled = model.att["context"](k, mask)
+        y = model(query, keys, mask)
+    assert pooled.dtype == torch.float32
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32
+               for p in model.parameters())
+    ref = model(query, keys, mask)
+    # bfloat16 activations (the Linear layers) dominate the error here
+    assert rel(y, ref) < 3e-2
+
+
+# --------------------------------------------------------------------------
+# Loaders and bad input
+
+
+@pytest.mark.parametrize("form", ["linear", "linear_nobias", "parameter",
+                                  "tensor_1A"])
+def test_loaders_accept_every_form_of_v(form):
+    """from_linear and from_d2l take v as Linear(A, 1) (its bias dropped),
+    Linear(A, 1, bias=False), a bare (A,) Parameter or a (1, A) tensor."""
+    torch.manual_seed(0)
+    H, HQ, A = fam.H, fam.HQ, fam.A
+    lin = torch.nn.Linear(A, 1, bias=form != "linear_nobias")
+    out = {"linear": lin, "linear_nobias": lin,
+           "parameter": torch.nn.Parameter(lin.weight.detach()[0].clone()),
+           "tensor_1A": lin.weight.detach().clone()}[form]
+    score = torch.nn.Linear(2 * H, A)
+    c = act.ContextAttention.from_linear(score, out)
+    assert torch.equal(c.v, lin.weight[0]) and torch.equal(c.W, score.weight)
+    score = torch.nn.Linear(H + HQ, A)
+    a = act.AdditiveAttention.from_linear(score, out, key_size=H)
+    assert torch.equal(a.v, lin.weight[0])
+    d = act.AdditiveAttention.from_d2l(torch.nn.Linear(H, A, bias=False),
+                                       torch.nn.Linear(HQ, A, bias=False),
+                                       out)
+    assert torch.equal(d.v, lin.weight[0])
+    with pytest.raises(ValueError, match=r"expected \(1, 5\)"):
+        act.ContextAttention.from_linear(torch.nn.Linear(2 * H, A),
+                                         torch.zeros(A + 1))
+
+
+def test_bad_dtypes_and_devices_name_the_argument():
+    _, _, a = problem("dot", grad=False)
+    with pytest.raises(TypeError, match="keys has dtype torch.int64; "
+                                        "attention_c.torch supports"):
+        act.dot_attention(a["query"], a["keys"].long())
+    with pytest.raises(TypeError, match="keys has dtype torch.float64 but "
+                                        "query has torch.bfloat16"):
+        act.dot_attention(a["query"].bfloat16(), a["keys"])
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        act.GeneralAttention(2, 3, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="CPU only, but keys is on device "
+                                         "'meta'"):
+        act.dot_attention(a["query"], a["keys"].to("meta"))
+
+
+def test_jit_script_is_refused_clearly():
+    """TorchScript cannot compile the adapter: a clear error naming the
+    module and the supported alternatives (also from inside a model)."""
+    model = torch.nn.Sequential(torch.nn.Linear(fam.H, fam.H),
+                                act.ContextAttention(fam.H, fam.A))
+    with pytest.raises(RuntimeError, match="torch.jit.script is not "
+                                           "supported.*ContextAttention.*"
+                                           "torch.compile or torch.export"):
+        torch.jit.script(model)
