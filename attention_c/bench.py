@@ -856,6 +856,9 @@ def parse_args(argv):
                              "with --quick)")
     parser.add_argument("--json", metavar="FILE", help="write all results")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG plot")
+    parser.add_argument("--family", action="store_true",
+                        help="benchmark the attention family instead "
+                             "(attention_c.bench_family; takes its options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -921,6 +924,10 @@ def setup(options):
 
 def main(argv=None):
     """Entry point of ``python -m attention_c.bench``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--family" in argv:
+        from attention_c import bench_family
+        return bench_family.main([a for a in argv if a != "--family"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = setup(options)

@@ -1,0 +1,211 @@
+"""The attention-family benchmark runs, checks its baselines, and reports.
+
+Times are never asserted (they depend on the machine and its load); what is
+checked is that ``python -m attention_c.bench_family --quick`` (and the same
+through ``python -m attention_c.bench --family``) runs end to end, that ours
+and every PyTorch baseline it times agreed with PyTorch in float64 on every
+output and gradient before timing, that the baselines compute what the
+NumPy reference computes, and that the JSON carries the times, the ratios,
+the target verdicts and the peak memory.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attention_c import bench_family as bf
+from attention_c import reference as ref
+
+torch = pytest.importorskip("torch")
+
+ARGS = ["--quick", "--target", "0.01", "--min-repeats", "1"]
+MASKS = {"additive": ("full", "ragged"), "decoder": ("full", "ragged"),
+         "decoder_once": ("full", "ragged"),
+         "dot": ("full", "causal"), "general": ("full", "causal")}
+# The arrays each implementation's results are checked on.
+ARRAYS = {
+    "additive": {"out", "alpha", "dquery", "dkeys", "dvalues", "dW", "dv"},
+    "decoder": {"out", "alpha", "dquery", "dkeys", "dW", "dv"},
+    "decoder_once": {"out", "alpha", "dquery", "dkeys", "dW", "dv"},
+    "dot": {"out", "alpha", "dquery", "dkeys", "dvalues"},
+    "general": {"out", "alpha", "dquery", "dkeys", "dvalues", "dW"},
+}
+# The per-step form of the decoder (full gradients every step) is reported
+# without a target; the target is on the form that projects once each way.
+LIMITS = {"additive": 0.35, "decoder_once": 0.4, "dot": 0.8, "general": 0.8}
+
+
+def run(module, *args):
+    proc = subprocess.run([sys.executable, "-m", module, *args],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench_family") / "family.json"
+    stdout = run("attention_c.bench_family", *ARGS, "--json", str(path))
+    with open(path) as f:
+        return json.load(f), stdout
+
+
+def test_every_case_and_mask_is_measured(report):
+    data, _ = report
+    got = {(r["case"], r["mask"], r["threads"]) for r in data["results"]}
+    assert got == {(c, m, 1) for c, masks in MASKS.items() for m in masks}
+    for row in data["results"]:
+        times = row["times_ms"]
+        expected = {f"{impl}_{metric}" for metric in ("fwd", "fwdbwd")
+                    for impl in ("ours", "torch")
+                    + ("sdpa",) * (row["case"] == "dot")
+                    + ("sdpa_causal",) * (row["case"] == "dot"
+                                          and row["mask"] == "causal")}
+        assert set(times) == expected, (row["case"], row["mask"])
+        for key, t in times.items():
+            assert np.isfinite(t) and t > 0, (row["case"], key)
+
+
+def test_implementations_agree_before_timing(report):
+    data, stdout = report
+    for row in data["results"]:
+        arrays = ARRAYS[row["case"]]
+        for impl, errs in row["errors"].items():
+            # sdpa returns no weights; every other array is compared
+            want = arrays - {"alpha"} if impl.startswith("sdpa") else arrays
+            assert set(errs) == want, (row["case"], impl)
+            for name, err in errs.items():
+                assert err <= bf.TOLERANCE, (row["case"], row["mask"], impl,
+                                             name, err)
+    assert "Flagged above 0.0001: 0." in stdout
+
+
+def test_comparisons_have_ratios_and_verdicts(report):
+    data, stdout = report
+    found = data["comparisons"]
+    targets = {(c["case"], c["mask"]): c for c in found
+               if c["limit"] is not None and c["measure"] == "f+b ms"}
+    assert set(targets) == {(c, m) for c, masks in MASKS.items()
+                            for m in masks if c in LIMITS}
+    for (case, _), c in targets.items():
+        assert c["limit"] == LIMITS[case] and c["baseline"] == "torch"
+    for c in found:
+        assert c["ratio"] == pytest.approx(c["ours"] / c["theirs"])
+        if c["limit"] is None:
+            assert c["status"] == "-"
+        else:
+            assert c["status"] == ("PASS" if c["ratio"] <= c["limit"]
+                                   else "MISS")
+    head = stdout.split("Targets:")[0]
+    for word in ("case", "ours", "other", "ratio", "target", "verdict"):
+        assert word in head
+
+
+def test_peak_memory_is_measured(report):
+    data, stdout = report
+    memory = data["memory"]
+    B, Tq, T, H, A = bf.SIZES["full"]["additive"].values()
+    # PyTorch's d2l form holds at least one (B, Tq, T, A) float32 tensor.
+    assert memory["torch_mib"] >= B * Tq * T * A * 4 / bf.MiB
+    assert memory["ours_mib"] > 0
+    (c,) = [c for c in data["comparisons"] if c["measure"] == "peak MiB"]
+    assert c["limit"] == bf.MEMORY_LIMIT
+    assert c["ours"] == memory["ours_mib"] and "peak MiB" in stdout
+
+
+def test_reachable_from_bench(tmp_path):
+    path = tmp_path / "family.json"
+    run("attention_c.bench", "--family", *ARGS, "--cases", "dot",
+        "--no-memory", "--json", str(path))
+    with open(path) as f:
+        data = json.load(f)
+    assert {r["case"] for r in data["results"]} == {"dot"}
+    assert data["memory"] is None
+
+
+def reference_results(case, p):
+    """What attention_c.reference gives on a problem, as bench_family
+    names the arrays."""
+    p = {k: None if x is None else
+         x.astype(np.float64) if x.dtype != bool else x for k, x in p.items()}
+    q, k, vals, W, v, mask, G = (p.get(n) for n in (
+        "query", "keys", "values", "W", "v", "mask", "G"))
+    if case == "decoder":
+        steps = []
+        for qs, gs in zip(q, G):
+            out, a = ref.additive_attention(qs, k, W, v, mask=mask)
+            g = ref.additive_attention_backward(gs, qs, k, W, v, a, mask=mask)
+            steps.append({"out": out, "alpha": a, **bf.grad_dict(g)})
+        return bf.stack_steps(steps)
+    if case == "decoder_once":            # gradients summed over the steps
+        per_step = reference_results("decoder", p)
+        return dict(per_step, dkeys=per_step["dkeys"].sum(0),
+                    dW=per_step["dW"].sum(0), dv=per_step["dv"].sum(0))
+    if case == "additive":
+        out, a = ref.additive_attention(q, k, W, v, mask=mask, values=vals)
+        g = ref.additive_attention_backward(G, q, k, W, v, a, mask=mask,
+                                            values=vals)
+    elif case == "dot":
+        out, a = ref.dot_attention(q, k, mask=mask, values=vals)
+        g = ref.dot_attention_backward(G, q, k, a, mask=mask, values=vals)
+    else:
+        out, a = ref.general_attention(q, k, W, mask=mask, values=vals)
+        g = ref.general_attention_backward(G, q, k, W, a, mask=mask,
+                                           values=vals)
+    return {"out": out, "alpha": a, **bf.grad_dict(g)}
+
+
+ODD = {"additive": {"B": 3, "Tq": 5, "T": 17, "H": 3, "A": 7},
+       "decoder": {"steps": 3, "B": 5, "T": 17, "H": 3, "A": 1},
+       "dot": {"lead": (1, 3), "Tq": 17, "T": 17, "H": 5}}
+
+
+@pytest.mark.parametrize("case,mask", [(c, m) for c, masks in MASKS.items()
+                                       for m in masks])
+def test_baselines_compute_what_ours_computes(case, mask):
+    # Each PyTorch form, in float64, against the NumPy reference: the
+    # baselines do the same maths (weight layout, scale, mask) as ours.
+    p = bf.make_problem(case, mask, ODD[bf.CASES[case][0]], seed=3)
+    exact = reference_results(case, p)
+    for name, (_, fwdbwd, results) in bf.torch_forms(
+            torch, case, p, np.float64).items():
+        got = results(fwdbwd())
+        want = set(exact) - ({"alpha"} if name.startswith("sdpa") else set())
+        assert set(got) == want, name
+        errs = bf.errors(got, exact)
+        assert max(errs.values()) <= 1e-12, (name, errs)
+
+
+def test_masks_are_the_stated_kinds():
+    size = bf.SIZES["quick"]["additive"]
+    p = bf.make_problem("additive", "ragged", size)
+    lengths = p["mask"].sum(-1)
+    assert p["mask"].shape == (size["B"], size["T"])
+    assert np.all(lengths >= size["T"] // 2) and np.all(lengths <= size["T"])
+    assert np.array_equal(p["mask"], np.arange(size["T"]) < lengths[:, None])
+    size = bf.SIZES["quick"]["dot"]
+    p = bf.make_problem("dot", "causal", size)
+    tri = np.tril(np.ones((size["Tq"], size["T"]), bool))
+    assert np.array_equal(p["mask"], np.broadcast_to(tri, p["mask"].shape))
+    assert bf.make_problem("general", "full", size)["mask"] is None
+
+
+def test_errors_catch_a_wrong_result():
+    exact = {"out": np.array([1.0, -2.0, 4.0])}
+    assert bf.errors({"out": exact["out"] * (1 + 1e-6)}, exact)["out"] \
+        <= bf.TOLERANCE
+    assert bf.errors({"out": exact["out"] + [0, 0, 0.01]}, exact)["out"] \
+        == pytest.approx(0.0025)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="VmHWM is Linux's")
+def test_peak_watch_sees_an_allocation():
+    method, before = bf.peak_start()
+    block = np.ones(64 * 2 ** 20 // 8)          # 64 MiB, every page touched
+    rise = (bf.peak_now(method) - before) / 1024
+    del block
+    assert 60 <= rise <= 80
