@@ -209,9 +209,12 @@ def ours_form(case, p):
                 g, g_kp = ac.additive_attention_backward(
                     gs, qs, k, W, v, alpha, mask=mask, key_proj=kp,
                     stop_at_key_proj=True)
-                dkp += g_kp
-                total = ([g.keys, g.W, g.v] if total is None else
-                         [t + x for t, x in zip(total, (g.keys, g.W, g.v))])
+                dkp += g_kp               # in place, as autograd does
+                if total is None:
+                    total = [g.keys, g.W, g.v]
+                else:
+                    for t, x in zip(total, (g.keys, g.W, g.v)):
+                        t += x
                 steps.append((out, alpha, g.query))
             dk, dW_k = ac.project_keys_backward(dkp, k, W)
             return steps, total[0] + dk, total[1] + dW_k, total[2]
