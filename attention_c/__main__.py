@@ -3,8 +3,8 @@
 Computes context-pooled attention on a random masked batch, shows one
 sequence's weights and output, checks the C kernels and their gradients
 (the layer and the three scores of the attention family) against the plain
-NumPy reference in float32 and float64, and times the
-fused C layer against the reference.  Exits with status 1 if a check fails.
+NumPy reference in float32 and float64, and times the fused C layer against
+the reference.  Exits with status 1 if a check fails.
 """
 
 import sys

@@ -495,11 +495,7 @@ static int axes_present(const Call *c, const ArgSpec *a, int nd,
                         int present[MAX_AXES])
 {
     const Pattern *p = &a->pat;
-    int n = 0, nq = 0;
-    for (int k = 0; k < p->n; k++) {
-        nq += p->ax[k].query_axis;
-    }
-    int with_q = c->several;
+    int n = 0, with_q = c->several;
     if ((a->flags & F_MASK) && with_q) {
         with_q = nd == c->nlead + p->n;       /* a mask per query */
     }
