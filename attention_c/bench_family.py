@@ -86,7 +86,7 @@ CASES = {
 }
 MEMORY_LIMIT = 0.25          # peak of ours / peak of torch, one f+b
 TOLERANCE = 1e-4             # float32, max|x - r| / max|r|
-DTYPE = np.float32
+DTYPE: type[np.float32] = np.float32
 METRICS = (("fwd", "fwd ms"), ("fwdbwd", "f+b ms"))
 MiB = 2.0 ** 20
 
