@@ -325,7 +325,7 @@ def torch_forms(torch, case, p, dtype):
             additive, (q, k, vals, W_k, W_q, w_v),
             ("dquery", "dkeys", "dvalues", "dW_k", "dW_q", "dv"),
             join_weights)
-    elif case == "decoder":
+    elif case in ("decoder", "decoder_once"):
         H = p["keys"].shape[-1]
         Q = [leaf(qs) for qs in p["query"]]
         W_k, W_q = leaf(p["W"][:, :H]), leaf(p["W"][:, H:])
@@ -343,7 +343,7 @@ def torch_forms(torch, case, p, dtype):
                 K = F.linear(k, W_k)              # once per sequence
                 return [step(K, q) for q in Q]
 
-        def fwdbwd():
+        def fwdbwd_each():
             K = F.linear(k, W_k)                  # once per sequence
             steps = []
             for q, g in zip(Q, G):
@@ -352,7 +352,7 @@ def torch_forms(torch, case, p, dtype):
                     out, (q, *params), g, retain_graph=True)))
             return steps
 
-        def results(steps):
+        def results_each(steps):
             found = []
             for out, alpha, (dq, dk, dW_k, dW_q, dv) in steps:
                 found.append({n: x.detach().numpy() for n, x in (
@@ -361,29 +361,11 @@ def torch_forms(torch, case, p, dtype):
                     ("dv", dv.reshape(-1)))})
             return stack_steps(found)
 
-        forms["torch"] = fwd, fwdbwd, results
-    elif case == "decoder_once":
-        H = p["keys"].shape[-1]
-        Q = [leaf(qs) for qs in p["query"]]
-        W_k, W_q = leaf(p["W"][:, :H]), leaf(p["W"][:, H:])
-        w_v = leaf(p["v"][None, :])
-
-        def step(K, q):
-            features = F.linear(q, W_q).unsqueeze(1) + K     # (B, T, A)
-            scores = F.linear(torch.tanh(features), w_v).squeeze(-1)
-            alpha = masked_softmax(torch, scores, mask)
-            return torch.bmm(alpha.unsqueeze(1), k).squeeze(1), alpha
-
-        def fwd():
-            with torch.no_grad():
-                K = F.linear(k, W_k)              # once per sequence
-                return [step(K, q) for q in Q]
-
-        def fwdbwd():
+        def fwdbwd_once():
             # what autograd does for a loss summed over the steps: each
             # step's backward reaches K (a leaf here, accumulating), and
             # K = W_k(keys) is differentiated once
-            for t in (*Q, k, W_k, W_q, w_v):
+            for t in (*Q, *params):
                 t.grad = None                 # zero_grad, as a step does
             K = F.linear(k, W_k)
             K_leaf = K.detach().requires_grad_()
@@ -395,7 +377,7 @@ def torch_forms(torch, case, p, dtype):
             K.backward(K_leaf.grad)
             return steps
 
-        def results(steps):
+        def results_once(steps):
             found = stack_steps([{"out": o.detach().numpy(),
                                   "alpha": a.detach().numpy()}
                                  for o, a in steps])
@@ -405,7 +387,9 @@ def torch_forms(torch, case, p, dtype):
                      "dv": w_v.grad.reshape(-1).numpy()}
             return dict(found, **grads)
 
-        forms["torch"] = fwd, fwdbwd, results
+        forms["torch"] = ((fwd, fwdbwd_each, results_each)
+                          if case == "decoder" else
+                          (fwd, fwdbwd_once, results_once))
     else:
         q = leaf(p["query"])
         names = ("dquery", "dkeys", "dvalues")
