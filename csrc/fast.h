@@ -8,10 +8,19 @@
 #ifndef ATTENTION_C_FAST_H
 #define ATTENTION_C_FAST_H
 
+#include <float.h>
 #include <stddef.h>
 
 #include "attention.h"
 #include "pool.h"
+
+/* A valid item's softmax weight w, raised to at least the least normal
+ * number of REAL (a NaN stays NaN): then alpha is exactly 0 exactly where
+ * an item is masked, even when exp underflows or flush-to-zero is on, and
+ * the binding can check a backward's alpha against its mask. */
+#define LEAST_NORMAL ((REAL)(sizeof(REAL) == sizeof(float) ? FLT_MIN \
+                                                          : DBL_MIN))
+#define WEIGHT_FLOOR(w) ((w) < LEAST_NORMAL ? LEAST_NORMAL : (w))
 
 /*
  * The primitives the attention family is built from (kernels.c's

@@ -695,7 +695,7 @@ static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
         total += s[i];
     }
     for (i = 0; i < n; i++) {
-        alpha[idx[i]] = (REAL)(s[i] / total);
+        alpha[idx[i]] = WEIGHT_FLOOR((REAL)(s[i] / total));
     }
 }
 

@@ -402,7 +402,8 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     }
     double total = FSFX(v_sum)(T, alpha);
     for (t = 0; t < T; t++) {
-        alpha[t] = (REAL)(alpha[t] / total);
+        int valid = m == NULL || m[t];
+        alpha[t] = valid ? WEIGHT_FLOOR((REAL)(alpha[t] / total)) : 0;
     }
 }
 

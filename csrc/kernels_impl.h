@@ -187,10 +187,11 @@ static void SFX(seq_softmax)(ptrdiff_t T, const REAL *s,
     if (n == 0) {
         return;
     }
-    /* pass 3: normalise the valid items only, so padding stays exactly 0 */
+    /* pass 3: normalise the valid items only, so padding stays exactly 0
+     * and valid items never reach it (WEIGHT_FLOOR) */
     for (ptrdiff_t t = 0; t < T; t++) {
         if (VALID(m, t)) {
-            alpha[t] = (REAL)(alpha[t] / total);
+            alpha[t] = WEIGHT_FLOOR((REAL)(alpha[t] / total));
         }
     }
 }
