@@ -127,7 +127,8 @@ def additive_score_backward(grad_s, h, context, W, v, b=None):
 # 3. Masked softmax over T
 
 def masked_softmax(scores, mask=None):
-    """alpha (..., T): softmax over the valid items, exactly 0 elsewhere.
+    """alpha (..., T): softmax over the valid items, exactly 0 elsewhere
+    (and never exactly 0 on a valid item).
 
     Shifted by M = max of the valid scores, so exp never overflows.  A row
     with no valid item is all zeros (never NaN, never uniform over padding).
@@ -140,7 +141,11 @@ def masked_softmax(scores, mask=None):
     # exp(-inf) = 0: masked items get exactly zero weight.
     e = np.exp(np.where(m, s - M, -np.inf))            # (..., T)
     total = e.sum(axis=-1, keepdims=True)              # >= 1 when any valid
-    return e / np.where(any_valid, total, 1)
+    alpha = e / np.where(any_valid, total, 1)
+    # A valid item's weight is never exactly 0, even when exp underflows:
+    # it is at least the smallest normal number.  So alpha is 0 exactly
+    # where an item is masked, which the backwards check against the mask.
+    return np.where(m, np.maximum(alpha, np.finfo(alpha.dtype).tiny), 0)
 
 
 def masked_softmax_backward(grad_alpha, alpha):

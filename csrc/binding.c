@@ -805,6 +805,54 @@ static int cast_args(Call *c)
     return 0;
 }
 
+/* Step 4b, for a backward given alpha and a mask argument: alpha must be
+ * the forward's for this mask.  The forward's alpha is exactly 0 where an
+ * item is masked (and on rows with no valid item) and never 0 where one is
+ * valid (fast.h WEIGHT_FLOOR), so a backward called without the mask the
+ * forward had, or with another, is caught here instead of returning
+ * gradients that are silently wrong. */
+static int check_alpha(const Call *c)
+{
+    int ia = c->fn->pos[X_ALPHA], im = c->fn->pos[X_MASK];
+    if (ia < 0 || im < 0 || c->fn->pos[X_GRAD_OUT] < 0) {
+        return 0;
+    }
+    PyArrayObject *alpha = c->arr[ia];
+    const unsigned char *m = c->arr[im] ? PyArray_DATA(c->arr[im]) : NULL;
+    npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
+    npy_intp n = PyArray_SIZE(alpha);
+    for (npy_intp k = 0; k < n; k++) {
+        int zero = c->typenum == NPY_FLOAT
+                   ? ((const float *)PyArray_DATA(alpha))[k] == 0
+                   : ((const double *)PyArray_DATA(alpha))[k] == 0;
+        /* a key mask (..., T) serves every query of its sequence */
+        npy_intp mk = c->per_query_mask ? k : k / (Tq * T) * T + k % T;
+        int valid = m == NULL || m[mk];
+        if (zero == !valid) {
+            continue;
+        }
+        npy_intp idx[NPY_MAXDIMS + 2];
+        char at[SHAPE_BUF];
+        npy_intp r = k;
+        for (int d = PyArray_NDIM(alpha) - 1; d >= 0; d--) {
+            idx[d] = r % PyArray_DIM(alpha, d);
+            r /= PyArray_DIM(alpha, d);
+        }
+        fmt_shape(at, SHAPE_BUF, PyArray_NDIM(alpha), idx);
+        PyErr_Format(PyExc_ValueError,
+                     "%s: alpha at %s is %s but %s; alpha must be the "
+                     "forward's output for the same mask (its weights are "
+                     "exactly 0 where, and only where, an item is masked)%s",
+                     c->fn->name, at, zero ? "0" : "nonzero",
+                     m == NULL ? "no mask was given"
+                     : valid ? "the mask marks that item valid"
+                     : "the mask marks that item masked",
+                     m == NULL ? ": pass the mask the forward used" : "");
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------
  * Step 5: outputs and scratch
  */
@@ -952,7 +1000,7 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *args,
                                      &o[9], &o[10], &o[11]) ||
         view_args(&c) < 0 || check_shapes(&c) < 0 ||
         (fn->check && fn->check(&c) < 0) || cast_args(&c) < 0 ||
-        make_outputs(&c) < 0) {
+        check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -108,8 +108,9 @@ def _variants(fn, rng):
     optional = {"mask", "b", "activations", "keep_activations"}
     if fn == "context_attention_backward":
         optional.add("grad_alpha")
-    bare = {k: np.asfortranarray(np.asarray(v, np.float32))
-            for k, v in full.items() if k not in optional}
+    bare = _forward_alpha(fn, {
+        k: np.asfortranarray(np.asarray(v, np.float32))
+        for k, v in full.items() if k not in optional})
     return [("float64, all optional arguments", full),
             ("float32 Fortran order, no optional argument", bare)]
 
@@ -118,10 +119,23 @@ def _family_variants(fn, rng):
     """The same two variants for a family function."""
     full = _family_calls(rng)[fn]
     optional = {"b", "mask", "values", "key_proj", "scale", "grad_alpha"}
-    bare = {k: np.asfortranarray(np.asarray(v, np.float32))
-            for k, v in full.items() if k not in optional}
+    bare = _forward_alpha(fn, {
+        k: np.asfortranarray(np.asarray(v, np.float32))
+        for k, v in full.items() if k not in optional})
     return [("float64, all optional arguments", full),
             ("float32 Fortran order, no optional argument", bare)]
+
+
+def _forward_alpha(fn, kw):
+    """kw with a backward's alpha from its forward on the same arguments:
+    alpha must be 0 exactly where the mask is False (the binding checks),
+    so leaving the mask out changes alpha."""
+    if not (fn.endswith("attention_backward") and "alpha" in kw):
+        return kw
+    forward = getattr(ac, fn.removesuffix("_backward"))
+    args = {k: v for k, v in kw.items()
+            if k not in ("grad_out", "alpha", "grad_alpha", "activations")}
+    return dict(kw, alpha=np.asfortranarray(forward(**args)[1]))
 
 
 def _results(res):

@@ -71,6 +71,10 @@ FN_FLOAT_ARGS = [(fn, a) for fn in FUNCS for a in float_params(fn)]
 FN_ARGS = [(fn, a) for fn in FUNCS for a in params(fn)]
 FN_REQUIRED = [(fn, a) for fn in FUNCS for a in SIGNATURES[fn][0]]
 FNS_WITH_MASK = [fn for fn in FUNCS if "mask" in params(fn)]
+# backwards whose alpha must be 0 exactly where their mask is False (the
+# binding checks it): tests that change one must change the other
+ALPHA_CHECKED = {fn for fn in FUNCS
+                 if {"grad_out", "alpha", "mask"} <= set(params(fn))}
 
 
 def pair_id(pair):
@@ -245,6 +249,8 @@ def test_layout_gives_identical_results(fn, layout, dtype, rng):
     args = make_args(fn, rng, dtype=dtype)
     names = [n for n in params(fn) if args[n] is not None]
     for targets in [[n] for n in names] + [names]:
+        if fn in ALPHA_CHECKED and {"alpha", "mask"} & set(targets):
+            targets = sorted(set(targets) | {"alpha", "mask"})
         moved, base = dict(args), dict(args)
         for n in targets:
             y = LAYOUTS[layout](args[n])
@@ -356,6 +362,9 @@ def test_integer_inputs_compute_in_float64(fn, itype, rng):
             ints[n] = x
         else:
             ints[n] = rng.integers(0, 3, size=x.shape).astype(itype)
+    if fn in ALPHA_CHECKED:                 # 0 exactly where masked
+        ints["alpha"] = (rng.integers(1, 3, size=args["alpha"].shape)
+                         * args["mask"]).astype(itype)
     want = call(fn, {n: x if n == "mask" or x is None else
                      x.astype(np.float64) for n, x in ints.items()})
     got = call(fn, ints)
@@ -757,6 +766,8 @@ def test_optional_arguments_default_to_none(fn, rng):
     args = make_args(fn, rng)
     req, opt = SIGNATURES[fn]
     short = {n: args[n] for n in req}
+    if fn in ALPHA_CHECKED:                 # alpha of a forward with no mask
+        short["alpha"] = reference.masked_softmax(args["alpha"] + 1)
     explicit = dict(short, **{n: None for n in opt})
     assert_identical(call(fn, short), call(fn, explicit), fn)
 

@@ -204,6 +204,12 @@ def test_family_nonfinite_everywhere_does_not_hang(fn, rng, restore):
                 continue
             kw = dict(args, **{name: np.full_like(x, bad)})
             fwd(**{n: kw[n] for n in fwd_names})
+            if name == "alpha":
+                # refused where the mask is False; bad where it is True
+                with pytest.raises(ValueError, match="alpha at"):
+                    bwd(**kw)
+                valid = np.broadcast_to(args["mask"][:, None, :], x.shape)
+                kw["alpha"] = np.where(valid, bad, 0)
             bwd(**kw)
     for g, w in zip(_outs(bwd(**args)), want):
         assert (g is None and w is None) or np.array_equal(g, w)

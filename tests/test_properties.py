@@ -129,12 +129,22 @@ def problems(draw, fn):
         x = values[name]
         if x is not None and name != "mask":
             x = x.astype(dtype)
+        if name == "alpha":
+            x = _as_forward_alpha(x, True if mask is None else mask)
         kw[name] = x
     layouts = {name: draw(st.sampled_from(LAYOUTS)) for name in kw}
     keep = fn == "context_attention" and draw(st.booleans())
     use_act = fn == "context_attention_backward" and draw(st.booleans())
     return dict(fn=fn, kw=kw, layouts=layouts, dtype=dtype, keep=keep,
                 use_act=use_act, large=large, shape=(lead, T, H, A))
+
+
+def _as_forward_alpha(alpha, valid):
+    """alpha as a forward returns it in its own dtype: 0 exactly where an
+    item is masked and never 0 where one is valid (a backward checks its
+    alpha against its mask; casting to float32 may underflow a weight)."""
+    tiny = np.finfo(alpha.dtype).tiny
+    return np.where(valid, np.maximum(alpha, tiny), 0).astype(alpha.dtype)
 
 
 def _relayout(x, layout):
@@ -412,6 +422,9 @@ def family_problems(draw, fn):
         x = values_[name]
         if isinstance(x, np.ndarray) and name != "mask":
             x = x.astype(dtype)
+        if name == "alpha":
+            x = _as_forward_alpha(
+                x, _full_mask(dict(mask=mask), single, x.shape))
         kw[name] = x
     layouts = {name: draw(st.sampled_from(LAYOUTS)) for name in kw}
     layouts["key_proj"] = draw(st.sampled_from(LAYOUTS))

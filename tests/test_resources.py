@@ -66,6 +66,8 @@ def _calls_for(p, alpha):
     h, W, v, b, m = p.h, p.W, p.v, p.b, p.mask
     c, go, gs, ga = p.context, p.grad_out, p.grad_s, p.grad_alpha
     h32s = np.asfortranarray(h.astype(np.float32))      # strided, cast
+    # without a mask the backward's alpha has no zero (the binding checks)
+    alpha_all = reference.masked_softmax(gs * 2)
     return [
         (ac.mean_context, dict(h=h, mask=m)),
         (ac.mean_context, dict(h=h32s, mask=m[:, ::-1])),
@@ -86,7 +88,7 @@ def _calls_for(p, alpha):
                                              alpha=alpha, b=b, mask=m,
                                              grad_alpha=ga)),
         (ac.context_attention_backward, dict(grad_out=go, h=h32s, W=W,
-                                             v=v, alpha=alpha)),
+                                             v=v, alpha=alpha_all)),
     ]
 
 
@@ -114,6 +116,10 @@ def bad_calls(rng):
         (ac.context_attention_backward, dict(grad_out=go, h=h32s, W=W, v=v,
                                              alpha=alpha[:, :-1], mask=m),
          ValueError),
+        # alpha of a forward without the mask, after the copies
+        (ac.context_attention_backward, dict(
+            grad_out=go, h=h32s, W=W, v=v,
+            alpha=reference.masked_softmax(p.grad_s), mask=m), ValueError),
         (ac.mean_context, dict(h=h, mask=m[:-1]), ValueError),
         (ac.weighted_sum, dict(alpha=alpha, h=h[..., :-1, :]), ValueError),
         (ac.additive_score, dict(h=h, context=p.context, W=W[:, 1:], v=v),
@@ -224,7 +230,8 @@ def test_argument_refcounts_unchanged(rng):
     goods = [(fn, kw, None) for fn, kw in good_calls(rng)]
     cases = goods + bad_calls(rng)
     # None (the default of optional arguments) is passed explicitly too.
-    p, alpha = _problem(rng, **WIDE_BATCH)
+    p, _ = _problem(rng, **WIDE_BATCH)
+    alpha = reference.masked_softmax(p.grad_s)       # no mask: no zero
     cases.append((ac.context_attention_backward,
                   dict(grad_out=p.grad_out, h=p.h, W=p.W, v=p.v, alpha=alpha,
                        b=None, mask=None, grad_alpha=None), None))
