@@ -41,7 +41,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 # README.md is docs/'s index for readers of the repository, not a page.
-exclude_patterns = ["_build", "README.md", "conftest.py"]
+exclude_patterns = ["_build", "README.md"]
 templates_path = []
 
 if importlib.util.find_spec("torch") is None:
