@@ -83,6 +83,15 @@ def set_num_threads(n):
     ----------
     n : int
         1 to 256.
+
+    Examples
+    --------
+    >>> import attention_c as ac
+    >>> before = ac.get_num_threads()
+    >>> ac.set_num_threads(1)
+    >>> ac.get_num_threads()
+    1
+    >>> ac.set_num_threads(before)
     """
     if isinstance(n, bool) or not hasattr(type(n), "__index__"):
         raise TypeError(f"set_num_threads expects an int, got "
@@ -91,7 +100,19 @@ def set_num_threads(n):
 
 
 def get_num_threads():
-    """The number of threads the fused layer may use (see set_num_threads)."""
+    """The number of threads the fused layer and the family may use.
+
+    Returns
+    -------
+    int
+        1 to 256; see :func:`set_num_threads`.
+
+    Examples
+    --------
+    >>> import attention_c as ac
+    >>> 1 <= ac.get_num_threads() <= 256
+    True
+    """
     return _core._get_num_threads()
 
 
@@ -99,7 +120,27 @@ def show_config(file=None):
     """Print the build and run-time configuration: version, compiler, SIMD
     path in use (and the best this CPU has), threads, NumPy version.
 
-    Returns the same facts as a dict.
+    Parameters
+    ----------
+    file : file-like, optional
+        Where to print; default ``sys.stdout``.
+
+    Returns
+    -------
+    dict
+        The same facts: ``version``, ``compiler``, ``simd``, ``simd_best``,
+        ``num_threads``, ``available_cores``, ``numpy``, ``python``,
+        ``machine``.
+
+    Examples
+    --------
+    >>> import io
+    >>> import attention_c as ac
+    >>> info = ac.show_config(file=io.StringIO())     # or print to stdout
+    >>> info["version"] == ac.__version__
+    True
+    >>> info["simd"] in ("scalar", "avx2", "avx512")
+    True
     """
     import platform
     import sys
@@ -147,6 +188,17 @@ h : ndarray (..., T, H)
 W : ndarray (A, 2H), summed over the batch
 v : ndarray (A,), summed over the batch
 b : ndarray (A,) summed over the batch, or None when no bias was given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> h = rng.standard_normal((2, 5, 4))
+>>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+>>> out, alpha = ac.context_attention(h, W, v)
+>>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha)
+>>> g.h.shape, g.W.shape, g.v.shape, g.b
+((2, 5, 4), (3, 8), (3,), None)
 """
 
 
@@ -166,6 +218,15 @@ def mean_context(h, mask=None):
     Returns
     -------
     c : ndarray (..., H)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.arange(12.0).reshape(2, 3, 2)          # B=2, T=3, H=2
+    >>> mask = np.array([[True, True, False], [False, False, False]])
+    >>> ac.mean_context(h, mask)                      # row 1: no valid item
+    array([[1., 2.],
+           [0., 0.]])
     """
     return _core.mean_context(h, mask)
 
@@ -185,6 +246,16 @@ def mean_context_backward(grad_c, h, mask=None):
     -------
     dh : ndarray (..., T, H)
         Zero for masked items and for rows with no valid item.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.zeros((3, 2))                          # T=3, H=2
+    >>> mask = np.array([True, True, False])
+    >>> ac.mean_context_backward(np.array([1.0, -2.0]), h, mask)
+    array([[ 0.5, -1. ],
+           [ 0.5, -1. ],
+           [ 0. ,  0. ]])
     """
     return _core.mean_context_backward(grad_c, h, mask)
 
@@ -210,6 +281,16 @@ def additive_score(h, context, W, v, b=None):
     Returns
     -------
     s : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
+    >>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    >>> s = ac.additive_score(h, ac.mean_context(h), W, v)
+    >>> s.shape
+    (2, 5)
     """
     return _core.additive_score(h, context, W, v, b)
 
@@ -236,6 +317,18 @@ def additive_score_backward(grad_s, h, context, W, v, b=None):
     dW : ndarray (A, 2H), summed over the batch
     dv : ndarray (A,), summed over the batch
     db : ndarray (A,) summed over the batch, or None when ``b`` is None
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4)); c = ac.mean_context(h)
+    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
+    ...            np.zeros(3))
+    >>> grad_s = np.ones((2, 5))
+    >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v, b)
+    >>> dh.shape, dc.shape, dW.shape, dv.shape, db.shape
+    ((2, 5, 4), (2, 4), (3, 8), (3,), (3,))
     """
     return _core.additive_score_backward(grad_s, h, context, W, v, b)
 
@@ -255,6 +348,15 @@ def masked_softmax(scores, mask=None):
     Returns
     -------
     alpha : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> scores = np.array([[1000.0, 1000.0, 5.0], [1.0, 2.0, 3.0]])
+    >>> mask = np.array([[True, True, False], [False, False, False]])
+    >>> ac.masked_softmax(scores, mask)               # no overflow, no NaN
+    array([[0.5, 0.5, 0. ],
+           [0. , 0. , 0. ]])
     """
     return _core.masked_softmax(scores, mask)
 
@@ -278,6 +380,13 @@ def masked_softmax_backward(grad_alpha, alpha):
     Returns
     -------
     dscores : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> alpha = ac.masked_softmax(np.zeros(4), np.array([1, 1, 0, 0], bool))
+    >>> ac.masked_softmax_backward(np.array([1.0, 3.0, 5.0, 7.0]), alpha)
+    array([-0.5,  0.5,  0. ,  0. ])
     """
     return _core.masked_softmax_backward(grad_alpha, alpha)
 
@@ -293,6 +402,13 @@ def weighted_sum(alpha, h):
     Returns
     -------
     out : ndarray (..., H)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
+    >>> ac.weighted_sum(np.array([0.25, 0.75, 0.0]), h)
+    array([0.25, 0.75])
     """
     return _core.weighted_sum(alpha, h)
 
@@ -312,6 +428,19 @@ def weighted_sum_backward(grad_out, alpha, h):
         ``dalpha_t = grad_out . h_t``.
     dh : ndarray (..., T, H)
         ``dh_t = alpha_t grad_out``.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
+    >>> alpha = np.array([0.25, 0.75, 0.0])
+    >>> dalpha, dh = ac.weighted_sum_backward(np.array([1.0, 2.0]), alpha, h)
+    >>> dalpha
+    array([ 1.,  2., 12.])
+    >>> dh
+    array([[0.25, 0.5 ],
+           [0.75, 1.5 ],
+           [0.  , 0.  ]])
     """
     return _core.weighted_sum_backward(grad_out, alpha, h)
 
@@ -388,6 +517,23 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
         Named tuple ``(h, W, v, b)``: ``h`` is (..., T, H) and zero for
         masked items; ``W``, ``v``, ``b`` are summed over the batch; ``b``
         is None when no bias was given.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
+    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
+    ...            np.zeros(3))
+    >>> mask = np.arange(5) < np.array([[5], [2]])    # lengths 5 and 2
+    >>> out, alpha, act = ac.context_attention(h, W, v, b, mask,
+    ...                                        keep_activations=True)
+    >>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha,
+    ...                                   b, mask, activations=act)
+    >>> g.h.shape, g.W.shape, g.b.shape
+    ((2, 5, 4), (3, 8), (3,))
+    >>> bool((g.h[1, 2:] == 0).all())                 # masked items: 0
+    True
     """
     return AttentionGrads(*_core.context_attention_backward(
         grad_out, h, W, v, alpha, b, mask, grad_alpha, activations))
@@ -411,20 +557,69 @@ values : ndarray (..., T, Hv), or None when no values were given
 W : ndarray (A, H + Hq), summed over the batch and the queries
 v : ndarray (A,), summed likewise
 b : ndarray (A,) summed likewise, or None when no bias was given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+>>> W, v = rng.standard_normal((5, 7)), rng.standard_normal(5)
+>>> out, alpha = ac.additive_attention(q, k, W, v)
+>>> g = ac.additive_attention_backward(np.ones_like(out), q, k, W, v, alpha)
+>>> g._fields
+('query', 'keys', 'values', 'W', 'v', 'b')
+>>> g.query.shape, g.keys.shape, g.values, g.W.shape, g.b
+((2, 3), (2, 7, 4), None, (5, 7), None)
 """
 
 DotAttentionGrads = namedtuple("DotAttentionGrads",
                                ["query", "keys", "values"])
 DotAttentionGrads.__doc__ = """Gradients returned by
-:func:`dot_attention_backward`: ``query``, ``keys`` (with the values'
-share when the keys are the values) and ``values`` (None when not given).
+:func:`dot_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 7, 4))
+>>> vals = rng.standard_normal((2, 7, 5))
+>>> out, alpha = ac.dot_attention(q, k, values=vals)
+>>> g = ac.dot_attention_backward(np.ones_like(out), q, k, alpha,
+...                               values=vals)
+>>> g.query.shape, g.keys.shape, g.values.shape
+((2, 3, 4), (2, 7, 4), (2, 7, 5))
 """
 
 GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
                                    ["query", "keys", "values", "W"])
 GeneralAttentionGrads.__doc__ = """Gradients returned by
-:func:`general_attention_backward`: ``query``, ``keys``, ``values`` (None
-when not given) and ``W`` (Hq, H), summed over the batch and the queries.
+:func:`general_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+W : ndarray (Hq, H), summed over the batch and the queries
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+>>> W = rng.standard_normal((3, 4))
+>>> out, alpha = ac.general_attention(q, k, W)
+>>> g = ac.general_attention_backward(np.ones_like(out), q, k, W, alpha)
+>>> g.query.shape, g.keys.shape, g.values, g.W.shape
+((2, 3), (2, 7, 4), None, (3, 4))
 """
 
 _FAMILY_SHAPES = """
@@ -545,6 +740,27 @@ def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
     steps and call :func:`project_keys_backward` once per sequence: the
     keys' products then run once per sequence in both directions, as
     autograd does them in PyTorch.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4))        # B=2, T=7, H=4
+    >>> W, v = rng.standard_normal((5, 4 + 3)), rng.standard_normal(5)
+    >>> kp = ac.project_keys(keys, W)                # once per sequence
+    >>> total = np.zeros_like(kp)
+    >>> grad_q = []
+    >>> for step in range(3):                        # a decoder loop
+    ...     state = rng.standard_normal((2, 3))
+    ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
+    ...     grads, gkp = ac.additive_attention_backward(
+    ...         np.ones_like(out), state, keys, W, v, alpha, key_proj=kp,
+    ...         stop_at_key_proj=True)
+    ...     total += gkp
+    ...     grad_q.append(grads.query)
+    >>> dkeys, dW = ac.project_keys_backward(total, keys, W)   # once
+    >>> dkeys.shape, dW.shape, grad_q[0].shape
+    ((2, 7, 4), (5, 7), (2, 3))
     """
     return _family_grads(AdditiveAttentionGrads,
                          _core.additive_attention_backward(
@@ -608,6 +824,17 @@ def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
     DotAttentionGrads
         ``(query, keys, values)``; ``values`` is None when no values were
         given.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
+    >>> causal = np.tril(np.ones((1, 6, 6), bool))
+    >>> out, alpha = ac.dot_attention(x, x, mask=causal)
+    >>> g = ac.dot_attention_backward(np.ones_like(out), x, x, alpha,
+    ...                               mask=causal)
+    >>> g.query.shape, g.keys.shape, g.values
+    ((4, 6, 8), (4, 6, 8), None)
     """
     return DotAttentionGrads(*_core.dot_attention_backward(
         grad_out, query, keys, alpha, mask, values, scale, grad_alpha))
@@ -639,6 +866,18 @@ def general_attention(query, keys, W, mask=None, values=None,
     -------
     out : ndarray (..., Hv) or (..., Tq, Hv)
     alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> query = rng.standard_normal((2, 5, 3))      # B=2, Tq=5 queries, Hq=3
+    >>> keys = rng.standard_normal((2, 7, 4))       # T=7 keys, H=4
+    >>> W = rng.standard_normal((3, 4))             # W_a (Hq, H)
+    >>> mask = np.arange(7) < np.array([[7], [4]])  # keys per sequence
+    >>> out, alpha = ac.general_attention(query, keys, W, mask=mask)
+    >>> out.shape, alpha.shape, bool((alpha[1, :, 4:] == 0).all())
+    ((2, 5, 4), (2, 5, 7), True)
     """
     return _core.general_attention(query, keys, W, mask, values, key_proj)
 
@@ -669,6 +908,18 @@ def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
         were given.
     grad_key_proj : ndarray (..., T, Hq)
         Only with ``stop_at_key_proj=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> query, keys = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+    >>> W = rng.standard_normal((3, 4))
+    >>> out, alpha = ac.general_attention(query, keys, W)
+    >>> g = ac.general_attention_backward(np.ones_like(out), query, keys, W,
+    ...                                   alpha)
+    >>> g.query.shape, g.keys.shape, g.W.shape
+    ((2, 3), (2, 7, 4), (3, 4))
     """
     return _family_grads(GeneralAttentionGrads,
                          _core.general_attention_backward(
@@ -726,6 +977,16 @@ def project_keys_backward(grad_proj, keys, W):
         ``grad_proj @ W[:, :H]``.
     dW : ndarray (P, L)
         ``sum_t grad_t k_t^T`` in the first H columns, 0 in the others.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys, W = rng.standard_normal((2, 7, 4)), rng.standard_normal((5, 7))
+    >>> kp = ac.project_keys(keys, W)                 # (2, 7, 5)
+    >>> dkeys, dW = ac.project_keys_backward(np.ones_like(kp), keys, W)
+    >>> dkeys.shape, dW.shape, bool((dW[:, 4:] == 0).all())
+    ((2, 7, 4), (5, 7), True)
     """
     return _core.project_keys_backward(grad_proj, keys, W)
 

@@ -387,6 +387,18 @@ class AttentionInputGrads(NamedTuple):
         With the values' gradient included when no values were given.
     values : ndarray (..., T, Hv) or None
         None when no values were given (the keys were the values).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import DotAttention
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = rng.standard_normal((2, 4)), rng.standard_normal((2, 6, 4))
+    >>> layer = DotAttention()
+    >>> out = layer(q, k, values=rng.standard_normal((2, 6, 3)))
+    >>> g = layer.backward(np.ones_like(out))       # AttentionInputGrads
+    >>> g.query.shape, g.keys.shape, g.values.shape
+    ((2, 4), (2, 6, 4), (2, 6, 3))
     """
 
     query: Array
@@ -886,6 +898,19 @@ def sgd_step(params: dict[str, Array], grads: dict[str, Array],
         Same keys, e.g. ``layer.grads()``.
     lr : float
         Learning rate.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import ContextAttention, sgd_step
+    >>> layer = ContextAttention(4, 3, seed=0)
+    >>> h = np.random.default_rng(1).standard_normal((2, 5, 4))
+    >>> out = layer(h)
+    >>> _ = layer.backward(2 * out / out.size)      # dL/dout of mean(out**2)
+    >>> before = layer.W.copy()
+    >>> sgd_step(layer.parameters(), layer.grads(), lr=0.1)
+    >>> np.allclose(layer.W, before - 0.1 * layer.grads()["W"])
+    True
     """
     _check_keys(params, grads)
     for name, p in params.items():
@@ -913,6 +938,23 @@ def adam_step(params: dict[str, Array], grads: dict[str, Array],
         step.  It holds the step count ``t`` and the moments per parameter.
     lr, betas, eps : float
         As in ``torch.optim.Adam``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attention_c import ContextAttention, adam_step
+    >>> layer = ContextAttention(4, 3, seed=0)
+    >>> h = np.random.default_rng(1).standard_normal((8, 5, 4))
+    >>> target = np.zeros((8, 4))
+    >>> state = {}                                  # Adam's memory
+    >>> losses = []
+    >>> for step in range(50):
+    ...     out = layer(h)
+    ...     losses.append(float(((out - target) ** 2).mean()))
+    ...     _ = layer.backward(2 * (out - target) / out.size)
+    ...     adam_step(layer.parameters(), layer.grads(), state, lr=1e-2)
+    >>> state["t"], losses[-1] < losses[0]
+    (50, True)
     """
     _check_keys(params, grads)
     b1, b2 = betas
