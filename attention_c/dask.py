@@ -165,7 +165,7 @@ def _batch_error(name: str, shape: tuple[int, ...], ref: str,
 
 def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
            weights: dict[str, Any], literals: dict[str, Any],
-           fields: Sequence[str], kinds: str) -> list[da.Array | None]:
+           fields: Sequence[str], kinds: str) -> list[Any]:
     """Run ``fn`` chunk by chunk over the batch.
 
     ``data`` are the batched arguments (None: absent), ``ref`` the one that
@@ -174,9 +174,11 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
     every call as they are.  ``fields`` name the flat results of ``fn`` and
     ``kinds`` says for each whether it is batched data ('d', chunked like
     the batch) or a parameter gradient ('p', summed over the chunks).
+    Returns one Dask array per result of ``fn`` (None where it gave None).
     """
-    arrays = {n: x if isinstance(x, da.Array) else np.asarray(x)
-              for n, x in data.items() if x is not None}
+    arrays: dict[str, Any] = {
+        n: x if isinstance(x, da.Array) else np.asarray(x)
+        for n, x in data.items() if x is not None}
     for n, x in arrays.items():
         if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
             raise ValueError(f"{n} has unknown chunk sizes {x.chunks}; call "
@@ -202,11 +204,13 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
     # Check shapes and dtypes now, and learn the results' shapes and dtypes,
     # with the in-memory function on empty stand-ins: each batch axis 0 (1
     # where an argument broadcasts).
-    stand_ins = {n: np.empty(tuple(int(broadcast(x, i)) for i in range(nlead))
+    stand_ins = {n: np.empty(tuple(int(broadcast(x, i))
+                                   for i in range(nlead))
                              + tuple(x.shape[nlead:]), x.dtype)
                  for n, x in arrays.items()}
-    shared = {n: w if isinstance(w, da.Array) else np.asarray(w)
-              for n, w in weights.items() if w is not None}
+    shared: dict[str, Any] = {
+        n: w if isinstance(w, da.Array) else np.asarray(w)
+        for n, w in weights.items() if w is not None}
     stand_ins.update({n: np.zeros(w.shape, w.dtype) if isinstance(
         w, da.Array) else w for n, w in shared.items()})
     try:
@@ -226,7 +230,8 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
                        for i in range(nlead)) + tuple(
                            (s,) for s in x.shape[nlead:])
         if not isinstance(x, da.Array):
-            arrays[n] = da.from_array(x, chunks=target)
+            arrays[n] = da.from_array(  # type: ignore[no-untyped-call]
+                x, chunks=target)
             continue
         split = [i for i in range(nlead, x.ndim) if len(x.chunks[i]) > 1]
         if split:
@@ -237,11 +242,14 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
                 f"{target}. Chunk it along the batch only.",
                 da.PerformanceWarning, stacklevel=3)
         if x.chunks != target:
-            arrays[n] = x.rechunk(target)
+            arrays[n] = x.rechunk(target)  # type: ignore[no-untyped-call]
     # One key per weight: a single chunk.
     for n, w in shared.items():
-        shared[n] = (w.rechunk(w.shape) if isinstance(w, da.Array)
-                     else da.from_array(w, chunks=w.shape))
+        if isinstance(w, da.Array):
+            shared[n] = w.rechunk(w.shape)  # type: ignore[no-untyped-call]
+        else:
+            shared[n] = da.from_array(  # type: ignore[no-untyped-call]
+                w, chunks=w.shape)
 
     # One task per chunk of the batch, calling fn on it.
     names = (*arrays, *shared)
@@ -259,11 +267,12 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
                  *[0] * (x.ndim - nlead)) for x in arrays.values()]
         keys += [(w.name, *[0] * w.ndim) for w in shared.values()]
         tasks[(tmp_name, *idx)] = (call, *keys)
-    tmp = da.Array(HighLevelGraph.from_collections(
-        tmp_name, tasks, dependencies=inputs), tmp_name, lead_chunks,
-        meta=np.empty((0,) * nlead, object))
+    graph = HighLevelGraph.from_collections(tmp_name, tasks,
+                                            dependencies=inputs)
+    tmp: Any = da.Array(  # type: ignore[no-untyped-call]
+        graph, tmp_name, lead_chunks, meta=np.empty((0,) * nlead, object))
 
-    results: list[da.Array | None] = []
+    results: list[Any] = []
     for j, (field, kind, meta) in enumerate(zip(fields, kinds, metas)):
         if meta is None:
             results.append(None)
@@ -271,8 +280,9 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
         name = f"{prefix}{field}-{token}"
         if kind == "d":
             core = tuple(meta.shape[nlead:])
-            layer = {(name, *idx, *[0] * len(core)):
-                     (getitem, (tmp_name, *idx), j) for idx in blocks}
+            layer: dict[Any, Any] = {
+                (name, *idx, *[0] * len(core)): (getitem, (tmp_name, *idx), j)
+                for idx in blocks}
             chunks = lead_chunks + tuple((s,) for s in core)
         else:
             layer = _tree_sum(name, meta.ndim,
@@ -281,9 +291,9 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
             chunks = tuple((s,) for s in meta.shape)
         graph = HighLevelGraph.from_collections(name, layer,
                                                 dependencies=[tmp])
-        results.append(da.Array(graph, name, chunks,
-                                meta=np.empty((0,) * len(chunks),
-                                              meta.dtype)))
+        empty = np.empty((0,) * len(chunks), meta.dtype)
+        results.append(da.Array(  # type: ignore[no-untyped-call]
+            graph, name, chunks, meta=empty))
     return results
 
 
@@ -464,7 +474,6 @@ def additive_attention(query: Input, keys: Input, W: Input, v: Input,
         {"query": query, "keys": keys, "mask": mask, "values": values,
          "key_proj": key_proj}, {"W": W, "v": v, "b": b}, {},
         ("out", "alpha"), "dd")
-    assert out is not None and alpha is not None
     return out, alpha
 
 
@@ -541,7 +550,6 @@ def additive_attention_backward(  # noqa: E302
                   "dddpppd")
     grads = AdditiveAttentionGrads(*outs[:6])
     if len(outs) > 6:
-        assert outs[6] is not None
         return grads, outs[6]
     return grads
 
@@ -582,7 +590,6 @@ def dot_attention(query: Input, keys: Input, mask: Input | None = None,
         _ac.dot_attention, "keys",
         {"query": query, "keys": keys, "mask": mask, "values": values},
         {}, {"scale": scale}, ("out", "alpha"), "dd")
-    assert out is not None and alpha is not None
     return out, alpha
 
 
@@ -664,7 +671,6 @@ def general_attention(query: Input, keys: Input, W: Input,
         _ac.general_attention, "keys",
         {"query": query, "keys": keys, "mask": mask, "values": values,
          "key_proj": key_proj}, {"W": W}, {}, ("out", "alpha"), "dd")
-    assert out is not None and alpha is not None
     return out, alpha
 
 
@@ -737,7 +743,6 @@ def general_attention_backward(  # noqa: E302
                   "dddpd")
     grads = GeneralAttentionGrads(*outs[:4])
     if len(outs) > 4:
-        assert outs[4] is not None
         return grads, outs[4]
     return grads
 
@@ -763,9 +768,8 @@ def project_keys(keys: Input, W: Input) -> da.Array:
     >>> acd.project_keys(keys, rng.standard_normal((5, 7))).chunks
     ((3, 3), (7,), (5,))
     """
-    (key_proj,) = _apply(_ac.project_keys, "keys", {"keys": keys},
-                         {"W": W}, {}, ("key_proj",), "d")
-    assert key_proj is not None
+    key_proj: da.Array = _apply(_ac.project_keys, "keys", {"keys": keys},
+                                {"W": W}, {}, ("key_proj",), "d")[0]
     return key_proj
 
 
@@ -800,5 +804,4 @@ def project_keys_backward(grad_proj: Input, keys: Input, W: Input
     dkeys, dW = _apply(_ac.project_keys_backward, "keys",
                        {"grad_proj": grad_proj, "keys": keys}, {"W": W}, {},
                        ("keys", "W"), "dp")
-    assert dkeys is not None and dW is not None
     return dkeys, dW
