@@ -62,10 +62,10 @@ try:
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
-except ImportError as exc:     # pragma: no cover - tested in a subprocess
+except ImportError as _missing:     # tested in a subprocess
     raise ImportError(
         "attention_c.dask needs Dask: pip install \"attention_c[dask]\" "
-        "(or pip install \"dask[array]>=2024.1\")") from exc
+        "(or pip install \"dask[array]>=2024.1\")") from _missing
 
 import attention_c as _ac
 
@@ -78,7 +78,7 @@ __all__ = ["context_attention", "context_attention_backward",
            "GeneralAttentionGrads"]
 
 # A Dask array or anything np.asarray accepts.
-Input: TypeAlias = "da.Array | npt.ArrayLike"
+_Input: TypeAlias = da.Array | npt.ArrayLike
 
 # Chunks summed per node of the parameter gradients' reduction tree.
 FAN_IN = 4
@@ -319,22 +319,22 @@ def _tree_sum(name: str, ndim: int, parts: list[Any]) -> dict[Any, Any]:
 
 
 @overload
-def context_attention(h: Input, W: Input, v: Input, b: Input | None = None,
-                      mask: Input | None = None,
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None,
                       keep_activations: Literal[False] = False
                       ) -> tuple[da.Array, da.Array]: ...
 @overload  # noqa: E302
-def context_attention(h: Input, W: Input, v: Input, b: Input | None = None,
-                      mask: Input | None = None, *,
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None, *,
                       keep_activations: Literal[True]
                       ) -> tuple[da.Array, da.Array, da.Array]: ...
 @overload  # noqa: E302
-def context_attention(h: Input, W: Input, v: Input, b: Input | None = None,
-                      mask: Input | None = None,
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None,
                       keep_activations: bool = ...
                       ) -> tuple[da.Array, ...]: ...
-def context_attention(h: Input, W: Input, v: Input,  # noqa: E302
-                      b: Input | None = None, mask: Input | None = None,
+def context_attention(h: _Input, W: _Input, v: _Input,  # noqa: E302
+                      b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: bool = False
                       ) -> tuple[da.Array, ...]:
     """:func:`attention_c.context_attention` chunk by chunk of the batch.
@@ -380,12 +380,12 @@ def context_attention(h: Input, W: Input, v: Input,  # noqa: E302
     return tuple(x for x in outs if x is not None)
 
 
-def context_attention_backward(grad_out: Input, h: Input, W: Input,
-                               v: Input, alpha: Input,
-                               b: Input | None = None,
-                               mask: Input | None = None,
-                               grad_alpha: Input | None = None,
-                               activations: Input | None = None
+def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
+                               v: _Input, alpha: _Input,
+                               b: _Input | None = None,
+                               mask: _Input | None = None,
+                               grad_alpha: _Input | None = None,
+                               activations: _Input | None = None
                                ) -> AttentionGrads:
     """:func:`attention_c.context_attention_backward` chunk by chunk.
 
@@ -430,10 +430,10 @@ def context_attention_backward(grad_out: Input, h: Input, W: Input,
 # The attention family
 
 
-def additive_attention(query: Input, keys: Input, W: Input, v: Input,
-                       b: Input | None = None, mask: Input | None = None,
-                       values: Input | None = None,
-                       key_proj: Input | None = None
+def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input,
+                       b: _Input | None = None, mask: _Input | None = None,
+                       values: _Input | None = None,
+                       key_proj: _Input | None = None
                        ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.additive_attention` chunk by chunk of the batch.
 
@@ -479,32 +479,32 @@ def additive_attention(query: Input, keys: Input, W: Input, v: Input,
 
 @overload
 def additive_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, v: Input,
-        alpha: Input, b: Input | None = None, mask: Input | None = None,
-        values: Input | None = None, grad_alpha: Input | None = None,
-        key_proj: Input | None = None,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> AdditiveAttentionGrads: ...
 @overload  # noqa: E302
 def additive_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, v: Input,
-        alpha: Input, b: Input | None = None, mask: Input | None = None,
-        values: Input | None = None, grad_alpha: Input | None = None,
-        key_proj: Input | None = None, *,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, *,
         stop_at_key_proj: Literal[True]
 ) -> tuple[AdditiveAttentionGrads, da.Array]: ...
 @overload  # noqa: E302
 def additive_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, v: Input,
-        alpha: Input, b: Input | None = None, mask: Input | None = None,
-        values: Input | None = None, grad_alpha: Input | None = None,
-        key_proj: Input | None = None, stop_at_key_proj: bool = ...
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, stop_at_key_proj: bool = ...
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
 def additive_attention_backward(  # noqa: E302
-        grad_out: Input, query: Input, keys: Input, W: Input, v: Input,
-        alpha: Input, b: Input | None = None, mask: Input | None = None,
-        values: Input | None = None, grad_alpha: Input | None = None,
-        key_proj: Input | None = None, stop_at_key_proj: bool = False
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, stop_at_key_proj: bool = False
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]:
     """:func:`attention_c.additive_attention_backward` chunk by chunk.
 
@@ -554,8 +554,8 @@ def additive_attention_backward(  # noqa: E302
     return grads
 
 
-def dot_attention(query: Input, keys: Input, mask: Input | None = None,
-                  values: Input | None = None, scale: float | None = None
+def dot_attention(query: _Input, keys: _Input, mask: _Input | None = None,
+                  values: _Input | None = None, scale: float | None = None
                   ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.dot_attention` chunk by chunk of the batch.
 
@@ -593,11 +593,11 @@ def dot_attention(query: Input, keys: Input, mask: Input | None = None,
     return out, alpha
 
 
-def dot_attention_backward(grad_out: Input, query: Input, keys: Input,
-                           alpha: Input, mask: Input | None = None,
-                           values: Input | None = None,
+def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
+                           alpha: _Input, mask: _Input | None = None,
+                           values: _Input | None = None,
                            scale: float | None = None,
-                           grad_alpha: Input | None = None
+                           grad_alpha: _Input | None = None
                            ) -> DotAttentionGrads:
     """:func:`attention_c.dot_attention_backward` chunk by chunk.
 
@@ -632,9 +632,9 @@ def dot_attention_backward(grad_out: Input, query: Input, keys: Input,
         {}, {"scale": scale}, DotAttentionGrads._fields, "ddd"))
 
 
-def general_attention(query: Input, keys: Input, W: Input,
-                      mask: Input | None = None, values: Input | None = None,
-                      key_proj: Input | None = None
+def general_attention(query: _Input, keys: _Input, W: _Input,
+                      mask: _Input | None = None, values: _Input | None = None,
+                      key_proj: _Input | None = None
                       ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.general_attention` chunk by chunk of the batch.
 
@@ -676,29 +676,33 @@ def general_attention(query: Input, keys: Input, W: Input,
 
 @overload
 def general_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, alpha: Input,
-        mask: Input | None = None, values: Input | None = None,
-        grad_alpha: Input | None = None, key_proj: Input | None = None,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> GeneralAttentionGrads: ...
 @overload  # noqa: E302
 def general_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, alpha: Input,
-        mask: Input | None = None, values: Input | None = None,
-        grad_alpha: Input | None = None, key_proj: Input | None = None, *,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None, *,
         stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
 @overload  # noqa: E302
 def general_attention_backward(
-        grad_out: Input, query: Input, keys: Input, W: Input, alpha: Input,
-        mask: Input | None = None, values: Input | None = None,
-        grad_alpha: Input | None = None, key_proj: Input | None = None,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
 def general_attention_backward(  # noqa: E302
-        grad_out: Input, query: Input, keys: Input, W: Input, alpha: Input,
-        mask: Input | None = None, values: Input | None = None,
-        grad_alpha: Input | None = None, key_proj: Input | None = None,
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = False
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]:
     """:func:`attention_c.general_attention_backward` chunk by chunk.
@@ -747,7 +751,7 @@ def general_attention_backward(  # noqa: E302
     return grads
 
 
-def project_keys(keys: Input, W: Input) -> da.Array:
+def project_keys(keys: _Input, W: _Input) -> da.Array:
     """:func:`attention_c.project_keys` chunk by chunk of the batch.
 
     Parameters
@@ -773,7 +777,7 @@ def project_keys(keys: Input, W: Input) -> da.Array:
     return key_proj
 
 
-def project_keys_backward(grad_proj: Input, keys: Input, W: Input
+def project_keys_backward(grad_proj: _Input, keys: _Input, W: _Input
                           ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.project_keys_backward` chunk by chunk.
 
