@@ -323,17 +323,23 @@ def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
                       mask: _Input | None = None,
                       keep_activations: Literal[False] = False
                       ) -> tuple[da.Array, da.Array]: ...
-@overload  # noqa: E302
+
+
+@overload
 def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
                       mask: _Input | None = None, *,
                       keep_activations: Literal[True]
                       ) -> tuple[da.Array, da.Array, da.Array]: ...
-@overload  # noqa: E302
+
+
+@overload
 def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
                       mask: _Input | None = None,
                       keep_activations: bool = ...
                       ) -> tuple[da.Array, ...]: ...
-def context_attention(h: _Input, W: _Input, v: _Input,  # noqa: E302
+
+
+def context_attention(h: _Input, W: _Input, v: _Input,
                       b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: bool = False
                       ) -> tuple[da.Array, ...]:
@@ -485,7 +491,9 @@ def additive_attention_backward(
         key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> AdditiveAttentionGrads: ...
-@overload  # noqa: E302
+
+
+@overload
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
@@ -493,14 +501,18 @@ def additive_attention_backward(
         key_proj: _Input | None = None, *,
         stop_at_key_proj: Literal[True]
 ) -> tuple[AdditiveAttentionGrads, da.Array]: ...
-@overload  # noqa: E302
+
+
+@overload
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None, stop_at_key_proj: bool = ...
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
-def additive_attention_backward(  # noqa: E302
+
+
+def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
@@ -682,7 +694,9 @@ def general_attention_backward(
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> GeneralAttentionGrads: ...
-@overload  # noqa: E302
+
+
+@overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
         alpha: _Input,
@@ -690,7 +704,9 @@ def general_attention_backward(
         grad_alpha: _Input | None = None, key_proj: _Input | None = None, *,
         stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
-@overload  # noqa: E302
+
+
+@overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
         alpha: _Input,
@@ -698,7 +714,9 @@ def general_attention_backward(
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
-def general_attention_backward(  # noqa: E302
+
+
+def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
         alpha: _Input,
         mask: _Input | None = None, values: _Input | None = None,
