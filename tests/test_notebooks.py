@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(attention_c.__file__).resolve().parent.parent
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
-         "03_speed.ipynb", "04_seq2seq.ipynb"]
+         "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb"]
 
 # Notebooks that train a PyTorch model: skipped (not failed) where torch is
 # not installed, as the other PyTorch tests are.
@@ -39,6 +39,12 @@ NEEDS_TORCH = {"04_seq2seq.ipynb"}
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH,
                                  reason="the notebook trains a torch model")
+# Likewise without Dask (attention_c[dask]).
+NEEDS_DASK = {"05_dask.ipynb"}
+HAVE_DASK = importlib.util.find_spec("dask") is not None
+
+# Figures each notebook draws; the Dask one shows text only.
+FIGURES = {"05_dask.ipynb": 0}
 
 # Cell timeout, seconds: the slowest cell (training the four models in 04)
 # takes about a minute on two cores.
@@ -123,6 +129,8 @@ def test_notebook_runs_from_scratch(executed, name):
     package under test, and every figure was drawn."""
     if name in NEEDS_TORCH and not HAVE_TORCH:
         pytest.skip("the notebook trains a torch model")
+    if name in NEEDS_DASK and not HAVE_DASK:
+        pytest.skip("the notebook needs dask")
     nb = executed(name)
     probe = nb.cells[0].outputs[0].text.split("\n")
     assert Path(probe[0]).resolve() == Path(sys.executable).resolve(), (
@@ -131,7 +139,7 @@ def test_notebook_runs_from_scratch(executed, name):
         f"the kernel imported another attention_c: {probe[1]}")
     assert not outputs(nb, "error")
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert len(images(nb)) == len(images(committed)) >= 3
+    assert len(images(nb)) == len(images(committed)) >= FIGURES.get(name, 3)
 
 
 def test_quickstart_shows_agreement_and_masks(executed):
@@ -174,7 +182,7 @@ def test_committed_notebook_has_its_outputs(name):
     assert counts == list(range(1, len(counts) + 1)), (
         f"{name} is not stored executed top to bottom; run "
         f"python notebooks/run_notebooks.py")
-    assert len(images(nb)) >= 3
+    assert len(images(nb)) >= FIGURES.get(name, 3)
     assert (NOTEBOOKS / name).stat().st_size < 400_000
 
 
@@ -281,3 +289,17 @@ def test_committed_seq2seq_numbers_are_current(executed):
             assert abs(old[score] - new[score]) <= 0.05, (
                 score, committed, fresh,
                 "re-run python notebooks/run_notebooks.py 04_seq2seq.ipynb")
+
+
+@pytest.mark.skipif(not HAVE_DASK, reason="the notebook needs dask")
+def test_dask_notebook_equals_in_memory(executed):
+    """05_dask: the chunked arrays read from disk give bitwise the
+    in-memory outputs and states' gradient, parameter gradients within
+    float32 rounding, and the progress bars ran to the end."""
+    out = text(executed("05_dask.ipynb"))
+    for name in ("out  ", "alpha", "dh"):
+        assert f"{name} bitwise equal to the in-memory call: True" in out, out
+    diffs = re.findall(r"^d[Wvb] relative difference to the in-memory "
+                       r"call: ([0-9.e+-]+)$", out, flags=re.M)
+    assert len(diffs) == 3 and all(float(d) < 1e-5 for d in diffs), out
+    assert out.count("| 100% Completed |") == 2, out

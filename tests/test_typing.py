@@ -53,3 +53,9 @@ def test_mypy_strict_accepts_torch_example(tmp_path):
     pytest.importorskip("torch")
     rc, out = run(["mypy", "--strict", HERE / "example_torch.py"], tmp_path)
     assert rc == 0, out
+
+
+def test_mypy_strict_accepts_dask_example(tmp_path):
+    pytest.importorskip("dask.array")
+    rc, out = run(["mypy", "--strict", HERE / "example_dask.py"], tmp_path)
+    assert rc == 0, out

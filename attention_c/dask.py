@@ -1,0 +1,829 @@
+"""Dask adapter: attention_c's layers on Dask arrays, chunk by chunk.
+
+Imported only on demand (``import attention_c.dask``), so Dask stays an
+optional dependency (``pip install "attention_c[dask]"``).  Every function
+has the name and the arguments of its in-memory counterpart in
+:mod:`attention_c`, takes Dask arrays (or array-likes) and returns Dask
+arrays; nothing is computed until you call ``.compute()``::
+
+    import dask.array as da
+    import attention_c.dask as acd
+    h = da.from_npy_stack("states/")          # (B, T, H), chunked along B
+    out, alpha = acd.context_attention(h, W, v, b, mask=mask)
+    out.compute()
+
+How the work is split:
+
+- **Chunks along the leading (batch) axes only.**  Each sequence is
+  computed whole, so every task runs the in-memory C function on one chunk
+  of the batch.  An input chunked along any other axis (T, H, ...) is
+  rechunked to one chunk along those axes, with a
+  ``dask.array.PerformanceWarning`` that names it: chunk along the batch.
+  Inputs of one call that are chunked differently along the batch are
+  rechunked to the chunks of ``h`` (``keys`` in the family).  Array-likes
+  that are not Dask arrays are split like ``h`` (``keys``).
+- **Weights are one graph key each**, not one copy per chunk: every task
+  of a call depends on the same key, so a distributed scheduler sends a
+  weight to each worker once, and recomputes it (it is part of the graph)
+  if the worker holding it dies.  The forward and the backward of the same
+  weights share the key.
+- **Masks** are data: chunked like the batch.  A family mask may have
+  leading axes of size 1, which broadcast over the batch as in memory.
+- **Parameter gradients** (``W``, ``v``, ``b``) are summed over the
+  chunks by a tree of fixed shape: groups of 4 consecutive chunks (in C
+  order of the chunk grid), each summed left to right, then groups of
+  those, up to one.  The result depends only on the chunks, never on the
+  scheduler or the order in which tasks finish: the same chunks give the
+  same bits on every run.  It equals the in-memory call's within rounding
+  (which sums the batch in another order); with a single chunk, exactly.
+- Outputs and input gradients are computed per sequence by the same C
+  code as in memory: bitwise equal to the in-memory call's.
+
+Shapes and dtypes are checked when the graph is built, by the in-memory
+function itself on empty stand-ins of the inputs (each batch axis of length
+0), so bad input raises the in-memory function's ``ValueError`` or
+``TypeError`` at once, not at compute time.  At least one leading batch
+axis is needed; for a single sequence, call :mod:`attention_c` directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from operator import getitem
+from typing import Any, Literal, NamedTuple, TypeAlias, overload
+
+import numpy as np
+import numpy.typing as npt
+
+try:
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+except ImportError as _missing:     # tested in a subprocess
+    raise ImportError(
+        "attention_c.dask needs Dask: pip install \"attention_c[dask]\" "
+        "(or pip install \"dask[array]>=2024.1\")") from _missing
+
+import attention_c as _ac
+
+__all__ = ["context_attention", "context_attention_backward",
+           "additive_attention", "additive_attention_backward",
+           "dot_attention", "dot_attention_backward",
+           "general_attention", "general_attention_backward",
+           "project_keys", "project_keys_backward",
+           "AttentionGrads", "AdditiveAttentionGrads", "DotAttentionGrads",
+           "GeneralAttentionGrads"]
+
+# A Dask array or anything np.asarray accepts.
+_Input: TypeAlias = da.Array | npt.ArrayLike
+
+# Chunks summed per node of the parameter gradients' reduction tree.
+FAN_IN = 4
+
+
+class AttentionGrads(NamedTuple):
+    """Gradients of :func:`context_attention_backward`, as Dask arrays:
+    ``h`` (..., T, H) chunked like ``h``; ``W``, ``v``, ``b`` summed over
+    the batch (one chunk each; ``b`` is None without a bias)."""
+
+    h: da.Array
+    W: da.Array
+    v: da.Array
+    b: da.Array | None
+
+
+class AdditiveAttentionGrads(NamedTuple):
+    """Gradients of :func:`additive_attention_backward`, as Dask arrays
+    (``values`` None when no values were given, ``b`` without a bias)."""
+
+    query: da.Array
+    keys: da.Array
+    values: da.Array | None
+    W: da.Array
+    v: da.Array
+    b: da.Array | None
+
+
+class DotAttentionGrads(NamedTuple):
+    """Gradients of :func:`dot_attention_backward`, as Dask arrays."""
+
+    query: da.Array
+    keys: da.Array
+    values: da.Array | None
+
+
+class GeneralAttentionGrads(NamedTuple):
+    """Gradients of :func:`general_attention_backward`, as Dask arrays."""
+
+    query: da.Array
+    keys: da.Array
+    values: da.Array | None
+    W: da.Array
+
+
+# --------------------------------------------------------------------------
+# The machinery: one task per chunk of the batch, running the in-memory
+# function on that chunk; its results split into one Dask array each.
+
+
+def _flat(result: Any) -> tuple[Any, ...]:
+    """The in-memory function's results as one flat tuple: a single
+    array, ``(out, alpha[, act])``, a gradient tuple, or ``(grads,
+    grad_key_proj)``."""
+    if isinstance(result, np.ndarray):
+        return (result,)
+    flat: list[Any] = []
+    for x in result:
+        flat.extend(x if isinstance(x, tuple) else (x,))
+    return tuple(flat)
+
+
+def _chunk(fn: Callable[..., Any], names: tuple[str, ...],
+           literals: dict[str, Any], *arrays: np.ndarray) -> tuple[Any, ...]:
+    """One task: the in-memory function on one chunk of the batch."""
+    return _flat(fn(**dict(zip(names, arrays)), **literals))
+
+
+def _sum(*parts: np.ndarray) -> np.ndarray:
+    """Left to right, so that the result depends on the order only."""
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def _batch_error(name: str, shape: tuple[int, ...], ref: str,
+                 ref_shape: tuple[int, ...], nlead: int) -> ValueError:
+    return ValueError(
+        f"{name} has shape {shape}; expected the leading (batch) axes "
+        f"{ref_shape[:nlead]} of {ref} with shape {ref_shape} in front (or "
+        f"1 where the in-memory function broadcasts)")
+
+
+def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
+           weights: dict[str, Any], literals: dict[str, Any],
+           fields: Sequence[str], kinds: str) -> list[Any]:
+    """Run ``fn`` chunk by chunk over the batch.
+
+    ``data`` are the batched arguments (None: absent), ``ref`` the one that
+    sets the batch and its chunks (``h`` or ``keys``); ``weights`` are
+    shared by the whole batch (one graph key each); ``literals`` go to
+    every call as they are.  ``fields`` name the flat results of ``fn`` and
+    ``kinds`` says for each whether it is batched data ('d', chunked like
+    the batch) or a parameter gradient ('p', summed over the chunks).
+    Returns one Dask array per result of ``fn`` (None where it gave None).
+    """
+    arrays: dict[str, Any] = {
+        n: x if isinstance(x, da.Array) else np.asarray(x)
+        for n, x in data.items() if x is not None}
+    for n, x in arrays.items():
+        if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
+            raise ValueError(f"{n} has unknown chunk sizes {x.chunks}; call "
+                             f"{n}.compute_chunk_sizes() first")
+    ref_shape = tuple(arrays[ref].shape)
+    nlead = len(ref_shape) - 2
+    if nlead < 1:
+        raise ValueError(
+            f"{ref} has shape {ref_shape}; attention_c.dask splits the "
+            f"leading (batch) axes, so it needs (B, ..., T, H); for one "
+            f"sequence call attention_c.{fn.__name__} directly")
+    lead = ref_shape[:nlead]
+
+    def broadcast(x: Any, i: int) -> bool:
+        return bool(x.shape[i] == 1 and lead[i] != 1)
+
+    for n, x in arrays.items():
+        if x.ndim < nlead or any(s != m and not broadcast(x, i)
+                                 for i, (s, m) in enumerate(
+                                     zip(x.shape[:nlead], lead))):
+            raise _batch_error(n, tuple(x.shape), ref, ref_shape, nlead)
+
+    # Check shapes and dtypes now, and learn the results' shapes and dtypes,
+    # with the in-memory function on empty stand-ins: each batch axis 0 (1
+    # where an argument broadcasts).
+    stand_ins = {n: np.empty(tuple(int(broadcast(x, i))
+                                   for i in range(nlead))
+                             + tuple(x.shape[nlead:]), x.dtype)
+                 for n, x in arrays.items()}
+    shared: dict[str, Any] = {
+        n: w if isinstance(w, da.Array) else np.asarray(w)
+        for n, w in weights.items() if w is not None}
+    stand_ins.update({n: np.zeros(w.shape, w.dtype) if isinstance(
+        w, da.Array) else w for n, w in shared.items()})
+    try:
+        metas = _flat(fn(**stand_ins, **literals))
+    except ValueError as exc:
+        given = ", ".join(f"{n} {tuple(x.shape)}" for n, x in arrays.items())
+        raise ValueError(f"{exc} [attention_c.dask checks shapes on empty "
+                         f"stand-ins whose batch axes have length 0; the "
+                         f"shapes given: {given}]") from exc
+
+    # Chunks: the batch's (those of ref), whole along every other axis.
+    lead_chunks: tuple[tuple[int, ...], ...] = (
+        arrays[ref].chunks[:nlead] if isinstance(arrays[ref], da.Array)
+        else tuple((m,) for m in lead))
+    for n, x in arrays.items():
+        target = tuple((1,) if broadcast(x, i) else lead_chunks[i]
+                       for i in range(nlead)) + tuple(
+                           (s,) for s in x.shape[nlead:])
+        if not isinstance(x, da.Array):
+            arrays[n] = da.from_array(  # type: ignore[no-untyped-call]
+                x, chunks=target)
+            continue
+        split = [i for i in range(nlead, x.ndim) if len(x.chunks[i]) > 1]
+        if split:
+            warnings.warn(
+                f"{n} is chunked along axes {split}, not only along the "
+                f"leading (batch) axes (chunks {x.chunks}); attention_c."
+                f"dask computes each sequence whole and rechunks it to "
+                f"{target}. Chunk it along the batch only.",
+                da.PerformanceWarning, stacklevel=3)
+        if x.chunks != target:
+            arrays[n] = x.rechunk(target)  # type: ignore[no-untyped-call]
+    # One key per weight: a single chunk.
+    for n, w in shared.items():
+        if isinstance(w, da.Array):
+            shared[n] = w.rechunk(w.shape)  # type: ignore[no-untyped-call]
+        else:
+            shared[n] = da.from_array(  # type: ignore[no-untyped-call]
+                w, chunks=w.shape)
+
+    # One task per chunk of the batch, calling fn on it.
+    names = (*arrays, *shared)
+    inputs = [*arrays.values(), *shared.values()]
+    token = tokenize(fn.__name__, names, literals,
+                     *[x.name for x in inputs])
+    prefix = f"attention-c-{fn.__name__.replace('_', '-')}-"
+    tmp_name = prefix + token
+    call = functools.partial(_chunk, fn, names, literals)
+    blocks = list(np.ndindex(*map(len, lead_chunks)))
+    tasks: dict[Any, Any] = {}
+    for idx in blocks:
+        keys = [(x.name, *[idx[i] if x.numblocks[i] > 1 else 0
+                           for i in range(nlead)],
+                 *[0] * (x.ndim - nlead)) for x in arrays.values()]
+        keys += [(w.name, *[0] * w.ndim) for w in shared.values()]
+        tasks[(tmp_name, *idx)] = (call, *keys)
+    graph = HighLevelGraph.from_collections(tmp_name, tasks,
+                                            dependencies=inputs)
+    tmp: Any = da.Array(  # type: ignore[no-untyped-call]
+        graph, tmp_name, lead_chunks, meta=np.empty((0,) * nlead, object))
+
+    results: list[Any] = []
+    for j, (field, kind, meta) in enumerate(zip(fields, kinds, metas)):
+        if meta is None:
+            results.append(None)
+            continue
+        name = f"{prefix}{field}-{token}"
+        if kind == "d":
+            core = tuple(meta.shape[nlead:])
+            layer: dict[Any, Any] = {
+                (name, *idx, *[0] * len(core)): (getitem, (tmp_name, *idx), j)
+                for idx in blocks}
+            chunks = lead_chunks + tuple((s,) for s in core)
+        else:
+            layer = _tree_sum(name, meta.ndim,
+                              [(getitem, (tmp_name, *idx), j)
+                               for idx in blocks])
+            chunks = tuple((s,) for s in meta.shape)
+        graph = HighLevelGraph.from_collections(name, layer,
+                                                dependencies=[tmp])
+        empty = np.empty((0,) * len(chunks), meta.dtype)
+        results.append(da.Array(  # type: ignore[no-untyped-call]
+            graph, name, chunks, meta=empty))
+    return results
+
+
+def _tree_sum(name: str, ndim: int, parts: list[Any]) -> dict[Any, Any]:
+    """Tasks summing ``parts`` (tasks or keys, in chunk order) into the key
+    ``(name, 0, ..., 0)`` by a tree of fixed shape (FAN_IN per node)."""
+    layer: dict[Any, Any] = {}
+    depth = 0
+    while len(parts) > FAN_IN:
+        groups = [parts[g:g + FAN_IN] for g in range(0, len(parts), FAN_IN)]
+        parts = []
+        for g, group in enumerate(groups):
+            key = (f"{name}-partial", depth, g)
+            layer[key] = (_sum, *group)
+            parts.append(key)
+        depth += 1
+    layer[(name, *[0] * ndim)] = (_sum, *parts)
+    return layer
+
+
+# --------------------------------------------------------------------------
+# Context-pooled attention
+
+
+@overload
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None,
+                      keep_activations: Literal[False] = False
+                      ) -> tuple[da.Array, da.Array]: ...
+
+
+@overload
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None, *,
+                      keep_activations: Literal[True]
+                      ) -> tuple[da.Array, da.Array, da.Array]: ...
+
+
+@overload
+def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
+                      mask: _Input | None = None,
+                      keep_activations: bool = ...
+                      ) -> tuple[da.Array, ...]: ...
+
+
+def context_attention(h: _Input, W: _Input, v: _Input,
+                      b: _Input | None = None, mask: _Input | None = None,
+                      keep_activations: bool = False
+                      ) -> tuple[da.Array, ...]:
+    """:func:`attention_c.context_attention` chunk by chunk of the batch.
+
+    Parameters
+    ----------
+    h : dask.array.Array or array_like (B, ..., T, H)
+        Chunked along the leading (batch) axes.
+    W : array_like (A, 2H)
+    v : array_like (A,)
+    b : array_like (A,), optional
+        Weights: one graph key each, shared by every chunk.
+    mask : dask.array.Array or array_like of bool (B, ..., T), optional
+        True marks a valid item; chunked like ``h`` (rechunked if not).
+    keep_activations : bool, optional
+        Also return the activations (B, ..., T, A).
+
+    Returns
+    -------
+    out : dask.array.Array (B, ..., H)
+    alpha : dask.array.Array (B, ..., T)
+    activations : dask.array.Array (B, ..., T, A)
+        Only with ``keep_activations=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da
+    >>> import attention_c as ac, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((10, 5, 4))            # B=10, T=5, H=4
+    >>> W = rng.standard_normal((3, 8)); v = rng.standard_normal(3)
+    >>> hd = da.from_array(h, chunks=(4, -1, -1))       # along the batch
+    >>> out, alpha = acd.context_attention(hd, W, v)
+    >>> out.chunks
+    ((4, 4, 2), (4,))
+    >>> bool((out.compute() == ac.context_attention(h, W, v)[0]).all())
+    True
+    """
+    outs = _apply(
+        _ac.context_attention, "h", {"h": h, "mask": mask},
+        {"W": W, "v": v, "b": b}, {"keep_activations": keep_activations},
+        ("out", "alpha", "activations"), "ddd")
+    return tuple(x for x in outs if x is not None)
+
+
+def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
+                               v: _Input, alpha: _Input,
+                               b: _Input | None = None,
+                               mask: _Input | None = None,
+                               grad_alpha: _Input | None = None,
+                               activations: _Input | None = None
+                               ) -> AttentionGrads:
+    """:func:`attention_c.context_attention_backward` chunk by chunk.
+
+    Parameters
+    ----------
+    grad_out : dask.array.Array or array_like (B, ..., H)
+    h, W, v, b, mask
+        As given to :func:`context_attention`.
+    alpha : dask.array.Array or array_like (B, ..., T)
+        The weights :func:`context_attention` returned.
+    grad_alpha : dask.array.Array or array_like (B, ..., T), optional
+    activations : dask.array.Array or array_like (B, ..., T, A), optional
+        From ``context_attention(..., keep_activations=True)``.
+
+    Returns
+    -------
+    AttentionGrads
+        ``h`` chunked like ``h`` (bitwise the in-memory result); ``W``,
+        ``v``, ``b`` summed over the chunks by a tree of fixed shape (equal
+        to the in-memory sums within rounding; ``b`` None without a bias).
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> h = da.from_array(rng.standard_normal((10, 5, 4)),
+    ...                   chunks=(4, -1, -1))
+    >>> W = rng.standard_normal((3, 8)); v = rng.standard_normal(3)
+    >>> out, alpha = acd.context_attention(h, W, v)
+    >>> g = acd.context_attention_backward(da.ones_like(out), h, W, v, alpha)
+    >>> g.h.chunks[0], g.W.shape, g.W.numblocks, g.b
+    ((4, 4, 2), (3, 8), (1, 1), None)
+    """
+    return AttentionGrads(*_apply(
+        _ac.context_attention_backward, "h",
+        {"grad_out": grad_out, "h": h, "alpha": alpha, "mask": mask,
+         "grad_alpha": grad_alpha, "activations": activations},
+        {"W": W, "v": v, "b": b}, {}, AttentionGrads._fields, "dppp"))
+
+
+# --------------------------------------------------------------------------
+# The attention family
+
+
+def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input,
+                       b: _Input | None = None, mask: _Input | None = None,
+                       values: _Input | None = None,
+                       key_proj: _Input | None = None
+                       ) -> tuple[da.Array, da.Array]:
+    """:func:`attention_c.additive_attention` chunk by chunk of the batch.
+
+    Parameters
+    ----------
+    query : dask.array.Array or array_like (B, ..., Hq) or (B, ..., Tq, Hq)
+    keys : dask.array.Array or array_like (B, ..., T, H)
+        Chunked along the leading (batch) axes; the other batched
+        arguments are rechunked to its chunks.
+    W : array_like (A, H + Hq)
+    v : array_like (A,)
+    b : array_like (A,), optional
+    mask : dask.array.Array or array_like of bool, optional
+        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast.
+    values : dask.array.Array or array_like (B, ..., T, Hv), optional
+    key_proj : dask.array.Array or array_like (B, ..., T, A), optional
+        ``project_keys(keys, W)``.
+
+    Returns
+    -------
+    out : dask.array.Array (B, ..., Hv) or (B, ..., Tq, Hv)
+    alpha : dask.array.Array (B, ..., T) or (B, ..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((10, 7, 4)),
+    ...                      chunks=(5, -1, -1))
+    >>> query = rng.standard_normal((10, 3))           # split like keys
+    >>> W = rng.standard_normal((5, 4 + 3)); v = rng.standard_normal(5)
+    >>> out, alpha = acd.additive_attention(query, keys, W, v)
+    >>> out.chunks, alpha.compute().shape
+    (((5, 5), (4,)), (10, 7))
+    """
+    out, alpha = _apply(
+        _ac.additive_attention, "keys",
+        {"query": query, "keys": keys, "mask": mask, "values": values,
+         "key_proj": key_proj}, {"W": W, "v": v, "b": b}, {},
+        ("out", "alpha"), "dd")
+    return out, alpha
+
+
+@overload
+def additive_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None,
+        stop_at_key_proj: Literal[False] = False
+) -> AdditiveAttentionGrads: ...
+
+
+@overload
+def additive_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, *,
+        stop_at_key_proj: Literal[True]
+) -> tuple[AdditiveAttentionGrads, da.Array]: ...
+
+
+@overload
+def additive_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, stop_at_key_proj: bool = ...
+) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
+
+
+def additive_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
+        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        values: _Input | None = None, grad_alpha: _Input | None = None,
+        key_proj: _Input | None = None, stop_at_key_proj: bool = False
+) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]:
+    """:func:`attention_c.additive_attention_backward` chunk by chunk.
+
+    Parameters
+    ----------
+    grad_out : dask.array.Array or array_like, the shape of ``out``
+    query, keys, W, v, b, mask, values, key_proj
+        As given to :func:`additive_attention`.
+    alpha : dask.array.Array or array_like, the forward's ``alpha``
+    grad_alpha : dask.array.Array or array_like, optional
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: also return ``grad_key_proj``, as in memory.
+
+    Returns
+    -------
+    AdditiveAttentionGrads
+        ``query``, ``keys``, ``values`` chunked like the batch; ``W``,
+        ``v``, ``b`` summed over the chunks by a tree of fixed shape.
+    grad_key_proj : dask.array.Array (B, ..., T, A)
+        Only with ``stop_at_key_proj=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((10, 7, 4)),
+    ...                      chunks=(5, -1, -1))
+    >>> query = rng.standard_normal((10, 3))
+    >>> W = rng.standard_normal((5, 7)); v = rng.standard_normal(5)
+    >>> out, alpha = acd.additive_attention(query, keys, W, v)
+    >>> g = acd.additive_attention_backward(da.ones_like(out), query, keys,
+    ...                                     W, v, alpha)
+    >>> g.query.chunks, g.W.shape, g.values
+    (((5, 5), (3,)), (5, 7), None)
+    """
+    outs = _apply(_ac.additive_attention_backward, "keys",
+                  {"grad_out": grad_out, "query": query, "keys": keys,
+                   "alpha": alpha, "mask": mask, "values": values,
+                   "grad_alpha": grad_alpha, "key_proj": key_proj},
+                  {"W": W, "v": v, "b": b},
+                  {"stop_at_key_proj": stop_at_key_proj},
+                  (*AdditiveAttentionGrads._fields, "grad_key_proj"),
+                  "dddpppd")
+    grads = AdditiveAttentionGrads(*outs[:6])
+    if len(outs) > 6:
+        return grads, outs[6]
+    return grads
+
+
+def dot_attention(query: _Input, keys: _Input, mask: _Input | None = None,
+                  values: _Input | None = None, scale: float | None = None
+                  ) -> tuple[da.Array, da.Array]:
+    """:func:`attention_c.dot_attention` chunk by chunk of the batch.
+
+    Parameters
+    ----------
+    query : dask.array.Array or array_like (B, ..., H) or (B, ..., Tq, H)
+    keys : dask.array.Array or array_like (B, ..., T, H)
+        Chunked along the leading (batch) axes.
+    mask : dask.array.Array or array_like of bool, optional
+        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast,
+        e.g. a causal mask ``np.tril(np.ones((1, Tq, T), bool))``.
+    values : dask.array.Array or array_like (B, ..., T, Hv), optional
+    scale : float, optional
+        Default ``1/sqrt(H)``.
+
+    Returns
+    -------
+    out : dask.array.Array (B, ..., Hv) or (B, ..., Tq, Hv)
+    alpha : dask.array.Array (B, ..., T) or (B, ..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> x = da.from_array(np.random.default_rng(0).standard_normal(
+    ...     (8, 6, 4)), chunks=(2, 6, 4))
+    >>> causal = np.tril(np.ones((1, 6, 6), bool))     # broadcast
+    >>> out, alpha = acd.dot_attention(x, x, mask=causal)
+    >>> out.numblocks, float(alpha[0, 0, 1].compute())
+    ((4, 1, 1), 0.0)
+    """
+    out, alpha = _apply(
+        _ac.dot_attention, "keys",
+        {"query": query, "keys": keys, "mask": mask, "values": values},
+        {}, {"scale": scale}, ("out", "alpha"), "dd")
+    return out, alpha
+
+
+def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
+                           alpha: _Input, mask: _Input | None = None,
+                           values: _Input | None = None,
+                           scale: float | None = None,
+                           grad_alpha: _Input | None = None
+                           ) -> DotAttentionGrads:
+    """:func:`attention_c.dot_attention_backward` chunk by chunk.
+
+    Parameters
+    ----------
+    grad_out : dask.array.Array or array_like, the shape of ``out``
+    query, keys, mask, values, scale
+        As given to :func:`dot_attention`.
+    alpha : dask.array.Array or array_like, the forward's ``alpha``
+    grad_alpha : dask.array.Array or array_like, optional
+
+    Returns
+    -------
+    DotAttentionGrads
+        ``query``, ``keys``, ``values`` (None when not given), chunked
+        like the batch.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> x = da.from_array(np.random.default_rng(0).standard_normal(
+    ...     (8, 6, 4)), chunks=(2, 6, 4))
+    >>> out, alpha = acd.dot_attention(x, x)
+    >>> g = acd.dot_attention_backward(da.ones_like(out), x, x, alpha)
+    >>> g.keys.chunks[0], g.values
+    ((2, 2, 2, 2), None)
+    """
+    return DotAttentionGrads(*_apply(
+        _ac.dot_attention_backward, "keys",
+        {"grad_out": grad_out, "query": query, "keys": keys, "alpha": alpha,
+         "mask": mask, "values": values, "grad_alpha": grad_alpha},
+        {}, {"scale": scale}, DotAttentionGrads._fields, "ddd"))
+
+
+def general_attention(query: _Input, keys: _Input, W: _Input,
+                      mask: _Input | None = None, values: _Input | None = None,
+                      key_proj: _Input | None = None
+                      ) -> tuple[da.Array, da.Array]:
+    """:func:`attention_c.general_attention` chunk by chunk of the batch.
+
+    Parameters
+    ----------
+    query : dask.array.Array or array_like (B, ..., Hq) or (B, ..., Tq, Hq)
+    keys : dask.array.Array or array_like (B, ..., T, H)
+        Chunked along the leading (batch) axes.
+    W : array_like (Hq, H)
+    mask : dask.array.Array or array_like of bool, optional
+        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast.
+    values : dask.array.Array or array_like (B, ..., T, Hv), optional
+    key_proj : dask.array.Array or array_like (B, ..., T, Hq), optional
+
+    Returns
+    -------
+    out : dask.array.Array (B, ..., Hv) or (B, ..., Tq, Hv)
+    alpha : dask.array.Array (B, ..., T) or (B, ..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((6, 7, 4)),
+    ...                      chunks=(3, -1, -1))
+    >>> query = da.from_array(rng.standard_normal((6, 2, 3)),
+    ...                       chunks=(3, -1, -1))
+    >>> out, alpha = acd.general_attention(query, keys,
+    ...                                    rng.standard_normal((3, 4)))
+    >>> out.shape, alpha.numblocks
+    ((6, 2, 4), (2, 1, 1))
+    """
+    out, alpha = _apply(
+        _ac.general_attention, "keys",
+        {"query": query, "keys": keys, "mask": mask, "values": values,
+         "key_proj": key_proj}, {"W": W}, {}, ("out", "alpha"), "dd")
+    return out, alpha
+
+
+@overload
+def general_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        stop_at_key_proj: Literal[False] = False
+) -> GeneralAttentionGrads: ...
+
+
+@overload
+def general_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None, *,
+        stop_at_key_proj: Literal[True]
+) -> tuple[GeneralAttentionGrads, da.Array]: ...
+
+
+@overload
+def general_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        stop_at_key_proj: bool = ...
+) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
+
+
+def general_attention_backward(
+        grad_out: _Input, query: _Input, keys: _Input, W: _Input,
+        alpha: _Input,
+        mask: _Input | None = None, values: _Input | None = None,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        stop_at_key_proj: bool = False
+) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]:
+    """:func:`attention_c.general_attention_backward` chunk by chunk.
+
+    Parameters
+    ----------
+    grad_out : dask.array.Array or array_like, the shape of ``out``
+    query, keys, W, mask, values, key_proj
+        As given to :func:`general_attention`.
+    alpha : dask.array.Array or array_like, the forward's ``alpha``
+    grad_alpha : dask.array.Array or array_like, optional
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: also return ``grad_key_proj``, as in memory.
+
+    Returns
+    -------
+    GeneralAttentionGrads
+        ``query``, ``keys``, ``values`` chunked like the batch; ``W``
+        summed over the chunks by a tree of fixed shape.
+    grad_key_proj : dask.array.Array (B, ..., T, Hq)
+        Only with ``stop_at_key_proj=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((6, 7, 4)),
+    ...                      chunks=(3, -1, -1))
+    >>> query = rng.standard_normal((6, 3)); W = rng.standard_normal((3, 4))
+    >>> out, alpha = acd.general_attention(query, keys, W)
+    >>> g = acd.general_attention_backward(da.ones_like(out), query, keys,
+    ...                                    W, alpha)
+    >>> g.W.compute().shape
+    (3, 4)
+    """
+    outs = _apply(_ac.general_attention_backward, "keys",
+                  {"grad_out": grad_out, "query": query, "keys": keys,
+                   "alpha": alpha, "mask": mask, "values": values,
+                   "grad_alpha": grad_alpha, "key_proj": key_proj},
+                  {"W": W}, {"stop_at_key_proj": stop_at_key_proj},
+                  (*GeneralAttentionGrads._fields, "grad_key_proj"),
+                  "dddpd")
+    grads = GeneralAttentionGrads(*outs[:4])
+    if len(outs) > 4:
+        return grads, outs[4]
+    return grads
+
+
+def project_keys(keys: _Input, W: _Input) -> da.Array:
+    """:func:`attention_c.project_keys` chunk by chunk of the batch.
+
+    Parameters
+    ----------
+    keys : dask.array.Array or array_like (B, ..., T, H)
+    W : array_like (P, L), L >= H
+
+    Returns
+    -------
+    key_proj : dask.array.Array (B, ..., T, P)
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((6, 7, 4)),
+    ...                      chunks=(3, -1, -1))
+    >>> acd.project_keys(keys, rng.standard_normal((5, 7))).chunks
+    ((3, 3), (7,), (5,))
+    """
+    key_proj: da.Array = _apply(_ac.project_keys, "keys", {"keys": keys},
+                                {"W": W}, {}, ("key_proj",), "d")[0]
+    return key_proj
+
+
+def project_keys_backward(grad_proj: _Input, keys: _Input, W: _Input
+                          ) -> tuple[da.Array, da.Array]:
+    """:func:`attention_c.project_keys_backward` chunk by chunk.
+
+    Parameters
+    ----------
+    grad_proj : dask.array.Array or array_like (B, ..., T, P)
+    keys : dask.array.Array or array_like (B, ..., T, H)
+    W : array_like (P, L)
+
+    Returns
+    -------
+    dkeys : dask.array.Array (B, ..., T, H)
+    dW : dask.array.Array (P, L)
+        Summed over the chunks by a tree of fixed shape.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, attention_c.dask as acd
+    >>> rng = np.random.default_rng(0)
+    >>> keys = da.from_array(rng.standard_normal((6, 7, 4)),
+    ...                      chunks=(3, -1, -1))
+    >>> W = rng.standard_normal((5, 7))
+    >>> kp = acd.project_keys(keys, W)
+    >>> dkeys, dW = acd.project_keys_backward(da.ones_like(kp), keys, W)
+    >>> dkeys.chunks[0], dW.shape
+    ((3, 3), (5, 7))
+    """
+    dkeys, dW = _apply(_ac.project_keys_backward, "keys",
+                       {"grad_proj": grad_proj, "keys": keys}, {"W": W}, {},
+                       ("keys", "W"), "dp")
+    return dkeys, dW

@@ -1,0 +1,401 @@
+"""attention_c.dask: the layers and the family on Dask arrays.
+
+Every case is computed in memory (attention_c) and chunk by chunk (along
+the batch, uneven chunks, more chunks than one node of the reduction
+tree) and compared: outputs and input gradients bitwise, parameter
+gradients within rounding of the in-memory sums and bitwise equal to the
+documented fixed-order tree over the per-chunk in-memory gradients.  Then
+the same on a real two-process dask.distributed cluster, including one
+worker killed in the middle of a computation.
+"""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from conftest import TOL, rel_err
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+acd = pytest.importorskip("attention_c.dask")
+HighLevelGraph = pytest.importorskip("dask.highlevelgraph").HighLevelGraph
+try:
+    import distributed
+except ImportError:           # dask[array] without dask[distributed]
+    distributed = None
+
+ROOT = Path(ac.__file__).resolve().parent.parent
+B = 11                  # the batch, split into chunks of 2: 6 chunks
+CHUNK = 2
+
+
+def ragged_mask(rng, lead, T):
+    """(lead..., T) bool with random lengths, the first row empty."""
+    lengths = rng.integers(1, T + 1, size=lead)
+    mask = np.arange(T) < lengths[..., None]
+    mask.reshape(-1, T)[0] = False
+    return mask
+
+
+def case(name, dtype, rng):
+    """(function name, batched data, weights, literals, backward extras)
+    of one problem; the batched data are split along their first axis."""
+    f = lambda *s: rng.standard_normal(s).astype(dtype)   # noqa: E731
+    T, Tq, H, Hq, A = 9, 4, 6, 5, 7
+    if name == "context":
+        return ("context_attention",
+                {"h": f(B, T, H), "mask": ragged_mask(rng, (B,), T)},
+                {"W": f(A, 2 * H) * 0.5, "v": f(A), "b": f(A)}, {}, {})
+    if name == "context_activations":
+        return ("context_attention",
+                {"h": f(B, T, H), "mask": ragged_mask(rng, (B,), T)},
+                {"W": f(A, 2 * H) * 0.5, "v": f(A), "b": None},
+                {"keep_activations": True}, {})
+    if name == "additive":       # one query, separate values, a key mask
+        return ("additive_attention",
+                {"query": f(B, Hq), "keys": f(B, T, H),
+                 "values": f(B, T, 3), "mask": ragged_mask(rng, (B,), T)},
+                {"W": f(A, H + Hq) * 0.5, "v": f(A), "b": f(A)}, {},
+                {"grad_alpha": f(B, T)})
+    if name == "additive_key_proj":   # several queries, per-query mask
+        W = f(A, H + Hq) * 0.5
+        keys = f(B, T, H)
+        return ("additive_attention",
+                {"query": f(B, Tq, Hq), "keys": keys,
+                 "mask": ragged_mask(rng, (B, Tq), T),
+                 "key_proj": ac.project_keys(keys, W)},
+                {"W": W, "v": f(A), "b": None}, {},
+                {"stop_at_key_proj": True})
+    if name == "dot_heads":      # (B, heads, T, d), causal mask broadcast
+        x = f(B, 3, T, H)
+        return ("dot_attention",
+                {"query": x, "keys": x,
+                 "mask": np.tril(np.ones((1, 1, T, T), bool))},
+                {}, {"scale": 0.3}, {})
+    if name == "dot":
+        return ("dot_attention",
+                {"query": f(B, H), "keys": f(B, T, H), "values": f(B, T, 2)},
+                {}, {}, {})
+    if name == "general":
+        W = f(Hq, H) * 0.5
+        keys = f(B, T, H)
+        return ("general_attention",
+                {"query": f(B, Tq, Hq), "keys": keys, "values": f(B, T, 4),
+                 "mask": ragged_mask(rng, (B,), T),
+                 "key_proj": ac.project_keys(keys, W)},
+                {"W": W}, {}, {"grad_alpha": f(B, Tq, T)})
+    raise AssertionError(name)
+
+
+CASES = ["context", "context_activations", "additive", "additive_key_proj",
+         "dot_heads", "dot", "general"]
+FORWARD_OUT = ("out", "alpha", "activations")
+
+
+def chunked(x, chunk):
+    """x split along its first axis (unless it is a broadcast 1)."""
+    if x.shape[0] == 1:
+        return da.from_array(x, chunks=-1)
+    return da.from_array(x, chunks=(chunk,) + (-1,) * (x.ndim - 1))
+
+
+def run(name, dtype, chunk=CHUNK, scheduler="threads", client=None):
+    """Forward and backward in memory and with Dask; returns both as
+    (forward tuple, flat dict of gradients) and the per-chunk in-memory
+    gradients."""
+    fn, data, weights, lit, extra = case(name, dtype,
+                                         np.random.default_rng(7))
+    rng = np.random.default_rng(8)
+    fwd = getattr(ac, fn)(**data, **weights, **lit)
+    grad_out = rng.standard_normal(fwd[0].shape).astype(dtype)
+    saved = {"alpha": fwd[1]}
+    if lit.get("keep_activations"):
+        saved["activations"] = fwd[2]
+    # extra: arrays (grad_alpha) and flags (stop_at_key_proj) of the
+    # backward only
+    bwd_lit = {k: x for k, x in {**lit, **extra}.items()
+               if not isinstance(x, np.ndarray) and k != "keep_activations"}
+    bwd_data = {**data, **saved, "grad_out": grad_out,
+                **{k: x for k, x in extra.items()
+                   if isinstance(x, np.ndarray)}}
+
+    def grads(result):
+        flat = {}
+        if isinstance(result, tuple) and isinstance(result[0], tuple):
+            result, flat["grad_key_proj"] = result
+        flat.update((k, x) for k, x in result._asdict().items()
+                    if x is not None)
+        return flat
+
+    mem_bwd = grads(getattr(ac, fn + "_backward")(**bwd_data, **weights,
+                                                  **bwd_lit))
+    # Per chunk, in memory: what the fixed-order tree sums.
+    per_chunk = []
+    for start in range(0, B, chunk):
+        part = {k: x if x.shape[0] == 1 else x[start:start + chunk]
+                for k, x in bwd_data.items()}
+        per_chunk.append(grads(getattr(ac, fn + "_backward")(
+            **part, **weights, **bwd_lit)))
+
+    dd = {k: chunked(x, chunk) for k, x in data.items()}
+    dask_fwd = getattr(acd, fn)(**dd, **weights, **lit)
+    dbwd_data = {k: chunked(x, chunk) for k, x in bwd_data.items()
+                 if k not in saved}
+    dbwd_data.update(zip(("alpha", "activations"), dask_fwd[1:]))
+    dask_bwd = grads(getattr(acd, fn + "_backward")(**dbwd_data, **weights,
+                                                    **bwd_lit))
+    if client is not None:
+        computed = on_cluster(client, [list(dask_fwd), dask_bwd])
+    else:
+        computed = dask.compute([list(dask_fwd), dask_bwd],
+                                scheduler=scheduler)[0]
+    return (fwd, mem_bwd), computed, per_chunk, weights
+
+
+def on_cluster(client, collections):
+    """Compute on the cluster, bounded in time."""
+    futures = client.compute(collections)
+    distributed.wait(futures, timeout=120)
+    return client.gather(futures)
+
+
+def tree_sum(parts):
+    """The documented order: groups of 4 consecutive chunks, each summed
+    left to right, until one is left."""
+    def left_to_right(group):
+        total = group[0]
+        for p in group[1:]:
+            total = total + p
+        return total
+    while len(parts) > 4:
+        parts = [left_to_right(parts[i:i + 4])
+                 for i in range(0, len(parts), 4)]
+    return left_to_right(parts)
+
+
+def check(name, mem, computed, per_chunk, weights, dtype):
+    (fwd, mem_bwd), (dask_fwd, dask_bwd) = mem, computed
+    assert len(dask_fwd) == len(fwd)
+    for what, x, ref in zip(FORWARD_OUT, dask_fwd, fwd):
+        assert x.dtype == ref.dtype
+        np.testing.assert_array_equal(x, ref, err_msg=f"{name} {what}")
+    assert dask_bwd.keys() == mem_bwd.keys()
+    for what, ref in mem_bwd.items():
+        x = dask_bwd[what]
+        assert x.dtype == ref.dtype and x.shape == ref.shape, what
+        if what in weights:     # parameter gradient
+            assert rel_err(x, ref) <= TOL[np.dtype(dtype).type], (name, what)
+            np.testing.assert_array_equal(
+                x, tree_sum([g[what] for g in per_chunk]),
+                err_msg=f"{name} d{what}: not the fixed-order tree")
+        else:
+            np.testing.assert_array_equal(x, ref, err_msg=f"{name} d{what}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", CASES)
+def test_equals_in_memory(name, dtype):
+    """Forward and input gradients bitwise, parameter gradients within
+    rounding of the in-memory call and bitwise in the documented order."""
+    mem, computed, per_chunk, weights = run(name, dtype)
+    check(name, mem, computed, per_chunk, weights, dtype)
+
+
+@pytest.mark.parametrize("name", ["context", "additive"])
+def test_one_chunk_is_the_in_memory_call(name):
+    (fwd, mem_bwd), (_, dask_bwd), _, _ = run(name, np.float32, chunk=B)
+    for what, ref in mem_bwd.items():
+        np.testing.assert_array_equal(dask_bwd[what], ref, err_msg=what)
+
+
+def test_scheduler_does_not_change_a_bit():
+    """The fixed reduction order: the same bits from the synchronous and
+    the threaded schedulers."""
+    _, sync, _, _ = run("additive", np.float32, scheduler="sync")
+    _, threads, _, _ = run("additive", np.float32, scheduler="threads")
+    for what in sync[1]:
+        np.testing.assert_array_equal(sync[1][what], threads[1][what])
+
+
+def test_weights_are_one_key_shared_by_every_chunk():
+    rng = np.random.default_rng(0)
+    H, A = 32, 64             # W: 32 KiB, which no task may carry
+    h = da.from_array(rng.standard_normal((12, 5, H)), chunks=(3, 5, H))
+    W, v, b = (rng.standard_normal(s) for s in [(A, 2 * H), (A,), (A,)])
+    out, alpha = acd.context_attention(h, W, v, b)
+    grads = acd.context_attention_backward(da.ones_like(out), h, W, v,
+                                           alpha, b)
+    graph = HighLevelGraph.merge(*[x.__dask_graph__()
+                                   for x in (out, alpha, *grads)])
+    deps = graph.get_all_dependencies()
+    for w in (W, v, b):
+        key = (da.from_array(w, chunks=w.shape).name, *[0] * w.ndim)
+        assert key in deps
+        # One forward and one backward task per chunk use it, no one else.
+        users = [k for k, d in deps.items() if key in d]
+        assert len(users) == 2 * h.numblocks[0], users
+    # The tasks of attention_c.dask refer to the weights, never copy them.
+    ours = [k for k in deps if k[0].startswith("attention-c-")]
+    assert len(ours) >= 4 * h.numblocks[0]
+    assert max(len(pickle.dumps(graph[k])) for k in ours) < W.nbytes / 4
+
+
+def test_weights_given_as_dask_arrays():
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((6, 5, 4))
+    W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    out, _ = acd.context_attention(
+        da.from_array(h, chunks=(2, 5, 4)), da.from_array(W, chunks=(1, 4)),
+        da.from_array(v, chunks=1))
+    np.testing.assert_array_equal(out.compute(),
+                                  ac.context_attention(h, W, v)[0])
+
+
+def test_chunks_along_T_or_H_are_rechunked_with_a_warning():
+    rng = np.random.default_rng(2)
+    h = rng.standard_normal((6, 8, 4))
+    mask = ragged_mask(rng, (6,), 8)
+    W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    with pytest.warns(da.PerformanceWarning,
+                      match=r"h is chunked along axes \[1, 2\].*"
+                            r"rechunks it to \(\(2, 2, 2\), \(8,\), \(4,\)\)"):
+        out, alpha = acd.context_attention(
+            da.from_array(h, chunks=(2, 3, 2)), W, v,
+            mask=da.from_array(mask, chunks=(3, 8)))
+    assert out.chunks == ((2, 2, 2), (4,)) and alpha.chunks[1] == (8,)
+    ref = ac.context_attention(h, W, v, mask=mask)
+    np.testing.assert_array_equal(out.compute(), ref[0])
+    np.testing.assert_array_equal(alpha.compute(), ref[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")         # chunked along B: silent
+        acd.context_attention(da.from_array(h, chunks=(4, 8, 4)), W, v,
+                              mask=mask)
+
+
+def test_bad_input_raises_when_the_graph_is_built():
+    rng = np.random.default_rng(3)
+    h = da.from_array(rng.standard_normal((6, 5, 4)), chunks=(2, 5, 4))
+    W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    # The in-memory function's own checks and messages.
+    with pytest.raises(ValueError, match=r"mask has shape \(1, 5\).*"
+                                         r"the shapes given: h \(6, 5, 4\)"):
+        acd.context_attention(h, W, v, mask=np.ones((1, 5), bool))
+    with pytest.raises(ValueError, match=r"W"):
+        acd.context_attention(h, rng.standard_normal((3, 7)), v)
+    with pytest.raises(TypeError, match="mask"):
+        acd.context_attention(h, W, v, mask=np.ones((6, 5)))
+    # The batch axes.
+    with pytest.raises(ValueError, match=r"mask has shape \(4, 5\); expected "
+                                         r"the leading \(batch\) axes \(6,\)"):
+        acd.context_attention(h, W, v, mask=np.ones((4, 5), bool))
+    with pytest.raises(ValueError, match="needs .B, ..., T, H.; for one "
+                                         "sequence call attention_c"):
+        acd.context_attention(h[0], W, v)
+    unknown = h[h[:, 0, 0] > 0]
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        acd.context_attention(unknown, W, v)
+
+
+def test_import_attention_c_does_not_import_dask():
+    code = ("import sys, attention_c, attention_c.layer\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('dask', 'distributed')]\n"
+            "assert not bad, bad\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env,
+                   timeout=120)
+    # Without Dask, the adapter says what to install.
+    code = ("import sys\nsys.modules['dask'] = None\n"
+            "try:\n    import attention_c.dask\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                         capture_output=True, text=True, check=True).stdout
+    assert 'pip install "attention_c[dask]"' in out, out
+
+
+# --------------------------------------------------------------------------
+# A real cluster: two worker processes on 127.0.0.1.
+
+
+@pytest.fixture(scope="module")
+def client():
+    if distributed is None:
+        pytest.skip("dask.distributed is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                  processes=True, dashboard_address=None,
+                                  host="127.0.0.1") as cluster, \
+            distributed.Client(cluster, timeout=60) as c:
+        c.wait_for_workers(2, timeout=60)
+        # The workers compute with the package under test.
+        assert set(c.run(lambda: __import__("attention_c").__file__)
+                   .values()) == {ac.__file__}
+        yield c
+
+
+@pytest.mark.parametrize("name", ["context", "additive_key_proj",
+                                  "dot_heads", "general"])
+def test_distributed_equals_in_memory(client, name):
+    mem, computed, per_chunk, weights = run(name, np.float64, client=client)
+    check(name, mem, computed, per_chunk, weights, np.float64)
+
+
+def test_distributed_sends_each_weight_once_per_worker(client):
+    rng = np.random.default_rng(4)
+    h = da.from_array(rng.standard_normal((40, 5, 4)), chunks=(2, 5, 4))
+    W = rng.standard_normal((3, 8))
+    key = (da.from_array(W, chunks=W.shape).name, 0, 0)
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    out, _ = acd.context_attention(h, W, rng.standard_normal(3))
+    on_cluster(client, out)
+    logs = client.run(lambda dask_worker: [
+        list(entry["keys"]) for entry in dask_worker.transfer_incoming_log])
+    received = {w: sum(str(key) in map(str, keys) for keys in log)
+                for w, log in logs.items()}
+    assert all(n <= 1 for n in received.values()), received
+
+
+def test_killed_worker_is_retried_and_the_result_is_right(client, tmp_path):
+    """The first task to read a chunk of h kills its own worker process
+    (once: a marker file); the scheduler reruns the lost tasks and the
+    results are still bitwise those of the in-memory call."""
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal((8, 6, 4))
+    mask = ragged_mask(rng, (8,), 6)
+    W, v, b = (rng.standard_normal(s) for s in [(3, 8), (3,), (3,)])
+    marker = str(tmp_path / "killed")
+    here = os.getpid()
+
+    def die_once(block):
+        if os.getpid() == here:     # never this process (not called, as
+            return block            # meta is given; a guard all the same)
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return block
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    hd = da.from_array(h, chunks=(2, 6, 4)).map_blocks(
+        die_once, meta=np.empty((0, 0, 0), h.dtype))
+    out, alpha = acd.context_attention(hd, W, v, b, mask=mask)
+    grads = acd.context_attention_backward(da.ones_like(out), hd, W, v,
+                                           alpha, b, mask=mask)
+    before = set(client.scheduler_info()["workers"])
+    got = on_cluster(client, [out, grads.h, grads.W])
+    assert os.path.exists(marker)
+    ref = ac.context_attention(h, W, v, b, mask=mask)
+    ref_g = ac.context_attention_backward(np.ones_like(ref[0]), h, W, v,
+                                          ref[1], b, mask=mask)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref_g.h)
+    assert rel_err(got[2], ref_g.W) <= TOL[np.float64]
+    client.wait_for_workers(2, timeout=60)       # the nanny restarted it
+    assert set(client.scheduler_info()["workers"]) != before
