@@ -370,7 +370,7 @@ API_ARGS = {fn: [a for a in required + optional if a != "key_proj"]
 # cases per function, allocation points walked, threads x iterations, leak
 # loop memory, ...): tests add to FIGURES, tests/conftest.py prints them.
 
-FIGURES = {}
+FIGURES: dict[str, float] = {}
 
 
 def record_figure(key, value, add=False):
