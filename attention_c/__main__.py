@@ -14,15 +14,7 @@ import numpy as np
 
 import attention_c as ac
 from attention_c import reference as ref
-
-# Normwise relative error allowed against the float64 reference.
-TOL = {np.float32: 1e-5, np.float64: 1e-12}
-
-
-def rel_err(x, r):
-    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
-    scale = np.linalg.norm(r)
-    return np.linalg.norm(x - r) / (scale if scale > 0 else 1.0)
+from attention_c.testing import TOL, ragged_batch, rel_err
 
 
 def median_time(fn, repeat=7):
@@ -36,20 +28,9 @@ def median_time(fn, repeat=7):
     return float(np.median(times))
 
 
-def make_batch(rng, B, T, H, A):
-    h = rng.standard_normal((B, T, H))
-    W = rng.standard_normal((A, 2 * H)) / np.sqrt(2 * H)
-    v = rng.standard_normal(A)
-    b = 0.1 * rng.standard_normal(A)
-    lengths = rng.integers(1, T + 1, size=B)       # ragged sequences
-    lengths[-1] = 0                                # and one empty row
-    mask = np.arange(T) < lengths[:, None]
-    return h, W, v, b, mask
-
-
 def check(rng, dtype):
     """Max normwise errors of the forward and the gradients vs reference."""
-    h, W, v, b, mask = make_batch(rng, 6, 19, 17, 13)
+    h, W, v, b, mask = ragged_batch(rng, 6, 19, 17, 13, empty_row=True)
     h, W, v, b = (x.astype(dtype) for x in (h, W, v, b))
     g = rng.standard_normal((6, 17)).astype(dtype)
     ga = rng.standard_normal((6, 19)).astype(dtype)
@@ -119,7 +100,7 @@ def main():
           "alpha = softmax(s),  out = sum_t alpha_t h_t\n")
 
     # 1. The demo: one batch, one sequence shown.
-    h, W, v, b, mask = make_batch(rng, 4, 8, 6, 5)
+    h, W, v, b, mask = ragged_batch(rng, 4, 8, 6, 5, empty_row=True)
     out, alpha = ac.context_attention(h, W, v, b, mask)
     np.set_printoptions(precision=3, suppress=True)
     print(f"batch h {h.shape}, W {W.shape}; sequence 0 has "
@@ -148,7 +129,7 @@ def main():
 
     # 3. Call times, median of repeated runs in this process.
     B, T, H, A = 32, 128, 128, 128
-    h, W, v, b, mask = make_batch(rng, B, T, H, A)
+    h, W, v, b, mask = ragged_batch(rng, B, T, H, A, empty_row=True)
     h32, W32, v32, b32 = (x.astype(np.float32) for x in (h, W, v, b))
     g = rng.standard_normal((B, H)).astype(np.float32)
     out, alpha = ac.context_attention(h32, W32, v32, b32, mask)

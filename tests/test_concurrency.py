@@ -24,7 +24,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference
-from conftest import Problem, record_figure
+from attention_c.testing import Problem, record_figure
 
 N_THREADS = 8
 ITERS = 400

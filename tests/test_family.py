@@ -7,10 +7,10 @@ against an independent float64 evaluation of the SPEC section 4 formulas
 written in this file as plain loops over the query i and the key t
 (``loop_forward``, ``loop_backward``, ``loop_project_keys``; slow, so the
 sizes are small), and every gradient (C, reference and the loops
-themselves) against central finite differences (conftest.numerical_grad)
+themselves) against central finite differences (testing.numerical_grad)
 of ``L = sum(out G) [+ sum(alpha Ga)]`` in float64.
 
-Tolerances (normwise relative error, ``conftest.TOL``): 1e-12 for float64,
+Tolerances (normwise relative error, ``testing.TOL``): 1e-12 for float64,
 1e-5 for float32, against the float64 loops evaluated on the same (cast)
 values; for a backward the bound is TOL or, when larger, ILL_FACTOR times
 the error of the NumPy reference evaluated in the same dtype (near one-hot
@@ -30,12 +30,11 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from conftest import DTYPES, MASK_KINDS, TOL, Problem, numerical_grad, rel_err
+from attention_c.testing import (DTYPES, FAMILY_FUNCTIONS, FD_RTOL,
+                                 ILL_FACTOR, MASK_KINDS, SIGNATURES, TOL,
+                                 Problem, numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
-
-ILL_FACTOR = 8.0
-FD_RTOL = 1e-6
 
 # Score variants: the additive score with and without bias, the dot score
 # with its default scale (1/sqrt(H)) and a custom one, the general score.
@@ -1013,26 +1012,9 @@ def test_pair_results(fn, n, rng):
 # --------------------------------------------------------------------------
 # 7. Input handling: dtypes, errors, inputs never modified
 #
-# Arguments of every function (SPEC names, in order): required, optional.
+# Arguments of every function: attention_c.testing.SIGNATURES.
 
-SIGNATURES = {
-    "additive_attention": (["query", "keys", "W", "v"],
-                           ["b", "mask", "values", "key_proj"]),
-    "additive_attention_backward": (
-        ["grad_out", "query", "keys", "W", "v", "alpha"],
-        ["b", "mask", "values", "grad_alpha", "key_proj"]),
-    "dot_attention": (["query", "keys"], ["mask", "values", "scale"]),
-    "dot_attention_backward": (["grad_out", "query", "keys", "alpha"],
-                               ["mask", "values", "scale", "grad_alpha"]),
-    "general_attention": (["query", "keys", "W"],
-                          ["mask", "values", "key_proj"]),
-    "general_attention_backward": (
-        ["grad_out", "query", "keys", "W", "alpha"],
-        ["mask", "values", "grad_alpha", "key_proj"]),
-    "project_keys": (["keys", "W"], []),
-    "project_keys_backward": (["grad_proj", "keys", "W"], []),
-}
-FUNCS = list(SIGNATURES)
+FUNCS = FAMILY_FUNCTIONS
 NOT_FLOAT = {"mask", "scale", "key_proj"}
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attention_c as ac
-from conftest import DTYPES, TOL, make_mask, numerical_grad, rel_err
+from attention_c.testing import DTYPES, TOL, make_mask, numerical_grad, rel_err
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -4,8 +4,9 @@ AdditiveAttention, DotAttention and GeneralAttention and their functions:
 gradients checked with torch.autograd.gradcheck in float64 (both outputs;
 key masks, per-query causal masks and fully masked queries; one query or
 several; values or not; the key_proj path of a decoder loop); float32
-results and gradients against pure-PyTorch implementations (d2l.ai's
-additive attention, matmul-softmax-matmul, F.scaled_dot_product_attention);
+results and gradients against the pure-PyTorch implementations of
+attention_c.testing (d2l.ai's additive attention, matmul-softmax-matmul,
+F.scaled_dot_product_attention);
 the loaders from PyTorch layers; the errors; and that the modules train.
 """
 
@@ -19,55 +20,16 @@ F = torch.nn.functional
 
 import attention_c  # noqa: E402
 import attention_c.torch as act  # noqa: E402
-from conftest import rel_err  # noqa: E402
+from attention_c.testing import (  # noqa: E402
+    TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES, rel_err,
+    torch_attend, torch_causal_mask)
+from attention_c.testing import torch_family_problem as make  # noqa: E402
 
-B, TQ, T, H, HQ, A, HV = 3, 3, 5, 3, 2, 5, 2
+B, TQ, T, H, HQ, A, HV = TORCH_FAMILY_SIZES
 KINDS = ["additive", "dot", "general"]
 
-
-def key_mask():
-    """(B, T): all valid, fully masked, one valid key."""
-    return torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0]],
-                        dtype=torch.bool)
-
-
-def causal_mask():
-    """(B, TQ, T): query i sees keys t <= i + 2; one fully masked query and
-    one query with a single valid key."""
-    m = torch.ones(TQ, T, dtype=torch.bool).tril(2).repeat(B, 1, 1)
-    m[1, 0] = False
-    m[2, 1] = torch.tensor([0, 0, 0, 1, 0], dtype=torch.bool)
-    return m
-
-
-MASKS = {"none": lambda: None, "key": key_mask, "causal": causal_mask}
-
-
-def make(kind, several=True, values=False, mask="key", dtype=torch.float64,
-         bias=True, seed=0, grad=True):
-    """Random arguments of the kind's function, by name (the float ones
-    require grad)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        x = torch.randn(*shape, generator=g, dtype=dtype) * scale
-        return x.requires_grad_(grad)
-
-    hq = H if kind == "dot" else HQ
-    args = {"query": rnd(B, TQ, hq) if several else rnd(B, hq),
-            "keys": rnd(B, T, H),
-            "values": rnd(B, T, HV) if values else None,
-            "mask": MASKS[mask]()}
-    if kind == "additive":
-        args.update(W=rnd(A, H + HQ, scale=0.7), v=rnd(A),
-                    b=rnd(A, scale=0.3) if bias else None)
-    elif kind == "general":
-        args["W"] = rnd(HQ, H, scale=0.7)
-    return args
-
-
 CASES = [(several, mask) for several in (True, False)
-         for mask in MASKS if several or mask != "causal"]
+         for mask in TORCH_FAMILY_MASKS if several or mask != "causal"]
 CASE_IDS = [f"{'several' if s else 'single'}-{m}" for s, m in CASES]
 
 
@@ -94,71 +56,6 @@ def as_function(kind, args, key_proj=False):
         return ours(kind, **a)
 
     return f, [args[n] for n in names]
-
-
-# --------------------------------------------------------------------------
-# Pure-PyTorch implementations (their gradients come from autograd)
-
-
-def masked_softmax(s, m):
-    """Softmax over the valid keys; masked keys and queries with no valid
-    key get 0 (SPEC.md section 4)."""
-    if m is None:
-        return torch.softmax(s, -1)
-    any_valid = m.any(-1, keepdim=True)
-    s = s.masked_fill(~m, -math.inf)
-    M = torch.where(any_valid, s.amax(-1, keepdim=True), 0).detach()
-    e = torch.exp(s - M)
-    return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
-
-
-def attend(s, mask, vals, single):
-    """s (..., Tq, T) -> (out, alpha), a key mask applying to every query."""
-    if mask is not None and mask.ndim == s.ndim - 1:
-        mask = mask.unsqueeze(-2)
-    alpha = masked_softmax(s, mask)
-    out = alpha @ vals
-    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
-
-
-def d2l_additive(query, keys, W, v, b=None, mask=None, values=None):
-    """d2l.ai's AdditiveAttention: W_q(q) and W_k(k) broadcast-added, tanh,
-    then w_v."""
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    Hk = keys.shape[-1]
-    features = (F.linear(q, W[:, Hk:], b).unsqueeze(-2)
-                + F.linear(keys, W[:, :Hk]).unsqueeze(-3))
-    scores = F.linear(torch.tanh(features), v[None])[..., 0]
-    return attend(scores, mask, keys if values is None else values, single)
-
-
-def matmul_general(query, keys, W, mask=None, values=None):
-    """q_i . (W_a k_t): matmul, softmax, matmul."""
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    s = q @ (keys @ W.T).transpose(-1, -2)
-    return attend(s, mask, keys if values is None else values, single)
-
-
-def sdpa_dot(query, keys, mask=None, values=None, scale=None):
-    """out from F.scaled_dot_product_attention (same scale and mask
-    conventions; a query with no valid key gives 0 in torch 2.13), alpha
-    from matmul-softmax."""
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    vals = keys if values is None else values
-    m = mask
-    if m is not None and m.ndim == q.ndim - 1:
-        m = m.unsqueeze(-2)
-    out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m,
-                                         scale=scale)
-    c = 1 / math.sqrt(keys.shape[-1]) if scale is None else scale
-    _, alpha = attend(c * q @ keys.transpose(-1, -2), mask, vals, False)
-    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
-
-
-PURE = {"additive": d2l_additive, "dot": sdpa_dot, "general": matmul_general}
 
 
 # --------------------------------------------------------------------------
@@ -301,7 +198,7 @@ def test_float32_equals_pure_pytorch(kind, several, mask, values):
     mine = make(kind, several, values, mask, dtype=torch.float32, seed=2)
     theirs = detached_copy(mine)
     out, alpha = ours(kind, **mine)
-    r_out, r_alpha = PURE[kind](**theirs)
+    r_out, r_alpha = TORCH_ATTENTION[kind](**theirs)
     assert out.dtype == torch.float32 and alpha.dtype == torch.float32
     assert rel_err(out.detach(), r_out.detach()) < 1e-6
     assert rel_err(alpha.detach(), r_alpha.detach()) < 1e-6
@@ -325,7 +222,7 @@ def test_float32_key_proj_one_output(kind, use):
     theirs = detached_copy(mine)
     out, alpha = ours(kind, **mine,
                       key_proj=act.project_keys(mine["keys"], mine["W"]))
-    r_out, r_alpha = PURE[kind](**theirs)
+    r_out, r_alpha = TORCH_ATTENTION[kind](**theirs)
     (out if use == "out" else alpha).pow(2).sum().backward()
     (r_out if use == "out" else r_alpha).pow(2).sum().backward()
     for name in differentiable(mine):
@@ -417,8 +314,8 @@ def test_additive_from_linear(bias):
     out, alpha = module(q, k, mask=m, return_weights=True)
     kq = torch.cat([k[:, None].expand(B, TQ, T, H),
                     q[:, :, None].expand(B, TQ, T, HQ)], -1)
-    r_out, r_alpha = attend(out_lin(torch.tanh(score(kq)))[..., 0], m, k,
-                            False)
+    r_out, r_alpha = torch_attend(out_lin(torch.tanh(score(kq)))[..., 0], m,
+                                  k, False)
     torch.testing.assert_close(alpha, r_alpha, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(out, r_out, rtol=1e-12, atol=1e-15)
     for v in [out_lin.weight, out_lin.weight[0]]:
@@ -488,7 +385,7 @@ def test_general_from_linear(bias):
     args = make("general", mask="causal", grad=False)
     q, k, m = args["query"], args["keys"], args["mask"]
     out, alpha = module(q, k, mask=m, return_weights=True)
-    r_out, r_alpha = attend(q @ linear(k).transpose(-1, -2), m, k, False)
+    r_out, r_alpha = torch_attend(q @ linear(k).transpose(-1, -2), m, k, False)
     torch.testing.assert_close(alpha, r_alpha, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(out, r_out, rtol=1e-12, atol=1e-15)
 
@@ -576,7 +473,7 @@ def test_shape_errors_come_from_the_kernels():
         act.additive_attention(**dict(args, values=args["values"][:, :2]))
     args = make("dot", several=False, grad=False)
     with pytest.raises(ValueError, match="mask"):
-        act.dot_attention(**dict(args, mask=causal_mask()))
+        act.dot_attention(**dict(args, mask=torch_causal_mask()))
     args = make("general", grad=False)
     with pytest.raises(ValueError, match="W"):
         act.general_attention(**dict(args, W=args["W"].T))

@@ -9,7 +9,7 @@ What these tests prove:
    columns; AVX2: 6 x 16 / 8; row blocks MC = 10 MR), with and without
    bias, every mask kind (fully masked rows included) and with or without
    ``grad_alpha``; and each path agrees with ``attention_c.reference``
-   within ``conftest.TOL`` (ill-conditioned gradients: see ILL_FACTOR).
+   within ``testing.TOL`` (ill-conditioned gradients: see ILL_FACTOR).
 2. ``keep_activations=True`` returns tanh(W_h h_t + W_c c + b), exactly 0
    for masked items, with the shape (..., T, A) and the computing dtype,
    and changes no other output; the backward given ``activations=`` equals
@@ -49,7 +49,8 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from conftest import DTYPES, MASK_KINDS, TOL, Problem, rel_err
+from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, TOL, Problem,
+                                 rel_err)
 
 ORDER = ["scalar", "avx2", "avx512"]
 BEST = _core._simd_best()
@@ -66,12 +67,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(ac.__file__)))
 # (2.8e-14 and 1.15e-5, see ILL_FACTOR).
 CROSS_TOL = {np.float64: 5e-14, np.float32: 1e-5}
 
-# Ill-conditioned gradients (dv = sum_t delta_t u_t with sum_t delta_t = 0,
-# worst with A = 1 or H = 1) lose digits in any evaluation in the dtype:
-# as in test_kernels, the bounds of the backward are then raised to
-# ILL_FACTOR times the error of NumPy evaluating the reference in that
-# dtype.  (Worst seen: the scalar path, 1.9x NumPy's error on dv.)
-ILL_FACTOR = 8.0
+# Ill-conditioned gradients: the bounds of the backward are raised to
+# ILL_FACTOR (attention_c.testing) times the error of NumPy evaluating the
+# reference in the dtype.  (Worst seen: the scalar path, 1.9x NumPy's
+# error on dv.)
 
 # Backward with activations= against the backward that recomputes them.
 ACT_TOL = {np.float64: 1e-12, np.float32: 1e-5}

@@ -19,7 +19,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core, reference
-from conftest import Problem, record_figure
+from attention_c.testing import Problem, record_figure
 
 FAMILY = ["additive_attention", "additive_attention_backward",
           "dot_attention", "dot_attention_backward", "general_attention",

@@ -2,7 +2,7 @@
 
 Every backward (the C kernels *and* ``attention_c.reference``, so that the
 reference itself is checked against the maths) is compared with the central
-difference (L(x + h) - L(x - h)) / 2h (conftest.numerical_grad, step 1e-6)
+difference (L(x + h) - L(x - h)) / 2h (testing.numerical_grad, step 1e-6)
 of a scalar loss built from the matching forward with fixed random weights
 G:
 
@@ -19,11 +19,9 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from conftest import numerical_grad, rel_err
+from attention_c.testing import FD_RTOL, numerical_grad, rel_err
 
 pytestmark = pytest.mark.filterwarnings("error")
-
-FD_RTOL = 1e-6
 
 IMPLS = {"c": ac, "reference": ref}
 impl_param = pytest.mark.parametrize("impl", list(IMPLS))

@@ -21,26 +21,14 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference
-from conftest import DTYPES, Problem, assert_close
+from attention_c.testing import (DTYPES, LAYER_FUNCTIONS, SIGNATURES,
+                                 Problem, assert_close)
 
 # --------------------------------------------------------------------------
 # The ten functions: their arguments (SPEC names, in order), which of them
 # are required, and which argument the others' shapes are checked against.
 
-SIGNATURES = {
-    "mean_context": (["h"], ["mask"]),
-    "mean_context_backward": (["grad_c", "h"], ["mask"]),
-    "additive_score": (["h", "context", "W", "v"], ["b"]),
-    "additive_score_backward": (["grad_s", "h", "context", "W", "v"], ["b"]),
-    "masked_softmax": (["scores"], ["mask"]),
-    "masked_softmax_backward": (["grad_alpha", "alpha"], []),
-    "weighted_sum": (["alpha", "h"], []),
-    "weighted_sum_backward": (["grad_out", "alpha", "h"], []),
-    "context_attention": (["h", "W", "v"], ["b", "mask"]),
-    "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
-                                   ["b", "mask", "grad_alpha"]),
-}
-FUNCS = list(SIGNATURES)
+FUNCS = LAYER_FUNCTIONS
 # Optional parameters beyond SPEC section 3 (saved activations), last.
 EXTRA_PARAMS = {
     "context_attention": ["keep_activations"],

@@ -2,7 +2,7 @@
 
 The C result is computed from inputs cast to the tested dtype; the
 reference is computed in float64 from those same cast values, so the
-comparison (normwise relative error, ``conftest.TOL``: 1e-12 for float64,
+comparison (normwise relative error, ``testing.TOL``: 1e-12 for float64,
 1e-5 for float32) measures only the kernel's own rounding.
 
 Any warning raised during a test fails it (module-level ``filterwarnings``):
@@ -16,8 +16,8 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from conftest import (DTYPES, MASK_KINDS, TOL, Problem, assert_close,
-                      make_mask, rel_err)
+from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, TOL, Problem,
+                                 assert_close, make_mask, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -35,11 +35,6 @@ SIZES = [
     ((4,), 130, 70, 33),
     ((9,), 100, 48, 65),
 ]
-
-# An ill-conditioned backward may be this many times less accurate than
-# NumPy's evaluation of the same formulas in the same dtype (rounding
-# order); see test_context_attention_backward.
-ILL_FACTOR = 8.0
 
 # Fused layer == composition of the building blocks, in float64.  On the
 # scalar path both run the same per-sequence arithmetic and must agree to

@@ -12,8 +12,9 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from conftest import (DTYPES, MASK_KINDS, TOL, assert_close, make_mask,
-                      numerical_grad, rel_err)
+from attention_c.testing import (DTYPES, MASK_KINDS, TOL, assert_close,
+                                 make_mask, numerical_grad, rel_err,
+                                 torch_context_attention)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -295,18 +296,6 @@ def test_training_reduces_the_loss(step):
 # Loading from PyTorch
 
 
-def torch_attention(torch, score, out_lin, h, mask):
-    """SPEC section 1 with a PyTorch Linear pair: score([h_t, c])."""
-    m = mask.to(h.dtype)
-    n = m.sum(-1, keepdim=True)
-    c = (h * m[..., None]).sum(-2) / n.clamp(min=1)
-    hc = torch.cat([h, c[..., None, :].expand_as(h)], dim=-1)
-    s = out_lin(torch.tanh(score(hc)))[..., 0]
-    s = s.masked_fill(~mask, float("-inf"))
-    alpha = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return (alpha[..., None] * h).sum(-2), alpha
-
-
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_from_torch_reproduces_the_pytorch_model(dtype, bias):
@@ -323,9 +312,9 @@ def test_from_torch_reproduces_the_pytorch_model(dtype, bias):
     h, mask, _ = inputs(8, "random", dtype)
     out = layer(h, mask)
     with torch.no_grad():
-        t_out, t_alpha = torch_attention(torch, score, out_lin,
-                                         torch.from_numpy(h),
-                                         torch.from_numpy(mask))
+        t_out, t_alpha = torch_context_attention(
+            torch.from_numpy(h), score.weight, out_lin.weight[0], score.bias,
+            torch.from_numpy(mask))
     assert_close(out, t_out.numpy(), dtype, "out")
     assert_close(layer.attention_weights, t_alpha.numpy(), dtype, "alpha")
 

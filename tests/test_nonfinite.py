@@ -12,7 +12,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core, reference
-from conftest import API_ARGS, Problem
+from attention_c.testing import API_ARGS, Problem
 
 SIMD_PATHS = ["scalar", "avx2", "avx512"][
     :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]

@@ -9,7 +9,7 @@ all-false rows, one valid item, all valid), a memory layout per argument
 (C, Fortran, strided, reversed, unaligned, read-only, byte-swapped) and a
 magnitude (ordinary, or scores in the thousands).  The C result, on each
 SIMD path this CPU has, must agree with the float64 reference within
-``conftest.TOL``, or, for ill-conditioned draws, within ILL_FACTOR times
+``testing.TOL``, or, for ill-conditioned draws, within ILL_FACTOR times
 the error of the same NumPy reference evaluated in the computing dtype.
 Outputs of finite inputs are finite, masked items get exactly 0, softmax
 rows sum to 1.
@@ -36,7 +36,8 @@ from hypothesis import strategies as st
 
 import attention_c as ac
 from attention_c import _core, reference
-from conftest import API_ARGS, TOL, record_figure, rel_err
+from attention_c.testing import (API_ARGS, ILL_FACTOR, TOL, record_figure,
+                                 rel_err)
 
 _common = dict(derandomize=True, database=None, deadline=None,
                print_blob=True,
@@ -58,7 +59,6 @@ FAMILY = ["additive_attention", "additive_attention_backward",
           "general_attention_backward", "project_keys",
           "project_keys_backward"]
 ARGS = API_ARGS
-ILL_FACTOR = 8.0
 
 SIMD_PATHS = ["scalar", "avx2", "avx512"][
     :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]

@@ -20,7 +20,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference
-from conftest import Problem, assert_close
+from attention_c.testing import Problem, assert_close
 
 # Leak problems, float64 (float32 inputs below are cast to float64 because
 # W is float64).  The cost of a call is dominated by B*T*A tanh, so two

@@ -16,7 +16,7 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core
-from conftest import record_figure
+from attention_c.testing import record_figure
 from test_resources import bad_calls, good_calls, rss_bytes, run_calls
 
 ROUNDS = int(os.environ.get("ATTENTION_C_SOAK_ROUNDS", "10000"))

@@ -2,8 +2,8 @@
 
 Gradients are checked with torch.autograd.gradcheck in float64 (masks with
 fully masked rows, with and without the bias, both outputs); float32
-results against a pure-PyTorch implementation of SPEC section 1 and its
-autograd gradients; the errors for non-CPU tensors, a mask that requires
+results against the pure-PyTorch implementation of SPEC section 1 in
+attention_c.testing and its autograd gradients; the errors for non-CPU tensors, a mask that requires
 grad and bad dtypes; strided inputs; that nothing is copied on the way in;
 and that the nn.Module trains inside a small model.
 """
@@ -15,66 +15,28 @@ torch = pytest.importorskip("torch")
 
 import attention_c  # noqa: E402
 import attention_c.torch as act  # noqa: E402
-from conftest import rel_err  # noqa: E402
+from attention_c.testing import (  # noqa: E402
+    TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, rel_err, torch_context_attention,
+    torch_layer_problem)
 
-B, T, H, A = 3, 4, 3, 5
-
-MASKS = {
-    "none": None,
-    # a fully valid row, a fully masked row, a row with one valid item
-    "edge": [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 1, 0]],
-    "partial": [[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]],
-}
-
-
-def make(dtype=torch.float64, bias=True, mask="edge", seed=0, grad=True):
-    """Random (h, W, v, b, mask) tensors, the float ones requiring grad."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, dtype=dtype,
-                           requires_grad=grad)
-
-    m = None if MASKS[mask] is None else torch.tensor(MASKS[mask], dtype=bool)
-    return rnd(B, T, H), rnd(A, 2 * H), rnd(A), rnd(A) if bias else None, m
-
-
-def pure_torch(h, W, v, b=None, mask=None):
-    """SPEC section 1 in plain PyTorch (its gradients come from autograd)."""
-    Hs = h.shape[-1]
-    if mask is None:
-        mask = torch.ones(h.shape[:-1], dtype=torch.bool)
-    m = mask.to(h.dtype)
-    n = m.sum(-1, keepdim=True)
-    c = (h * m[..., None]).sum(-2) / n.clamp(min=1)
-    z = h @ W[:, :Hs].T + (c @ W[:, Hs:].T)[..., None, :]
-    if b is not None:
-        z = z + b
-    s = torch.tanh(z) @ v
-    any_valid = mask.any(-1, keepdim=True)
-    M = torch.where(mask, s, -torch.inf).amax(-1, keepdim=True)
-    M = torch.where(any_valid, M, torch.zeros_like(M)).detach()
-    e = torch.where(mask, torch.exp(s - M), torch.zeros_like(s))
-    alpha = e / torch.where(any_valid, e.sum(-1, keepdim=True),
-                            torch.ones_like(M))
-    return (alpha[..., None] * h).sum(-2), alpha
+B, T, H, A = TORCH_LAYER_SIZES
 
 
 # --------------------------------------------------------------------------
 # Gradients
 
 
-@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("mask", list(TORCH_LAYER_MASKS))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_gradcheck_float64(bias, mask):
     """gradcheck of both outputs (out and alpha) for h, W, v and b."""
-    inputs = make(torch.float64, bias, mask)
+    inputs = torch_layer_problem(torch.float64, bias, mask)
     assert torch.autograd.gradcheck(act.context_attention, inputs)
 
 
 def test_gradcheck_some_inputs_only():
     """Only h requires grad, or only the parameters: the others get None."""
-    h, W, v, b, m = make(mask="partial")
+    h, W, v, b, m = torch_layer_problem(mask="partial")
     hc = h.detach()
     assert torch.autograd.gradcheck(
         lambda W, v, b: act.context_attention(hc, W, v, b, m), (W, v, b))
@@ -89,18 +51,18 @@ def test_gradcheck_leading_batch_axes():
                     requires_grad=True)
     m = torch.rand(2, 2, T, generator=g) < 0.7
     m[0, 1] = False
-    _, W, v, b, _ = make()
+    _, W, v, b, _ = torch_layer_problem()
     assert torch.autograd.gradcheck(act.context_attention, (h, W, v, b, m))
 
 
 @pytest.mark.parametrize("use", ["out", "alpha", "both"])
-@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("mask", list(TORCH_LAYER_MASKS))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_float32_equals_pure_pytorch(bias, mask, use):
     """float32 forward and gradients equal the pure-PyTorch float32
     implementation (within float32 rounding); a loss that uses only one
     output exercises the backward with the other gradient None."""
-    ours = make(torch.float32, bias, mask, seed=2)
+    ours = torch_layer_problem(torch.float32, bias, mask, seed=2)
     theirs = [None if t is None else t.detach().clone().requires_grad_(
         t.requires_grad) for t in ours]
     g = torch.Generator().manual_seed(3)
@@ -111,7 +73,7 @@ def test_float32_equals_pure_pytorch(bias, mask, use):
         return sum(terms.values()) if use == "both" else terms[use]
 
     out, alpha = act.context_attention(*ours)
-    r_out, r_alpha = pure_torch(*theirs)
+    r_out, r_alpha = torch_context_attention(*theirs)
     assert out.dtype == torch.float32 and alpha.dtype == torch.float32
     assert rel_err(out.detach(), r_out.detach()) < 1e-6
     assert rel_err(alpha.detach(), r_alpha.detach()) < 1e-6
@@ -126,7 +88,7 @@ def test_float32_equals_pure_pytorch(bias, mask, use):
 
 
 def test_fully_masked_row_gives_zeros_and_zero_gradients():
-    h, W, v, b, m = make(mask="edge")
+    h, W, v, b, m = torch_layer_problem(mask="edge")
     out, alpha = act.context_attention(h, W, v, b, m)
     (out.sum() + alpha.sum()).backward()
     assert torch.all(out[1] == 0) and torch.all(alpha[1] == 0)
@@ -143,7 +105,7 @@ def test_non_cpu_tensors_are_refused():
     CUDA tensor takes the same path: device.type != 'cpu') raises a clear
     error before any data is touched, for every tensor argument."""
     for i, name in enumerate(["h", "W", "v", "b"]):
-        args = list(make(grad=False))
+        args = list(torch_layer_problem(grad=False))
         args[i] = args[i].to("meta")
         with pytest.raises(ValueError,
                            match=f"CPU only, but {name} is on device 'meta'"):
@@ -155,7 +117,7 @@ def test_non_cpu_tensors_are_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tensors_are_refused():
-    args = list(make(grad=False))
+    args = list(torch_layer_problem(grad=False))
     args[0] = args[0].cuda()
     with pytest.raises(ValueError, match="CPU only, but h is on device "
                                          "'cuda:0'"):
@@ -163,7 +125,7 @@ def test_cuda_tensors_are_refused():
 
 
 def test_mask_that_requires_grad_is_refused():
-    h, W, v, b, _ = make()
+    h, W, v, b, _ = torch_layer_problem()
     m = torch.ones(B, T, requires_grad=True)
     with pytest.raises(ValueError, match="mask requires grad"):
         act.context_attention(h, W, v, b, m)
@@ -172,7 +134,7 @@ def test_mask_that_requires_grad_is_refused():
 
 
 def test_bad_dtypes_are_refused():
-    h, W, v, b, m = make(grad=False)
+    h, W, v, b, m = torch_layer_problem(grad=False)
     with pytest.raises(TypeError, match="W has dtype torch.float32 but h "
                                         "has torch.float64"):
         act.context_attention(h, W.float(), v, b, m)
@@ -190,14 +152,14 @@ def test_bad_dtypes_are_refused():
 
 
 def test_shape_errors_come_from_the_kernels():
-    h, W, v, b, m = make(grad=False)
+    h, W, v, b, m = torch_layer_problem(grad=False)
     with pytest.raises(ValueError, match="mask"):
         act.context_attention(h, W, v, b, m[:, :2])
 
 
 def test_alpha_modified_in_place_is_detected():
     """alpha is saved for the backward; autograd reports its modification."""
-    h, W, v, b, m = make()
+    h, W, v, b, m = torch_layer_problem()
     out, alpha = act.context_attention(h, W, v, b, m)
     loss = (alpha * 2).sum() + out.sum()
     alpha.mul_(0)
@@ -212,7 +174,7 @@ def test_alpha_modified_in_place_is_detected():
 def test_non_contiguous_inputs():
     """Transposed and sliced views give the values and gradients of their
     contiguous copies."""
-    h, W, v, b, m = make(mask="partial")
+    h, W, v, b, m = torch_layer_problem(mask="partial")
     h_big = torch.randn(B, H, 2 * T, dtype=torch.float64, requires_grad=True)
     h_view = h_big[:, :, ::2].transpose(1, 2)          # (B, T, H), strided
     W_big = torch.randn(2 * A, 2 * H, dtype=torch.float64,
@@ -254,7 +216,7 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
 
     monkeypatch.setattr(attention_c, "context_attention", fwd)
     monkeypatch.setattr(attention_c, "context_attention_backward", bwd)
-    h, W, v, b, m = make(mask="partial")
+    h, W, v, b, m = torch_layer_problem(mask="partial")
     h_view = h.detach().transpose(0, 1).requires_grad_()   # strided too
     out, alpha = act.context_attention(h_view.transpose(0, 1), W, v, b, m)
     for t, arr in zip([h_view.transpose(0, 1), W, v, b, m],
@@ -270,7 +232,7 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
 
 
 def test_no_grad_mode():
-    h, W, v, b, m = make()
+    h, W, v, b, m = torch_layer_problem()
     with torch.no_grad():
         out, alpha = act.context_attention(h, W, v, b, m)
     assert not out.requires_grad and not alpha.requires_grad
@@ -305,7 +267,7 @@ def test_module_from_linear_equals_the_linear_pair(bias):
     score = torch.nn.Linear(2 * H, A, bias=bias, dtype=torch.float64)
     out_lin = torch.nn.Linear(A, 1, dtype=torch.float64)
     module = act.ContextAttention.from_linear(score, out_lin)
-    h, _, _, _, m = make(mask="partial", grad=False)
+    h, _, _, _, m = torch_layer_problem(mask="partial", grad=False)
     out, alpha = module(h, m, return_weights=True)
     n = m.sum(-1, keepdim=True).to(h.dtype)
     c = (h * m[..., None]).sum(-2) / n

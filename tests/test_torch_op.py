@@ -3,10 +3,9 @@ registration, higher-order gradients, torch.compile, torch.export,
 torch.func, meta tensors, bfloat16/float16 and autocast, and the loaders.
 
 Everything is checked against pure PyTorch: the implementations of
-tests/test_torch_adapter.py (context pooling) and tests/test_family_torch.py
-(the three family scores), differentiated by autograd.  Shapes are tiny and
-there are only two compilations (one torch.compile, one torch.export), to
-keep the file fast.
+attention_c.testing (context pooling and the three family scores),
+differentiated by autograd.  Shapes are tiny and there are only two
+compilations (one torch.compile, one torch.export), to keep the file fast.
 """
 
 import copy
@@ -17,8 +16,11 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import attention_c.torch as act  # noqa: E402
-import test_family_torch as fam  # noqa: E402
-import test_torch_adapter as ctx  # noqa: E402
+from attention_c.testing import (  # noqa: E402
+    TORCH_ATTENTION, TORCH_FAMILY_SIZES, rel_err, torch_family_problem,
+    torch_key_mask, torch_layer_problem)
+
+B, TQ, T, H, HQ, A, _ = TORCH_FAMILY_SIZES
 
 KINDS = ["context", "additive", "dot", "general"]
 OPS = ["context_attention", "additive_attention", "dot_attention",
@@ -30,26 +32,18 @@ OPS = ["context_attention", "additive_attention", "dot_attention",
 LOW_TOL = {torch.bfloat16: 2 * 2.0 ** -8, torch.float16: 2 * 2.0 ** -11}
 
 
-def rel(x, ref):
-    """Normwise relative error in float64 (absolute when ref is 0, e.g.
-    the gradients of a fully masked row)."""
-    x, ref = x.detach().double(), ref.detach().double()
-    diff, scale = (x - ref).norm().item(), ref.norm().item()
-    return diff / scale if scale > 0 else diff
-
-
 def problem(kind, several=True, mask="key", values=False, grad=True,
             bias=True):
     """(ours, pure, args): our function, its pure-PyTorch twin and random
     float64 arguments by name (the float ones requiring grad)."""
     if kind == "context":
         mask = {"key": "edge", "causal": "partial"}.get(mask, mask)
-        h, W, v, b, m = ctx.make(mask=mask, grad=grad, bias=bias)
-        return (act.context_attention, ctx.pure_torch,
+        h, W, v, b, m = torch_layer_problem(mask=mask, grad=grad, bias=bias)
+        return (act.context_attention, TORCH_ATTENTION[kind],
                 {"h": h, "W": W, "v": v, "b": b, "mask": m})
-    return (getattr(act, f"{kind}_attention"), fam.PURE[kind],
-            fam.make(kind, several=several, mask=mask, values=values,
-                     grad=grad, bias=bias))
+    return (getattr(act, f"{kind}_attention"), TORCH_ATTENTION[kind],
+            torch_family_problem(kind, several=several, mask=mask,
+                                 values=values, grad=grad, bias=bias))
 
 
 def split(args):
@@ -66,11 +60,10 @@ def split(args):
 
 def modules(dtype=torch.float64):
     torch.manual_seed(0)
-    return {"context": act.ContextAttention(fam.H, fam.A, dtype=dtype),
-            "additive": act.AdditiveAttention(fam.H, fam.HQ, fam.A,
-                                              dtype=dtype),
+    return {"context": act.ContextAttention(H, A, dtype=dtype),
+            "additive": act.AdditiveAttention(H, HQ, A, dtype=dtype),
             "dot": act.DotAttention(),
-            "general": act.GeneralAttention(fam.HQ, fam.H, dtype=dtype)}
+            "general": act.GeneralAttention(HQ, H, dtype=dtype)}
 
 
 def call(kind, module, query, keys, mask):
@@ -107,16 +100,16 @@ def test_opcheck(kind):
 def test_meta_tensors_propagate_shapes(several):
     """Modules and inputs all on 'meta': the fake implementation gives the
     output shapes (no data, no kernel call)."""
-    q_shape = (fam.B, fam.TQ) if several else (fam.B,)
+    q_shape = (B, TQ) if several else (B,)
     for kind, module in modules(torch.float32).items():
         module = module.to("meta")
-        hq = fam.H if kind in ("dot", "context") else fam.HQ
+        hq = H if kind in ("dot", "context") else HQ
         query = torch.empty(*q_shape, hq, device="meta")
-        keys = torch.empty(fam.B, fam.T, fam.H, device="meta")
-        mask = torch.empty(fam.B, fam.T, dtype=torch.bool, device="meta")
+        keys = torch.empty(B, T, H, device="meta")
+        mask = torch.empty(B, T, dtype=torch.bool, device="meta")
         out = call(kind, module, query, keys, mask)
         assert out.device.type == "meta"
-        want = (fam.B, fam.H) if kind == "context" else (*q_shape, fam.H)
+        want = (B, H) if kind == "context" else (*q_shape, H)
         assert tuple(out.shape) == want, kind
 
 
@@ -183,12 +176,12 @@ def test_hessian_equals_pure_pytorch(kind):
     ref = torch.autograd.functional.hessian(only(pure), x0)
     assert ref.norm() > 0.1
     got = torch.autograd.functional.hessian(only(ours), x0)
-    assert rel(got, ref) < 1e-12
+    assert rel_err(got, ref) < 1e-12
     detached = [x.detach() for x in xs]
     f = bind(scalar_loss(ours))
     got = torch.func.hessian(
         lambda x: f(*detached[:i], x, *detached[i + 1:]))(x0)
-    assert rel(got, ref) < 1e-12
+    assert rel_err(got, ref) < 1e-12
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -208,10 +201,10 @@ def test_gradient_penalty_equals_pure_pytorch(kind):
         third = torch.autograd.grad(second[0].sum(), leaves[0])[0]
         results.append((penalty, second, third))
     (p, s, t), (rp, rs, rt) = results
-    assert rel(p, rp) < 1e-12
+    assert rel_err(p, rp) < 1e-12
     for a, b, n in zip(s, rs, names):
-        assert rel(a, b) < 1e-11, n
-    assert rt.norm() > 0 and rel(t, rt) < 1e-10
+        assert rel_err(a, b) < 1e-11, n
+    assert rt.norm() > 0 and rel_err(t, rt) < 1e-10
 
 
 def test_legacy_function_refuses_double_backward():
@@ -258,13 +251,13 @@ def test_func_grad_jacrev_vmap(kind):
     k = keys.detach().requires_grad_()
     loss(live, query, k, mask).backward()
     g = torch.func.grad(loss, argnums=(0, 2))(params, query, keys, mask)
-    assert rel(g[1], k.grad) < 1e-14
+    assert rel_err(g[1], k.grad) < 1e-14
     for n, p in live.items():
-        assert rel(g[0][n], p.grad) < 1e-14, n
+        assert rel_err(g[0][n], p.grad) < 1e-14, n
     # jacrev of the output w.r.t. the keys, against a row from autograd
     J = torch.func.jacrev(lambda k: call(kind, module, query, k, mask))(keys)
     row, = torch.autograd.grad(call(kind, module, query, k, mask)[0, 1], k)
-    assert rel(J[0, 1], row) < 1e-14
+    assert rel_err(J[0, 1], row) < 1e-14
     # vmap of per-example gradients (parameters and keys) against a loop
     per = torch.func.vmap(torch.func.grad(loss, argnums=(0, 2)),
                           in_dims=(None, 0, 0, 0))(
@@ -276,11 +269,12 @@ def test_func_grad_jacrev_vmap(kind):
                                                             kb])
         for n, ref in zip([*live, "keys"], refs):
             got = per[1][b] if n == "keys" else per[0][n][b]
-            assert rel(got, ref) < 1e-13, (n, b)
+            assert rel_err(got, ref) < 1e-13, (n, b)
     # vmap of the forward over a new leading axis
     vm = torch.func.vmap(lambda k: call(kind, module, query, k, mask))(
         torch.stack([keys, keys.flip(1)]))
-    assert rel(vm[1], call(kind, module, query, keys.flip(1), mask)) < 1e-15
+    assert rel_err(vm[1], call(kind, module, query, keys.flip(1),
+                               mask)) < 1e-15
 
 
 def test_vmap_over_batched_weights_loops():
@@ -293,7 +287,7 @@ def test_vmap_over_batched_weights_loops():
     for i in range(2):
         ref, _ = act.general_attention(a["query"], a["keys"], Ws[i],
                                        a["mask"])
-        assert rel(out[i], ref) < 1e-15
+        assert rel_err(out[i], ref) < 1e-15
 
 
 # --------------------------------------------------------------------------
@@ -306,13 +300,13 @@ class AllFour(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.inp = torch.nn.Linear(fam.H, fam.H)
+        self.inp = torch.nn.Linear(H, H)
         self.att = torch.nn.ModuleDict(modules(torch.float32))
-        self.head = torch.nn.Linear(fam.H, 1)
+        self.head = torch.nn.Linear(H, 1)
 
     def forward(self, query, keys, mask):
         k = torch.tanh(self.inp(keys))
-        q_dot = k[:, :fam.TQ]
+        q_dot = k[:, :TQ]
         pooled = self.att["context"](k, mask)
         out = (self.att["additive"](query, k, mask=mask).mean(-2)
                + self.att["dot"](q_dot, k, mask=mask).mean(-2)
@@ -322,8 +316,8 @@ class AllFour(torch.nn.Module):
 
 def all_four_inputs():
     g = torch.Generator().manual_seed(3)
-    return (torch.randn(fam.B, fam.TQ, fam.HQ, generator=g),
-            torch.randn(fam.B, fam.T, fam.H, generator=g), fam.key_mask())
+    return (torch.randn(B, TQ, HQ, generator=g),
+            torch.randn(B, T, H, generator=g), torch_key_mask())
 
 
 def test_compile_fullgraph_training_step():
@@ -335,7 +329,7 @@ def test_compile_fullgraph_training_step():
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, fullgraph=True)
     query, keys, mask = all_four_inputs()
-    y = torch.randn(fam.B)
+    y = torch.randn(B)
     losses = []
     for model, fn in ((eager, eager), (compiled_model, compiled)):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -351,7 +345,7 @@ def test_compile_fullgraph_training_step():
     for a, b in zip(le, lc):
         assert abs(a - b) <= 1e-6 * abs(a)
     for a, b in zip(ge, gc):
-        assert rel(b, a) < 1e-5
+        assert rel_err(b, a) < 1e-5
 
 
 def test_export():
@@ -381,20 +375,20 @@ def test_low_precision(kind, dtype):
     ref = copy.deepcopy(low).float()
     query, keys, mask = all_four_inputs()
     if kind in ("dot", "context"):
-        query = keys[:, :fam.TQ]
+        query = keys[:, :TQ]
     q, k = query.to(dtype), keys.to(dtype).requires_grad_()
     k32 = k.detach().float().requires_grad_()
     out = call(kind, low, q, k, mask)
     out32 = call(kind, ref, q.float(), k32, mask)
     assert out.dtype == dtype
-    assert rel(out, out32) <= LOW_TOL[dtype]
+    assert rel_err(out, out32) <= LOW_TOL[dtype]
     (out.float() ** 2).sum().backward()
     (out32 ** 2).sum().backward()
     assert k.grad.dtype == dtype
-    assert rel(k.grad, k32.grad) <= LOW_TOL[dtype]
+    assert rel_err(k.grad, k32.grad) <= LOW_TOL[dtype]
     for p, p32 in zip(low.parameters(), ref.parameters()):
         assert p.grad.dtype == dtype
-        assert rel(p.grad, p32.grad) <= LOW_TOL[dtype]
+        assert rel_err(p.grad, p32.grad) <= LOW_TOL[dtype]
 
 
 def test_autocast_bfloat16():
@@ -414,7 +408,7 @@ def test_autocast_bfloat16():
                for p in model.parameters())
     ref = model(query, keys, mask)
     # bfloat16 activations (the Linear layers) dominate the error here
-    assert rel(y, ref) < 3e-2
+    assert rel_err(y, ref) < 3e-2
 
 
 # --------------------------------------------------------------------------
@@ -427,7 +421,6 @@ def test_loaders_accept_every_form_of_v(form):
     """from_linear and from_d2l take v as Linear(A, 1) (its bias dropped),
     Linear(A, 1, bias=False), a bare (A,) Parameter or a (1, A) tensor."""
     torch.manual_seed(0)
-    H, HQ, A = fam.H, fam.HQ, fam.A
     lin = torch.nn.Linear(A, 1, bias=form != "linear_nobias")
     out = {"linear": lin, "linear_nobias": lin,
            "parameter": torch.nn.Parameter(lin.weight.detach()[0].clone()),
@@ -465,8 +458,8 @@ def test_bad_dtypes_and_devices_name_the_argument():
 def test_jit_script_is_refused_clearly():
     """TorchScript cannot compile the adapter: a clear error naming the
     module and the supported alternatives (also from inside a model)."""
-    model = torch.nn.Sequential(torch.nn.Linear(fam.H, fam.H),
-                                act.ContextAttention(fam.H, fam.A))
+    model = torch.nn.Sequential(torch.nn.Linear(H, H),
+                                act.ContextAttention(H, A))
     with pytest.raises(RuntimeError, match="torch.jit.script is not "
                                            "supported.*ContextAttention.*"
                                            "torch.compile or torch.export"):

@@ -1,0 +1,104 @@
+"""The command line of ``python -m attention_c.bench``: options, then the
+run, the report and the files asked for."""
+
+import argparse
+import sys
+import time
+
+from attention_c.bench import harness
+from attention_c.bench.report import (format_load, make_plot, report,
+                                      write_json)
+from attention_c.bench.run import DTYPES, QUICK_SHAPES, SHAPES, run_all
+from attention_c.bench.targets import add_ratios, evaluate_targets
+
+
+def parse_args(argv):
+    """The options, with shapes, dtypes and threads expanded to lists."""
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_c.bench",
+        description="Benchmark attention_c against one NumPy matmul (S1), "
+                    "the NumPy reference and PyTorch.")
+    parser.add_argument("--quick", action="store_true",
+                        help="shapes tiny, small, medium; shorter "
+                             "measurements; no torch.compile (< 1 min)")
+    parser.add_argument("--shapes", help="comma-separated, from: " + ", ".join(
+        f"{k} {v}" for k, v in SHAPES.items()))
+    parser.add_argument("--dtypes", help="comma-separated, from: "
+                        + ", ".join(DTYPES))
+    parser.add_argument("--threads", default="1,all",
+                        help="comma-separated thread counts; 'all' = the "
+                             "available CPUs (default: 1,all)")
+    parser.add_argument("--target", type=float,
+                        help="seconds per measurement (default 0.3, 0.05 "
+                             "with --quick)")
+    parser.add_argument("--min-repeats", type=int,
+                        help="least timed runs per measurement (default 6, "
+                             "3 with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-torch", action="store_true",
+                        help="leave PyTorch out even if it is installed")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        help="time torch.compile (default: yes, except "
+                             "with --quick)")
+    parser.add_argument("--json", metavar="FILE", help="write all results")
+    parser.add_argument("--plot", metavar="FILE", help="write a PNG plot")
+    parser.add_argument("--family", action="store_true",
+                        help="benchmark the attention family instead "
+                             "(attention_c.bench.family; takes its options)")
+    options = parser.parse_args(argv)
+
+    def choose(text, allowed, default, what):
+        items = [s.strip() for s in text.split(",")] if text else default
+        wrong = [s for s in items if s not in allowed]
+        if wrong or not items:
+            parser.error(f"unknown {what} {wrong}; choose from "
+                         f"{', '.join(allowed)}")
+        return list(dict.fromkeys(items))
+
+    options.shapes = choose(options.shapes, SHAPES,
+                            QUICK_SHAPES if options.quick else SHAPES,
+                            "shape")
+    options.dtypes = choose(options.dtypes, DTYPES, DTYPES, "dtype")
+    options.threads = harness.thread_counts(options.threads, parser)
+    if options.target is None:
+        options.target = 0.05 if options.quick else 0.3
+    if options.min_repeats is None:
+        options.min_repeats = 3 if options.quick else 6
+    if options.compile is None:
+        options.compile = not options.quick
+    if options.min_repeats < 1:
+        parser.error("--min-repeats must be at least 1")
+    return options
+
+
+def main(argv=None):
+    """Entry point of ``python -m attention_c.bench``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--family" in argv:
+        from attention_c.bench import family
+        return family.main([a for a in argv if a != "--family"])
+    options = parse_args(argv)
+    start = time.perf_counter()
+    ctx, meta = harness.setup(options)
+    for note in meta["notes"]:
+        print(f"NOTE: {note}", file=sys.stderr)
+    rows = run_all(options, ctx)
+    add_ratios(rows)
+    targets = evaluate_targets(rows)
+    meta["wall_seconds"] = time.perf_counter() - start
+    meta["load_end"] = harness.load_average()
+    print(report(meta, rows, targets))
+    print(f"\nTotal {meta['wall_seconds']:.0f} s; load average at end "
+          f"{format_load(meta['load_end'])}")
+    if options.json:
+        write_json(options.json, meta, rows, targets)
+        print(f"wrote {options.json}")
+    if options.plot:
+        try:
+            make_plot(options.plot, rows, meta)
+        except ImportError as exc:
+            print(f"cannot plot ({exc}); pip install matplotlib",
+                  file=sys.stderr)
+            return 1
+        print(f"wrote {options.plot}")
+    return 0

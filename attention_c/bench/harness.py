@@ -1,0 +1,264 @@
+"""What both benchmarks share: the machine's facts (CPU, load, BLAS, the
+CPU time other processes take, read from /proc where there is one),
+thread counts, the timing loop, the peak-memory watch and the accuracy
+check."""
+
+import contextlib
+import datetime
+import gc
+import importlib
+import io
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import attention_c as ac
+from attention_c.testing import rel_err
+
+ROUNDS = 3              # interleaved rounds per measurement
+MAX_BLOCK = 5000        # most timed calls in a row
+
+# Rows timed while other processes used more than this share of all CPUs
+# are marked as disturbed.
+DISTURBED = 0.1
+
+
+# --------------------------------------------------------------------------
+# Environment
+
+def available_cpus():
+    """Number of CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_model():
+    """CPU model name from /proc/cpuinfo (else from platform)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def load_average():
+    """The 1-minute load average, or None where unknown."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_seconds():
+    """(CPU seconds used by the whole machine, by this process) so far.
+
+    The first is None where /proc/stat is missing (not Linux).
+    """
+    own = sum(os.times()[:2])
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None, own
+    idle = ticks[3] + ticks[4]                 # idle, iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), own
+
+
+def others_load(before, wall):
+    """Share of all CPUs that other processes used since ``before`` (from
+    cpu_seconds()) during ``wall`` seconds; None where unknown."""
+    (machine0, own0), (machine1, own1) = before, cpu_seconds()
+    if machine0 is None or machine1 is None or wall <= 0:
+        return None
+    others = (machine1 - machine0) - (own1 - own0)
+    return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+def optional_import(name):
+    """The module ``name``, or None when it cannot be imported."""
+    try:
+        return importlib.import_module(name)
+    except Exception:   # noqa: BLE001 (a broken install must not stop us)
+        return None
+
+
+def blas_info(tpc):
+    """The BLAS libraries NumPy uses, as reported by threadpoolctl."""
+    if tpc is None:
+        return "unknown (no threadpoolctl)"
+    infos = [i for i in tpc.threadpool_info() if i["user_api"] == "blas"]
+    return ", ".join(f"{i['internal_api']} {i['version']} "
+                     f"({i.get('threading_layer', '?')}, "
+                     f"{i.get('architecture', '?')})"
+                     for i in infos) or "none found"
+
+
+def our_config():
+    """The facts of ``attention_c.show_config()``, without printing them."""
+    return ac.show_config(file=io.StringIO())
+
+
+def thread_counts(text, parser):
+    """The sorted thread counts of a comma-separated list ('all': the
+    available CPUs); a bad item is an error of the argparse ``parser``."""
+    threads = set()
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item == "all":
+            threads.add(available_cpus())
+        elif item.isdigit() and int(item) > 0:
+            threads.add(int(item))
+        else:
+            parser.error(f"bad thread count {item!r}")
+    return sorted(threads)
+
+
+@contextlib.contextmanager
+def thread_count(n, tpc, torch):
+    """Run ours, NumPy's BLAS (if threadpoolctl) and torch on n threads."""
+    saved_ours = ac.get_num_threads()
+    saved_torch = torch.get_num_threads() if torch else None
+    ac.set_num_threads(n)
+    if torch:
+        torch.set_num_threads(n)
+    blas = (tpc.threadpool_limits(limits=n, user_api="blas") if tpc
+            else contextlib.nullcontext())
+    try:
+        with blas:
+            yield
+    finally:
+        ac.set_num_threads(saved_ours)
+        if torch:
+            torch.set_num_threads(saved_torch)
+
+
+# --------------------------------------------------------------------------
+# Timing
+
+def measure(funcs, target, min_repeats):
+    """Median seconds per call of each callable, and its number of samples.
+
+    ROUNDS times, every callable runs in turn (order reversed every other
+    round): one untimed call to warm up after the switch, then timed calls
+    for about target / ROUNDS seconds, more if needed to reach
+    ``min_repeats`` samples in all.  So changes in the machine's load hit
+    every implementation alike.
+    """
+    clock = time.perf_counter
+    budget = target / ROUNDS
+    least = -(-min_repeats // ROUNDS)
+    samples = {key: [] for key in funcs}
+    order = list(funcs)
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(ROUNDS):
+            for key in order if r % 2 == 0 else order[::-1]:
+                fn, times = funcs[key], samples[key]
+                fn()
+                n, begin = 0, clock()
+                while n < least or (clock() - begin < budget
+                                    and n < MAX_BLOCK):
+                    start = clock()
+                    fn()
+                    times.append(clock() - start)
+                    n += 1
+    finally:
+        gc.enable()
+    return {key: (statistics.median(s), len(s)) for key, s in samples.items()}
+
+
+# --------------------------------------------------------------------------
+# Accuracy
+
+def errors(result, exact):
+    """{name: normwise relative error} of each array of ``result`` (a dict
+    of arrays) that ``exact`` has too: ||x - r|| / ||r|| in float64
+    (attention_c.testing.rel_err, the metric of the tests)."""
+    return {name: rel_err(result[name], r) for name, r in exact.items()
+            if name in result}
+
+
+def worst(errs):
+    """(largest error, its array's name) of an errors dict."""
+    name = max(errs, key=errs.get)
+    return errs[name], name
+
+
+# --------------------------------------------------------------------------
+# Peak memory
+
+def _status_kib(field):
+    """A field of /proc/self/status in KiB."""
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def _maxrss_kib():
+    """ru_maxrss in KiB (it is in bytes on macOS)."""
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 if sys.platform == "darwin" else rss
+
+
+def peak_start():
+    """Start watching the peak RSS: (method, RSS or peak so far in KiB).
+
+    On Linux the peak (VmHWM) is reset to the current RSS, so what follows
+    is measured from here.  Elsewhere ru_maxrss is used, which only sees
+    peaks above the highest one so far.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
+            f.write("5")
+        return "VmHWM", _status_kib("VmRSS")
+    except OSError:
+        return "ru_maxrss", _maxrss_kib()
+
+
+def peak_now(method):
+    """The peak RSS in KiB since peak_start, by its method."""
+    return _status_kib("VmHWM") if method == "VmHWM" else _maxrss_kib()
+
+
+# --------------------------------------------------------------------------
+# Settings and metadata
+
+def setup(options):
+    """Optional modules, the run's settings and the report's metadata."""
+    tpc = optional_import("threadpoolctl")
+    torch = None if options.no_torch else optional_import("torch")
+    notes = []
+    if tpc is None:
+        notes.append("threadpoolctl is not installed: the BLAS threads of "
+                     "NumPy (S1, NumPy reference) are not controlled")
+    if torch is None and not options.no_torch:
+        notes.append("torch is not importable: no PyTorch comparison")
+    meta = {
+        "date": datetime.datetime.now().astimezone().isoformat(
+            timespec="seconds"),
+        "cpu": cpu_model(), "cpus": available_cpus(),
+        "load_start": load_average(), "config": our_config(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "blas": blas_info(tpc), "torch": getattr(torch, "__version__", None),
+        "shapes": options.shapes, "dtypes": options.dtypes,
+        "threads": options.threads, "target_s": options.target,
+        "min_repeats": options.min_repeats, "seed": options.seed,
+        "compile": bool(torch and options.compile), "notes": notes,
+    }
+    ctx = {"tpc": tpc, "torch": torch, "compile": meta["compile"],
+           "seed": options.seed, "target": options.target,
+           "min_repeats": options.min_repeats}
+    return ctx, meta

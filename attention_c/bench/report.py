@@ -1,0 +1,247 @@
+"""The benchmarks' reports: text tables, JSON and the plot (matplotlib,
+imported when plotting)."""
+
+import json
+
+import numpy as np
+
+from attention_c.bench.harness import DISTURBED, ROUNDS
+from attention_c.bench.run import SHAPES, TOLERANCE, row_label, too_far
+from attention_c.bench.targets import RATIOS, SCALING, TARGETS
+
+# Times: (key, header); a key's prefix names the implementation.
+OURS_COLUMNS = (
+    ("ours_fwd", "fwd"), ("ours_fwd_keep", "fwd_kp"),
+    ("ours_bwd", "bwd"), ("ours_bwd_saved", "bwd_sv"),
+    ("ours_fwdbwd", "f+b"), ("ours_fwdbwd_saved", "f+b_sv"),
+    ("s1", "S1"),
+)
+OTHER_COLUMNS = (
+    ("ref_fwd", "np_fwd"), ("ref_bwd", "np_bwd"),
+    ("torch_fwd", "pt_fwd"), ("torch_fwdbwd", "pt_f+b"),
+    ("seed_fwd", "seed_fwd"), ("seed_fwdbwd", "seed_f+b"),
+    ("compile_fwd", "cmp_fwd"), ("compile_fwdbwd", "cmp_f+b"),
+)
+
+
+def format_ms(value):
+    """A time in ms to about 3 significant digits, or '-'."""
+    if value is None:
+        return "-"
+    if value < 0.1:
+        return f"{value:.4f}"
+    if value < 10:
+        return f"{value:.3f}"
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def format_load(value):
+    """A load average, or '?'."""
+    return "?" if value is None else f"{value:.2f}"
+
+
+def format_ratio(value):
+    """A ratio to 2 decimals, or '-'."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_table(head, body, left=1):
+    """Plain text table; the first ``left`` columns are left-aligned."""
+    widths = [max(len(line[i]) for line in [head] + body)
+              for i in range(len(head))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines = [line(head), "-" * len(line(head))] + [line(b) for b in body]
+    return "\n".join(s.rstrip() for s in lines)
+
+
+def row_table(rows, columns, cell, load=False):
+    """Table with one line per row: shape, dtype, threads, the columns and
+    (if ``load``) the CPU share of other processes during the timing."""
+    head = ["shape", "dtype", "thr"] + [h for _, h in columns]
+    body = [[r["shape"], r["dtype"], str(r["threads"])]
+            + [cell(r, k) for k, _ in columns] for r in rows]
+    if load:
+        head.append("others")
+        for line, r in zip(body, rows):
+            share = r["others_load"]
+            line.append("?" if share is None else f"{share:.0%}")
+    return format_table(head, body, left=2)
+
+
+def targets_table(targets, shapes):
+    """One line per (target, dtype, threads), one cell per shape."""
+    if not targets:
+        return "(no target applies to these runs)"
+    lines = {}
+    for t in targets:
+        key = (t["target"], t["dtype"], t["threads"])
+        cell = "n/a" if t["ratio"] is None else (
+            f"{t['ratio']:.2f} {t['status']}" + "*" * t["disturbed"])
+        lines.setdefault(key, {})[t["shape"]] = cell
+    text = {ratio: text for ratio, _, _, text in TARGETS}
+    head = ["target", "limit", "dtype", "thr"] + list(shapes)
+    body = [[ratio, text[ratio], dtype, str(n)]
+            + [cells.get(s, "") for s in shapes]
+            for (ratio, dtype, n), cells in lines.items()]
+    return format_table(head, body, left=3)
+
+
+def header_lines(meta):
+    """The report's header: machine, versions, method."""
+    cfg = meta["config"]
+    return [
+        f"attention_c benchmark, {meta['date']}",
+        f"CPU: {meta['cpu']}, {meta['cpus']} CPUs available, load average "
+        f"{format_load(meta['load_start'])} at start",
+        f"attention_c {cfg['version']} ({cfg['compiler']}), SIMD path "
+        f"{cfg['simd']} (best on this CPU: {cfg['simd_best']}), default "
+        f"threads {cfg['num_threads']}",
+        f"Python {meta['python']}, numpy {meta['numpy']}, BLAS "
+        f"{meta['blas']}, torch {meta['torch'] or 'not available'}",
+        f"Timing: median of >= {meta['min_repeats']} runs (~"
+        f"{meta['target_s']:g} s each) in {ROUNDS} interleaved rounds, "
+        f"after warm-up; threads measured: "
+        f"{', '.join(map(str, meta['threads']))}",
+    ] + [f"NOTE: {note}" for note in meta["notes"]]
+
+
+def accuracy_lines(rows):
+    """Worst error of each implementation per dtype, and the failures."""
+    names = list(dict.fromkeys(n for r in rows for n in r["errors"]))
+    worst = {}
+    for r in rows:
+        for name, found in r["errors"].items():
+            key = (r["dtype"], name)
+            worst[key] = max(worst.get(key, 0.0), *found.values())
+    head = ["dtype"] + names + ["tolerance"]
+    body = [[dtype] + [f"{worst[dtype, n]:.1e}" if (dtype, n) in worst
+                       else "-" for n in names] + [f"{TOLERANCE[dtype]:g}"]
+            for dtype in dict.fromkeys(r["dtype"] for r in rows)]
+    bad = [f"{name} on {row_label(r)}: " + ", ".join(
+        f"{k} {e:.2g}" for k, e in too_far(r, name).items())
+        for r in rows for name in r["errors"] if too_far(r, name)]
+    return [
+        "Accuracy before timing: worst over shapes, threads and out, alpha, "
+        "dh, dW, dv, db of",
+        "||x - r|| / ||r||, r = the NumPy reference in float64 on the "
+        "same data (ref: the reference in float32).",
+        format_table(head, body),
+        "Beyond the tolerance: " + ("; ".join(bad) if bad else "none"),
+    ]
+
+
+def report(meta, rows, targets):
+    """The whole text report."""
+    def time_cell(row, key):
+        return format_ms(row["times_ms"].get(key))
+
+    def ratio_cell(row, key):
+        return format_ratio(row["ratios"].get(key))
+
+    ratios = [(n, n) for n, _, _ in RATIOS] + [(n, n) for n, _ in SCALING]
+    counts = {s: sum(t["status"] == s for t in targets)
+              for s in ("PASS", "MISS", "n/a")}
+    compile_errors = sorted({f"{row_label(r)}: {r['compile_error']}"
+                             for r in rows if "compile_error" in r})
+    parts = header_lines(meta) + [
+        "",
+        "Ours, median ms.  fwd_kp: forward keeping the activations; bwd: "
+        "recomputes them; bwd_sv: given them;",
+        "f+b = fwd then bwd; f+b_sv = fwd_kp then bwd_sv.  S1: NumPy "
+        "(B*T, H) @ (H, A).  others: share of all",
+        "CPUs used by other processes while this row was timed (more than "
+        "a few % disturbs its times).",
+        row_table(rows, OURS_COLUMNS, time_cell, load=True),
+        "",
+        "Others, median ms.  np: NumPy reference; pt: torch eager best "
+        "form; seed: torch seed form (concatenation);",
+        "cmp: torch.compile of the best form ('-': not run).  Torch "
+        "forward runs under no_grad.",
+        row_table(rows, OTHER_COLUMNS, time_cell),
+        "",
+        "Ratios ours / other (< 1: ours faster); f+b/np uses np_fwd + "
+        "np_bwd.  N/1: ours at N threads / 1 thread.",
+        row_table(rows, ratios, ratio_cell),
+        "",
+        "Targets (S1 ratios at 1 thread; torch ratios at every thread "
+        "count; N/1 where a limit is set):",
+        targets_table(targets, meta["shapes"]),
+        f"*: other processes used more than {DISTURBED:.0%} of the CPUs "
+        f"while timing.  Targets: {counts['PASS']} PASS, {counts['MISS']} "
+        f"MISS, {counts['n/a']} n/a.",
+        "",
+    ] + accuracy_lines(rows)
+    if compile_errors:
+        parts += ["torch.compile failed (n/a):"] + compile_errors
+    return "\n".join(parts)
+
+
+def write_json(path, meta, rows, targets):
+    """Everything measured, as JSON."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "results": rows, "targets": targets}, f,
+                  indent=1)
+        f.write("\n")
+
+
+PLOT_SERIES = (   # (label, time key pattern, colour)
+    ("attention_c (ours)", "ours_{}", "#d62728"),
+    ("S1: one NumPy matmul", "s1", "#bcbd22"),
+    ("torch eager, best form", "torch_{}", "#1f77b4"),
+    ("torch eager, seed form", "seed_{}", "#17becf"),
+    ("torch.compile, best form", "compile_{}", "#2ca02c"),
+    ("NumPy reference", "ref_{}", "#7f7f7f"),
+)
+
+
+def make_plot(path, rows, meta):
+    """PNG: a panel per (metric, threads) and dtype; log-scale bars of the
+    median times per shape, one bar per implementation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes, dtypes = meta["shapes"], meta["dtypes"]
+    panels = [(m, n) for n in meta["threads"] for m in ("fwd", "fwdbwd")]
+    index = {(r["shape"], r["dtype"], r["threads"]): r["times_ms"]
+             for r in rows}
+    fig, axes = plt.subplots(len(panels), len(dtypes), squeeze=False,
+                             figsize=(1.6 * len(shapes) * len(dtypes) + 2,
+                                      3.2 * len(panels) + 1))
+    measured = {key for r in rows for key in r["times_ms"]}
+    series = [s for s in PLOT_SERIES
+              if s[1].format("fwd") in measured]
+    width = 0.8 / len(series)
+    x = np.arange(len(shapes))
+    for (metric, n), ax_row in zip(panels, axes):
+        for dtype, ax in zip(dtypes, ax_row):
+            for k, (label, key, colour) in enumerate(series):
+                key = key.format(metric)
+                ys = [index.get((s, dtype, n), {}).get(key, np.nan)
+                      for s in shapes]
+                ax.bar(x + (k - (len(series) - 1) / 2) * width, ys, width,
+                       label=label, color=colour)
+            ax.set_yscale("log")
+            ax.set_xticks(x, [f"{s}\n" + "x".join(map(str, SHAPES[s]))
+                              for s in shapes], fontsize=8)
+            what = "forward" if metric == "fwd" else "forward + backward"
+            ax.set_title(f"{dtype}, {what}, {n} thread{'s' * (n > 1)}",
+                         fontsize=10)
+            ax.set_ylabel("median time (ms)", fontsize=8)
+            ax.grid(axis="y", which="major", alpha=0.4)
+            ax.set_axisbelow(True)
+    height = fig.get_figheight()
+    fig.suptitle(f"attention_c {meta['config']['version']} "
+                 f"({meta['config']['simd']}) on {meta['cpu']}; shapes "
+                 f"B x T x H x A; log scale, lower is better",
+                 fontsize=10, y=1 - 0.1 / height, va="top")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=9,
+               frameon=False, bbox_to_anchor=(0.5, 1 - 0.4 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 1.0 / height))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

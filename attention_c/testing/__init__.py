@@ -1,0 +1,386 @@
+"""Helpers to test attention_c, shared by its tests, its self-check
+(``python -m attention_c``) and its benchmark (``attention_c.bench``).
+
+What is here, like ``numpy.testing``:
+
+* tolerances and the error metric: the normwise relative error
+  ``||x - ref|| / ||ref||`` (:func:`rel_err`), the bound it must meet per
+  computing dtype (:data:`TOL`, :func:`assert_close`) and central finite
+  differences (:func:`numerical_grad`);
+* random problems: :class:`Problem` (every argument of the layer's
+  functions, any leading batch axes, the masks of :data:`MASK_KINDS`) and
+  :func:`ragged_batch` (a batch of prefix-masked sequences and a freshly
+  initialised layer, for the self-check and the benchmark);
+* the argument table of the public functions (:data:`SIGNATURES`,
+  :data:`API_ARGS`);
+* pure-PyTorch implementations of the layer and of the attention family,
+  whose gradients come from autograd, and small tensor problems for them
+  (defined in ``attention_c.testing.pytorch``, which imports torch inside
+  its functions only: this package imports without torch).
+
+Examples
+--------
+>>> import numpy as np
+>>> import attention_c as ac
+>>> from attention_c import reference, testing
+>>> p = testing.Problem(np.random.default_rng(0), (3,), 5, 4, 6)
+>>> x = p.cast(np.float32)
+>>> out, _ = ac.context_attention(x["h"], x["W"], x["v"], x["b"], p.mask)
+>>> f64 = {k: v.astype(np.float64) for k, v in x.items() if k != "mask"}
+>>> want, _ = reference.context_attention(f64["h"], f64["W"], f64["v"],
+...                                       f64["b"], p.mask)
+>>> testing.assert_close(out, want, np.float32, "out")
+"""
+
+import math
+
+import numpy as np
+
+# The PyTorch half; torch is imported when its functions run.
+from attention_c.testing.pytorch import (
+    TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES,
+    TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, torch_additive_attention,
+    torch_attend, torch_causal_mask, torch_context_attention,
+    torch_dot_attention, torch_family_problem, torch_general_attention,
+    torch_key_mask, torch_layer_problem, torch_masked_softmax)
+
+__all__ = [
+    "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
+    "rel_err", "assert_close", "numerical_grad",
+    "make_mask", "Problem", "ragged_batch",
+    "SIGNATURES", "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
+    "FIGURES", "record_figure",
+    "torch_context_attention", "torch_masked_softmax", "torch_attend",
+    "torch_additive_attention", "torch_dot_attention",
+    "torch_general_attention", "TORCH_ATTENTION",
+    "TORCH_LAYER_SIZES", "TORCH_LAYER_MASKS", "torch_layer_problem",
+    "TORCH_FAMILY_SIZES", "TORCH_FAMILY_MASKS", "torch_key_mask",
+    "torch_causal_mask", "torch_family_problem",
+]
+
+# --------------------------------------------------------------------------
+# Tolerances and the error metric
+
+# Normwise relative error allowed against the float64 reference
+# (||x - ref|| / ||ref||), per computing dtype.
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+# Ill-conditioned gradients (dv = sum_t delta_t u_t with sum_t delta_t = 0,
+# worst with A = 1 or H = 1) lose digits in any evaluation in the dtype:
+# their bounds are raised to ILL_FACTOR times the error of NumPy evaluating
+# the reference in that dtype.
+ILL_FACTOR = 8.0
+
+# Normwise relative error allowed between an analytic gradient in float64
+# and central differences (numerical_grad, step 1e-6).
+FD_RTOL = 1e-6
+
+DTYPES = [np.float32, np.float64]
+
+# Masks every test should meet: none, random (with at least one fully
+# masked row when there are several), all masked, one valid item per row.
+MASK_KINDS = ["none", "random", "all_masked", "single"]
+
+
+def _as_float64(x):
+    """x as a float64 NumPy array; torch tensors too (detached, on the CPU:
+    bfloat16 has no NumPy dtype)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def rel_err(x, ref):
+    """Normwise relative error of x against ref.
+
+    Parameters
+    ----------
+    x, ref : array_like or torch.Tensor
+        Of the same shape.
+
+    Returns
+    -------
+    float
+        ``||x - ref|| / ||ref||`` (Frobenius norms, in float64), or the
+        absolute ``||x - ref||`` when ref is 0 (e.g. the gradients of a
+        fully masked row).
+
+    Examples
+    --------
+    >>> rel_err([3.0, 4.0], [3.0, 4.5])
+    0.0924...
+    >>> rel_err([1e-3, 0.0], [0.0, 0.0])
+    0.001
+    """
+    x, ref = _as_float64(x), _as_float64(ref)
+    assert x.shape == ref.shape, (x.shape, ref.shape)
+    scale = np.linalg.norm(ref)
+    diff = np.linalg.norm(x - ref)
+    return float(diff / scale if scale > 0 else diff)
+
+
+def assert_close(x, ref, dtype, what=""):
+    """Assert that x agrees with the float64 reference within TOL[dtype].
+
+    Parameters
+    ----------
+    x, ref : array_like
+        The result computed in ``dtype`` and the float64 reference.
+    dtype : dtype_like
+        The computing dtype, float32 or float64.
+    what : str
+        Names x in the message.
+
+    Examples
+    --------
+    >>> assert_close(np.float32(1 / 3), 1 / 3, np.float32, "a third")
+    """
+    kind = np.dtype(dtype).type
+    err = rel_err(x, ref)
+    assert err <= TOL[kind], (
+        f"{what}: normwise relative error {err:.3g} > {TOL[kind]:g} "
+        f"({np.dtype(dtype).name})")
+
+
+def numerical_grad(loss, x, step=1e-6):
+    """Central-difference gradient of ``loss()`` with respect to x.
+
+    Parameters
+    ----------
+    loss : callable
+        No arguments; returns a scalar computed from x.
+    x : numpy.ndarray
+        Perturbed in place, one element at a time, and restored.
+    step : float
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(loss(x + step e_i) - loss(x - step e_i)) / (2 step)`` for each
+        element i, in x's shape.
+
+    Examples
+    --------
+    >>> x = np.array([1.0, 2.0])
+    >>> numerical_grad(lambda: float(np.sum(x ** 2)), x).round(6)
+    array([2., 4.])
+    """
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + step
+        up = loss()
+        x[idx] = old - step
+        down = loss()
+        x[idx] = old
+        grad[idx] = (up - down) / (2 * step)
+    return grad
+
+
+# --------------------------------------------------------------------------
+# Random problems
+
+def make_mask(rng, lead, T, kind):
+    """A boolean mask of shape ``lead + (T,)`` of one of MASK_KINDS.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    lead : tuple of int
+        The leading (batch) axes.
+    T : int
+        The number of items.
+    kind : {'none', 'random', 'all_masked', 'single'}
+        'random': each item valid with probability 0.7, the second row
+        fully masked and the third fully valid (when there are that many).
+
+    Returns
+    -------
+    numpy.ndarray of bool or None
+        None for kind 'none'.
+
+    Examples
+    --------
+    >>> make_mask(np.random.default_rng(0), (2,), 3, "single").sum(-1)
+    array([1, 1])
+    """
+    shape = tuple(lead) + (T,)
+    if kind == "none":
+        return None
+    if kind == "all_masked":
+        return np.zeros(shape, dtype=bool)
+    if kind == "single":
+        m = np.zeros(shape, dtype=bool)
+        idx = rng.integers(0, T, size=lead)
+        np.put_along_axis(m, np.asarray(idx)[..., None], True, axis=-1)
+        return m
+    m = rng.random(shape) < 0.7
+    flat = m.reshape(-1, T)
+    if flat.shape[0] > 1:
+        flat[1] = False           # one fully masked row
+    if flat.shape[0] > 2:
+        flat[2] = True            # and one fully valid row
+    return m
+
+
+class Problem:
+    """A random problem of the layer's functions, in float64.
+
+    Attributes h, W, v, b (None without bias), mask, context, grad_out,
+    grad_alpha and grad_s hold every argument the functions of contract
+    section 3 take; ``cast(dtype)`` gives them in another dtype (compute
+    the float64 reference from the cast values, so that a comparison
+    measures only the rounding of the computation itself).
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    lead : tuple of int
+        The leading (batch) axes.
+    T, H, A : int
+        Items per sequence, hidden size, attention size.
+    bias : bool
+    mask : str
+        One of MASK_KINDS (see make_mask).
+    scale : float
+        Multiplies h.
+
+    Examples
+    --------
+    >>> p = Problem(np.random.default_rng(0), (2, 3), 5, 4, 6, mask="none")
+    >>> p.h.shape, p.W.shape, p.mask is None
+    ((2, 3, 5, 4), (6, 8), True)
+    >>> p.cast(np.float32)["h"].dtype
+    dtype('float32')
+    """
+
+    def __init__(self, rng, lead, T, H, A, bias=True, mask="random",
+                 scale=1.0):
+        self.lead, self.T, self.H, self.A = tuple(lead), T, H, A
+        self.h = rng.standard_normal(self.lead + (T, H)) * scale
+        self.W = rng.standard_normal((A, 2 * H)) / np.sqrt(max(2 * H, 1))
+        self.v = rng.standard_normal(A)
+        self.b = rng.standard_normal(A) * 0.1 if bias else None
+        self.mask = make_mask(rng, self.lead, T, mask)
+        self.context = rng.standard_normal(self.lead + (H,))
+        self.grad_out = rng.standard_normal(self.lead + (H,))
+        self.grad_alpha = rng.standard_normal(self.lead + (T,))
+        self.grad_s = rng.standard_normal(self.lead + (T,))
+
+    def cast(self, dtype):
+        """The float arrays of the problem in dtype (b stays None) and the
+        mask, by name."""
+        names = ["h", "W", "v", "b", "context", "grad_out", "grad_alpha",
+                 "grad_s"]
+        out = {}
+        for n in names:
+            x = getattr(self, n)
+            out[n] = None if x is None else x.astype(dtype)
+        out["mask"] = self.mask
+        return out
+
+
+def ragged_batch(rng, B, T, H, A, min_length=1, empty_row=False):
+    """A batch of ragged sequences and a freshly initialised layer.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    B, T, H, A : int
+        Sequences, items per sequence, hidden size, attention size.
+    min_length : int
+        Each sequence has a uniform random number of valid items (a
+        prefix) in ``[min_length, T]``.
+    empty_row : bool
+        Make the last sequence fully masked.
+
+    Returns
+    -------
+    h, W, v, b, mask : numpy.ndarray
+        float64 h (B, T, H) standard normal; W (A, 2H), v (A,), b (A,) as
+        ``torch.nn.Linear(2H, A)`` and ``Linear(A, 1)`` initialise them
+        (uniform, scaled by the fan-in); mask (B, T) bool.
+
+    Examples
+    --------
+    >>> h, W, v, b, mask = ragged_batch(np.random.default_rng(0), 4, 8, 6,
+    ...                                 5, empty_row=True)
+    >>> h.shape, W.shape, mask.shape, int(mask[-1].sum())
+    ((4, 8, 6), (5, 12), (4, 8), 0)
+    """
+    lengths = rng.integers(min_length, T + 1, size=B)
+    if empty_row:
+        lengths[-1] = 0
+    scale = 1.0 / math.sqrt(2 * H)
+    h = rng.standard_normal((B, T, H))
+    W = rng.uniform(-scale, scale, (A, 2 * H))
+    v = rng.uniform(-1, 1, A) / math.sqrt(A)
+    b = rng.uniform(-scale, scale, A)
+    return h, W, v, b, np.arange(T) < lengths[:, None]
+
+
+# --------------------------------------------------------------------------
+# The arguments of the public functions
+
+# (required, optional) arguments of each public function, in order
+# (keywords accepted).  The savings are left out, except key_proj, which
+# the family's functions check like any other input: the context layer's
+# keep_activations and activations, and stop_at_key_proj.
+SIGNATURES = {
+    "mean_context": (["h"], ["mask"]),
+    "mean_context_backward": (["grad_c", "h"], ["mask"]),
+    "additive_score": (["h", "context", "W", "v"], ["b"]),
+    "additive_score_backward": (["grad_s", "h", "context", "W", "v"], ["b"]),
+    "masked_softmax": (["scores"], ["mask"]),
+    "masked_softmax_backward": (["grad_alpha", "alpha"], []),
+    "weighted_sum": (["alpha", "h"], []),
+    "weighted_sum_backward": (["grad_out", "alpha", "h"], []),
+    "context_attention": (["h", "W", "v"], ["b", "mask"]),
+    "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
+                                   ["b", "mask", "grad_alpha"]),
+    # the attention family (contract section 4)
+    "additive_attention": (["query", "keys", "W", "v"],
+                           ["b", "mask", "values", "key_proj"]),
+    "additive_attention_backward": (
+        ["grad_out", "query", "keys", "W", "v", "alpha"],
+        ["b", "mask", "values", "grad_alpha", "key_proj"]),
+    "dot_attention": (["query", "keys"], ["mask", "values", "scale"]),
+    "dot_attention_backward": (["grad_out", "query", "keys", "alpha"],
+                               ["mask", "values", "scale", "grad_alpha"]),
+    "general_attention": (["query", "keys", "W"],
+                          ["mask", "values", "key_proj"]),
+    "general_attention_backward": (
+        ["grad_out", "query", "keys", "W", "alpha"],
+        ["mask", "values", "grad_alpha", "key_proj"]),
+    "project_keys": (["keys", "W"], []),
+    "project_keys_backward": (["grad_proj", "keys", "W"], []),
+}
+# The functions of the layer (contract section 3), then of the family.
+LAYER_FUNCTIONS = list(SIGNATURES)[:10]
+FAMILY_FUNCTIONS = list(SIGNATURES)[10:]
+
+# The inputs of every public function, in order: SIGNATURES without
+# key_proj (an optional saving, like the context layer's activations).
+API_ARGS = {fn: [a for a in required + optional if a != "key_proj"]
+            for fn, (required, optional) in SIGNATURES.items()}
+
+
+# --------------------------------------------------------------------------
+# Figures the hard-conditions tests report at the end of a run (property
+# cases per function, allocation points walked, threads x iterations, leak
+# loop memory, ...): tests add to FIGURES, tests/conftest.py prints them.
+
+FIGURES: dict[str, float] = {}
+
+
+def record_figure(key, value, add=False):
+    """Set FIGURES[key] to value, or with add=True add value to it.
+
+    Examples
+    --------
+    >>> record_figure("doctest calls", 2, add=True)
+    """
+    if add:
+        FIGURES[key] = FIGURES.get(key, 0) + value
+    else:
+        FIGURES[key] = value
