@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import attention_c as ac
-from conftest import TOL, rel_err
+from attention_c.testing import TOL, rel_err
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
