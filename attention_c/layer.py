@@ -231,8 +231,8 @@ class ContextAttention(_Layer):
         ``v`` is ``U(-1/sqrt(A), 1/sqrt(A))`` (a ``Linear(A, 1)``).
     keep_activations : bool, optional
         Keep the (..., T, A) tanh activations between forward and backward
-        when the kernels can return them, for a faster backward at the cost
-        of that memory (default True; ignored by kernels without the option).
+        (``context_attention(..., keep_activations=True)``), for a faster
+        backward at the cost of that memory (default True).
 
     Attributes
     ----------

@@ -2,13 +2,16 @@
 (attention_c/__init__.pyi) agree with the running package (mypy.stubtest).
 
 mypy runs in a subprocess on the package that the tests import (its parent
-folder goes first on MYPYPATH and PYTHONPATH), in a fresh temporary folder,
-so the result does not depend on an earlier run.
+folder goes first on MYPYPATH and PYTHONPATH, except MYPYPATH for an
+installed package, which mypy finds by itself), in a fresh temporary
+folder, so the result does not depend on an earlier run.
 """
 
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -17,13 +20,19 @@ import attention_c
 
 HERE = Path(__file__).parent / "typing_examples"
 ROOT = Path(attention_c.__file__).resolve().parent.parent
+# Installed (not editable): mypy finds the package in site-packages itself
+# (PEP 561) and refuses site-packages on MYPYPATH.
+INSTALLED = str(ROOT) in {
+    str(Path(p).resolve()) for p in [*site.getsitepackages(),
+                                     sysconfig.get_paths()["purelib"],
+                                     sysconfig.get_paths()["platlib"]]}
 
 
 def run(args, cwd):
     """Run python -m <args> on the imported package in the folder cwd (a
     temporary one, for mypy's cache); (exit code, output)."""
     env = dict(os.environ)
-    for var in ("MYPYPATH", "PYTHONPATH"):
+    for var in ("PYTHONPATH",) if INSTALLED else ("MYPYPATH", "PYTHONPATH"):
         env[var] = os.pathsep.join(filter(None, [str(ROOT), env.get(var)]))
     proc = subprocess.run([sys.executable, "-m", *map(str, args)], env=env,
                           cwd=cwd, capture_output=True, text=True,
