@@ -23,7 +23,8 @@ setup(
         Extension(
             "attention_c._core",
             sources=["csrc/binding.c", "csrc/kernels.c", "csrc/pool.c",
-                     "csrc/fast_avx2.c", "csrc/fast_avx512.c"],
+                     "csrc/fast_avx2.c", "csrc/fast_avx512.c",
+                     "csrc/fast_neon.c"],
             # Every header, so that editing one rebuilds the extension
             # (MANIFEST.in ships them all in the sdist).
             depends=["csrc/attention.h", "csrc/kernels_impl.h",

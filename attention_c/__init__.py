@@ -29,7 +29,7 @@ from ._version import __version__
 
 
 def _simd_from_environment():
-    """Apply ATTENTION_C_SIMD=scalar|avx2|avx512, if set."""
+    """Apply ATTENTION_C_SIMD=scalar|avx2|avx512|neon, if set."""
     name = os.environ.get("ATTENTION_C_SIMD", "").strip().lower()
     if not name:
         return
@@ -139,7 +139,7 @@ def show_config(file=None):
     >>> info = ac.show_config(file=io.StringIO())     # or print to stdout
     >>> info["version"] == ac.__version__
     True
-    >>> info["simd"] in ("scalar", "avx2", "avx512")
+    >>> info["simd"] in ("scalar", "avx2", "avx512", "neon")
     True
     """
     import platform

@@ -53,16 +53,20 @@ enum att_status {
 enum att_simd {
     ATT_SIMD_SCALAR = 0,   /* portable C, the reference path */
     ATT_SIMD_AVX2 = 1,     /* AVX2 + FMA */
-    ATT_SIMD_AVX512 = 2    /* AVX-512 F, DQ, BW, VL */
+    ATT_SIMD_AVX512 = 2,   /* AVX-512 F, DQ, BW, VL */
+    ATT_SIMD_NEON = 3      /* AArch64 Advanced SIMD (always there) */
 };
 
 /* The widest instruction set this CPU (and OS) runs. */
 int att_simd_best(void);
 
+/* 1 when this build and CPU run the instruction set `simd`, else 0. */
+int att_simd_supported(int simd);
+
 /* How the fused kernels run: instruction set and threads. */
 struct att_pool;
 typedef struct {
-    int simd;                 /* enum att_simd, at most att_simd_best() */
+    int simd;                 /* enum att_simd, att_simd_supported */
     int threads;              /* use at most this many threads (>= 1) */
     struct att_pool *pool;    /* the threads (pool.h); NULL: the caller's */
 } att_exec;

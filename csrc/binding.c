@@ -248,7 +248,9 @@ static void work_give(void *work)
  * CPU has, unless _set_simd (ATTENTION_C_SIMD) chose another.  Read and
  * written with the GIL held. */
 static int simd_level = ATT_SIMD_SCALAR;
-static const char *const simd_names[] = {"scalar", "avx2", "avx512"};
+static const char *const simd_names[] = {"scalar", "avx2", "avx512",
+                                          "neon"};
+#define N_SIMD ((int)(sizeof(simd_names) / sizeof(simd_names[0])))
 
 /* Threads of the fused kernels (set_num_threads), and the pool that runs
  * them, made on first need.  A call holds the pool (pool_users) while it
@@ -1419,15 +1421,15 @@ static PyObject *(*const entries[])(PyObject *, PyObject *, PyObject *) = {
 
 static int simd_from_name(PyObject *name)
 {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_SIMD; i++) {
         if (PyUnicode_Check(name) &&
             PyUnicode_CompareWithASCIIString(name, simd_names[i]) == 0) {
             return i;
         }
     }
     PyErr_Format(PyExc_ValueError,
-                 "unknown SIMD path %R; expected 'scalar', 'avx2' or "
-                 "'avx512'", name);
+                 "unknown SIMD path %R; expected 'scalar', 'avx2', "
+                 "'avx512' or 'neon'", name);
     return -1;
 }
 
@@ -1436,6 +1438,32 @@ static PyObject *py_simd_best(PyObject *self, PyObject *noargs)
     (void)self;
     (void)noargs;
     return PyUnicode_FromString(simd_names[att_simd_best()]);
+}
+
+/* _simd_paths(): the names of every path this build and CPU run. */
+static PyObject *py_simd_paths(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *paths = PyList_New(0), *result = NULL;
+    if (paths == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < N_SIMD; i++) {
+        if (!att_simd_supported(i)) {
+            continue;
+        }
+        PyObject *name = PyUnicode_FromString(simd_names[i]);
+        int st = name == NULL ? -1 : PyList_Append(paths, name);
+        Py_XDECREF(name);
+        if (st < 0) {
+            goto done;
+        }
+    }
+    result = PyList_AsTuple(paths);
+done:
+    Py_DECREF(paths);
+    return result;
 }
 
 static PyObject *py_get_simd(PyObject *self, PyObject *noargs)
@@ -1452,7 +1480,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *name)
     if (level < 0) {
         return NULL;
     }
-    if (level > att_simd_best()) {
+    if (!att_simd_supported(level)) {
         PyErr_Format(PyExc_ValueError,
                      "this CPU cannot run the %s path; the best it has is %s",
                      simd_names[level], simd_names[att_simd_best()]);
@@ -1549,7 +1577,7 @@ static PyObject *py_tanh(PyObject *self, PyObject *args)
         (level = simd_from_name(name)) < 0) {
         return NULL;
     }
-    if (level > att_simd_best()) {
+    if (!att_simd_supported(level)) {
         return PyErr_Format(PyExc_ValueError, "this CPU cannot run %s",
                             simd_names[level]);
     }
@@ -1589,6 +1617,8 @@ done:
 static PyMethodDef private_methods[] = {
     {"_simd_best", py_simd_best, METH_NOARGS,
      "Name of the widest SIMD path this CPU runs."},
+    {"_simd_paths", py_simd_paths, METH_NOARGS,
+     "Names of every SIMD path this build and CPU run, narrowest first."},
     {"_get_simd", py_get_simd, METH_NOARGS,
      "Name of the SIMD path the fused kernels use."},
     {"_set_simd", py_set_simd, METH_O,

@@ -33,6 +33,22 @@ int att_simd_best(void)
     return ATT_SIMD_SCALAR;
 }
 
+int att_simd_supported(int simd)
+{
+    switch (simd) {
+    case ATT_SIMD_SCALAR:
+        return 1;
+    case ATT_SIMD_AVX2:     /* the best x86 path implies the narrower one */
+    case ATT_SIMD_AVX512:
+        return ATT_HAVE_X86 && att_simd_best() >= simd &&
+               att_simd_best() != ATT_SIMD_NEON;
+    case ATT_SIMD_NEON:
+        return att_simd_best() == ATT_SIMD_NEON;
+    default:
+        return 0;
+    }
+}
+
 /* Every kernel checks its sizes first: nonnegative, at least one item. */
 static int dims_ok(att_dims d)
 {
@@ -41,9 +57,7 @@ static int dims_ok(att_dims d)
 
 static int simd_ok(int simd)
 {
-    return simd == ATT_SIMD_SCALAR ||
-           (ATT_HAVE_X86 && (simd == ATT_SIMD_AVX2 ||
-                             simd == ATT_SIMD_AVX512));
+    return att_simd_supported(simd);
 }
 
 static int exec_ok(const att_exec *ex)

@@ -45,8 +45,7 @@ CUSTOM_SCALE = 0.7
 # The score's parameters, in the order of the API.
 PARAMS = {"additive": ["W", "v", "b"], "dot": ["scale"], "general": ["W"]}
 
-SIMD_PATHS = ["scalar", "avx2", "avx512"][
-    :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]
+SIMD_PATHS = list(_core._simd_paths())
 
 score_param = pytest.mark.parametrize("score", SCORES)
 dtype_param = pytest.mark.parametrize("dtype", DTYPES,

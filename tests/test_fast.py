@@ -52,11 +52,11 @@ from attention_c import reference as ref
 from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, TOL, Problem,
                                  rel_err)
 
-ORDER = ["scalar", "avx2", "avx512"]
+ORDER = ["scalar", "avx2", "avx512", "neon"]
 BEST = _core._simd_best()
-PATHS = ORDER[:ORDER.index(BEST) + 1]          # the paths this CPU runs
+PATHS = list(_core._simd_paths())              # the paths this CPU runs
 SIMD_PATHS = PATHS[1:]
-UNSUPPORTED = ORDER[ORDER.index(BEST) + 1:]
+UNSUPPORTED = [name for name in ORDER if name not in PATHS]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(ac.__file__)))
 
@@ -506,7 +506,7 @@ def test_simd_selection():
     """Every path up to _simd_best() can be chosen and is reported; an
     unknown name or a path the CPU cannot run is a ValueError that leaves
     the choice unchanged."""
-    assert BEST in ORDER
+    assert BEST in ORDER and PATHS[0] == "scalar" and PATHS[-1] == BEST
     for name in PATHS:
         _core._set_simd(name)
         assert _core._get_simd() == name

@@ -60,8 +60,7 @@ FAMILY = ["additive_attention", "additive_attention_backward",
           "project_keys_backward"]
 ARGS = API_ARGS
 
-SIMD_PATHS = ["scalar", "avx2", "avx512"][
-    :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]
+SIMD_PATHS = list(_core._simd_paths())
 
 # Sizes just around the SIMD widths, register tiles and row blocks.
 EDGES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 23, 24, 25,

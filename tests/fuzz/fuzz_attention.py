@@ -45,8 +45,7 @@ def _import_attention_c():
         import attention_c
         from attention_c import _core as core
     ac, _core = attention_c, core
-    SIMD = ["scalar", "avx2", "avx512"][
-        :["scalar", "avx2", "avx512"].index(_core._simd_best()) + 1]
+    SIMD = list(_core._simd_paths())
 
 
 import numpy as np  # noqa: E402
