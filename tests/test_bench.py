@@ -45,6 +45,7 @@ LIMITS = {("fwd/S1", "tiny"): 2.0, ("fwd/S1", "small"): 1.15,
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    pytest.importorskip("torch")      # a baseline of most targets
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "attention_c.bench", *ARGS, "--json",
@@ -145,6 +146,9 @@ def test_call_cost_and_product_core_are_reported(report):
         for impl in ("core", "blas"):
             assert g["gflops"][impl] == pytest.approx(gflops(
                 g["M"], g["N"], g["K"], g["times_ms"][impl] / 1e3))
+        layer = [r for r in data["results"] if r["mask"] == "full"
+                 and (r["shape"], r["threads"]) == (g["shape"], g["threads"])]
+        assert g["layer_fwd_gflops"] == layer[0]["fwd_gflops"]
     peak = data["meta"]["peak"]
     assert peak["fma_units"] == 2 and peak["simd"] in harness.SIMD_BITS
     assert "FMA peak = cores used x clock" in stdout

@@ -6,7 +6,8 @@ import sys
 import time
 
 from attention_c.bench import harness
-from attention_c.bench.core import run_call_cost, run_gemm
+from attention_c.bench.core import (add_layer_forward, run_call_cost,
+                                    run_gemm)
 from attention_c.bench.report import (format_load, make_plot, report,
                                       write_json)
 from attention_c.bench.run import (DTYPES, EXTRA_SHAPES, MASKS,
@@ -105,6 +106,7 @@ def main(argv=None):
     gemm = run_gemm(options, ctx, meta["peak"])
     calls = run_call_cost(options, ctx)
     add_ratios(rows, meta["peak"])
+    add_layer_forward(gemm, rows)
     targets = evaluate_targets(rows)
     meta["wall_seconds"] = time.perf_counter() - start
     meta["load_end"] = harness.load_average()

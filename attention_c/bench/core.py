@@ -79,6 +79,17 @@ def run_gemm(options, ctx, peak):
     return rows
 
 
+def add_layer_forward(gemm, rows):
+    """Give each product row the GFLOP/s of the layer's forward on the same
+    shape, dtype and threads, full sequences (from targets.add_ratios), to
+    read beside the product alone."""
+    forward = {(r["shape"], r["dtype"], r["threads"]): r["fwd_gflops"]
+               for r in rows if r["mask"] == "full"}
+    for g in gemm:
+        g["layer_fwd_gflops"] = forward.get(
+            (g["shape"], g["dtype"], g["threads"]))
+
+
 def run_call_cost(options, ctx):
     """Microseconds per call of ours (and of S1, one NumPy product, for
     scale) on shape (1, 1, 1, 1); one row per dtype and thread count."""

@@ -113,18 +113,21 @@ def gemm_table(rows):
     """Our product core and NumPy's BLAS, one line per shape, dtype and
     thread count."""
     head = ["shape", "M x K x N", "dtype", "thr", "core ms", "BLAS ms",
-            "core/BLAS", "core GF/s", "BLAS GF/s", "peak GF/s",
-            "core %pk", "BLAS %pk"]
+            "core/BLAS", "core GF/s", "BLAS GF/s", "fwd GF/s",
+            "peak GF/s", "core %pk", "BLAS %pk", "fwd %pk"]
     body = []
     for r in rows:
-        t, g, peak = r["times_ms"], r["gflops"], r["peak_gflops"]
+        t, peak = r["times_ms"], r["peak_gflops"]
+        g = dict(r["gflops"], fwd=r.get("layer_fwd_gflops"))
         body.append([r["shape"], f"{r['M']} x {r['K']} x {r['N']}",
                      r["dtype"], str(r["threads"]), format_ms(t["core"]),
-                     format_ms(t["blas"]), format_ratio(t["core"] / t["blas"]),
-                     f"{g['core']:.1f}", f"{g['blas']:.1f}",
-                     "-" if peak is None else f"{peak:.1f}"]
-                    + ["-" if peak is None else f"{g[k] / peak:.0%}"
-                       for k in ("core", "blas")])
+                     format_ms(t["blas"]), format_ratio(t["core"] / t["blas"])]
+                    + ["-" if g[k] is None else f"{g[k]:.1f}"
+                       for k in ("core", "blas", "fwd")]
+                    + ["-" if peak is None else f"{peak:.1f}"]
+                    + ["-" if peak is None or g[k] is None
+                       else f"{g[k] / peak:.0%}"
+                       for k in ("core", "blas", "fwd")])
     return format_table(head, body, left=3)
 
 
@@ -263,7 +266,9 @@ def report(meta, rows, targets, gemm=(), calls=()):
             "Product core alone: attention_c.project_keys(keys, W) (our "
             "blocked product) against NumPy keys @ W.T",
             "(its BLAS, same threads), keys (B*T, H), W (A, H): the "
-            "layer's main product; GF/s = 2 M N K / time.",
+            "layer's main product; GF/s = 2 M N K / time;",
+            "fwd: the layer's forward on the same shape, full sequences, "
+            "its main product's flops only.",
             gemm_table(gemm)]
     if calls:
         parts += [
