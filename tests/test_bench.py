@@ -1,10 +1,13 @@
 """The benchmark runs, checks its implementations, and writes its report.
 
 Times are never asserted (they depend on the machine and its load); what is
-checked is that ``python -m attention_c.bench`` runs end to end on a small
-configuration, that every implementation it times agreed with the float64
-reference before timing, and that its JSON carries the times, the ratios
-and the target verdicts.
+checked is that ``python -m attention_c.bench --quick`` runs end to end,
+that its baselines do the layer's work (S1 multiplies exactly the rows the
+layer computes, PyTorch gets the same mask), that every implementation it
+times agreed with the float64 reference before timing, that every target
+of issue 10 gets a verdict on full and ragged sequences at 1 and 2
+threads, and that the derived figures (ratios, GFLOP/s, the FMA peak)
+follow their formulas.
 """
 
 import json
@@ -14,13 +17,35 @@ import sys
 import numpy as np
 import pytest
 
-ARGS = ["--shapes", "tiny,small", "--dtypes", "float32,float64",
-        "--threads", "1", "--target", "0.01", "--min-repeats", "1",
-        "--no-compile"]
+from attention_c.bench import cli, harness
+from attention_c.bench.core import gflops
+from attention_c.bench.run import (QUICK_SHAPES, SHAPES, make_problem,
+                                   numpy_functions)
+from attention_c.bench.targets import forward_gflops
+
+ARGS = ["--quick", "--threads", "1,2", "--target", "0.005",
+        "--min-repeats", "1"]
+MASKS = ("full", "ragged")
+# The targets of issue 10: (target, shapes, thread counts).
+ISSUE_TARGETS = (
+    ("fwd/S1", ("small", "medium", "large", "long", "wide", "wide2"),
+     (1, 2)),
+    ("fwd/S1", ("tiny",), (1, 2)),
+    ("f+b_sv/pt", ("wide", "wide2"), (1, 2)),
+    ("f+b/pt", ("wide", "wide2", "tiny"), (1, 2)),
+    ("f+b N/1", ("long1",), (2,)),
+    ("fwd %peak", ("large", "wide", "wide2"), (1, 2)),
+)
+LIMITS = {("fwd/S1", "tiny"): 2.0, ("fwd/S1", "small"): 1.15,
+          ("fwd/S1", "wide2"): 1.15, ("f+b_sv/pt", "wide"): 0.8,
+          ("f+b_sv/pt", "wide2"): 0.8, ("f+b/pt", "wide2"): 0.9,
+          ("f+b/pt", "tiny"): 0.1, ("f+b N/1", "long1"): 0.6,
+          ("fwd %peak", "large"): 0.8}
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    pytest.importorskip("torch")      # a baseline of most targets
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "attention_c.bench", *ARGS, "--json",
@@ -32,32 +57,152 @@ def report(tmp_path_factory):
 
 def test_every_configuration_is_measured(report):
     data, stdout = report
-    got = {(r["shape"], r["dtype"], r["threads"]) for r in data["results"]}
-    assert got == {(s, d, 1) for s in ("tiny", "small")
-                   for d in ("float32", "float64")}
+    got = {(r["shape"], r["mask"], r["dtype"], r["threads"])
+           for r in data["results"]}
+    assert got == {(s, m, "float32", n) for s in SHAPES for m in MASKS
+                   for n in (1, 2)}
     for row in data["results"]:
-        for key in ("ours_fwd", "ours_bwd", "ours_bwd_saved", "s1",
-                    "ref_fwd"):
+        assert (row["B"], row["T"], row["H"], row["A"]) == QUICK_SHAPES[
+            row["shape"]]
+        for key in ("ours_fwd", "ours_bwd", "ours_bwd_saved",
+                    "ours_fwdbwd_saved", "s1", "torch_fwdbwd"):
             t = row["times_ms"][key]
             assert np.isfinite(t) and t > 0, (row["shape"], key)
         assert row["ratios"]["fwd/S1"] == pytest.approx(
             row["times_ms"]["ours_fwd"] / row["times_ms"]["s1"])
-    assert "Targets:" in stdout and "Beyond the tolerance: none" in stdout
+        assert row["ratios"]["f+b_sv/pt"] == pytest.approx(
+            row["times_ms"]["ours_fwdbwd_saved"]
+            / row["times_ms"]["torch_fwdbwd"])
+    assert "Beyond the tolerance: none" in stdout
+
+
+def test_full_and_ragged_rows(report):
+    """Full rows compute every item; ragged ones between half and all;
+    both labels reach the tables."""
+    data, stdout = report
+    for row in data["results"]:
+        items = row["B"] * row["T"]
+        if row["mask"] == "full":
+            assert row["n_valid"] == items
+        else:
+            assert items // 2 <= row["n_valid"] <= items
+    assert any(r["n_valid"] < r["B"] * r["T"] for r in data["results"])
+    lines = stdout.splitlines()
+    for mask in MASKS:
+        assert any(line.startswith("fwd/S1") and f" {mask} " in line
+                   for line in lines), mask
 
 
 def test_implementations_agree_before_timing(report):
     data, _ = report
     for row in data["results"]:
+        assert {"ours", "ours_saved", "torch"} <= set(row["errors"])
         tol = 1e-4 if row["dtype"] == "float32" else 1e-10
         for impl, errs in row["errors"].items():
             for name, err in errs.items():
-                assert err <= tol, (row["shape"], row["dtype"], impl, name)
+                assert err <= tol, (row["shape"], row["mask"], impl, name)
 
 
-def test_targets_have_verdicts(report):
-    data, _ = report
-    assert data["targets"]
+def test_every_issue_target_has_a_verdict(report):
+    data, stdout = report
+    found = {(t["target"], t["shape"], t["mask"], t["threads"]): t
+             for t in data["targets"]}
+    for target, shapes, threads in ISSUE_TARGETS:
+        for shape in shapes:
+            for mask in MASKS:
+                for n in threads:
+                    t = found[target, shape, mask, n]
+                    assert t["status"] in ("PASS", "MISS"), t
+    for (target, shape), limit in LIMITS.items():
+        n = 2 if target.endswith("N/1") else 1
+        assert found[target, shape, "full", n]["limit"] == limit
     for t in data["targets"]:
         assert t["status"] in ("PASS", "MISS", "n/a")
         if t["status"] != "n/a":
-            assert (t["status"] == "PASS") == (t["ratio"] <= t["limit"])
+            passed = (t["ratio"] <= t["limit"] if t["op"] == "<="
+                      else t["ratio"] >= t["limit"])
+            assert (t["status"] == "PASS") == passed, t
+    count = {s: sum(t["status"] == s for t in data["targets"])
+             for s in ("PASS", "MISS")}
+    assert f"Targets: {count['PASS']} PASS, {count['MISS']} MISS" in stdout
+
+
+def test_call_cost_and_product_core_are_reported(report):
+    data, stdout = report
+    calls = {(c["dtype"], c["threads"]) for c in data["call_cost"]}
+    assert calls == {("float32", 1), ("float32", 2)}
+    for c in data["call_cost"]:
+        assert c["shape"] == [1, 1, 1, 1]
+        assert all(us > 0 for us in c["us"].values())
+        assert {"ours_fwd", "ours_fwdbwd"} <= set(c["us"])
+    assert "Fixed cost of a call" in stdout
+    rows = {(g["shape"], g["threads"]): g for g in data["product_core"]}
+    assert set(rows) == {(s, n) for s in ("medium", "large", "wide", "wide2")
+                         for n in (1, 2)}
+    for g in rows.values():
+        B, T, H, A = QUICK_SHAPES[g["shape"]]
+        assert (g["M"], g["K"], g["N"]) == (B * T, H, A)
+        assert max(g["errors"].values()) <= 1e-4
+        for impl in ("core", "blas"):
+            assert g["gflops"][impl] == pytest.approx(gflops(
+                g["M"], g["N"], g["K"], g["times_ms"][impl] / 1e3))
+        layer = [r for r in data["results"] if r["mask"] == "full"
+                 and (r["shape"], r["threads"]) == (g["shape"], g["threads"])]
+        assert g["layer_fwd_gflops"] == layer[0]["fwd_gflops"]
+    peak = data["meta"]["peak"]
+    assert peak["fma_units"] == 2 and peak["simd"] in harness.SIMD_BITS
+    assert "FMA peak = cores used x clock" in stdout
+
+
+def test_s1_multiplies_exactly_the_valid_rows():
+    shape = (5, 9, 4, 3)
+    for mask in MASKS:
+        p = make_problem(shape, "float32", mask=mask)
+        valid = (np.ones((5, 9), bool) if p["mask"] is None else p["mask"])
+        assert p["n_valid"] == int(valid.sum())
+        assert p["X"].shape == (p["n_valid"], 4)
+        np.testing.assert_array_equal(p["X"], p["h"][valid])
+        np.testing.assert_array_equal(p["Y"], p["W"][:, :4].T)
+        product = numpy_functions(p, extras=False)["s1"]()
+        assert product.shape == (p["n_valid"], 3)
+    assert make_problem(shape, "float32", mask="full")["mask"] is None
+    assert make_problem(shape, "float32", mask="ragged")["n_valid"] < 45
+
+
+def test_gflops_and_peak_formulas():
+    assert gflops(1000, 1000, 1000, 2.0) == pytest.approx(1.0)
+    assert gflops(4096, 128, 256, 1e-3) == pytest.approx(
+        2 * 4096 * 128 * 256 / 1e-3 / 1e9)
+    assert harness.simd_lanes("avx2", "float32") == 8
+    assert harness.simd_lanes("avx2", "float64") == 4
+    assert harness.simd_lanes("avx512", "float32") == 16
+    assert harness.simd_lanes("neon", "float64") == 2
+    assert harness.simd_lanes("scalar", "float32") == 1
+    facts = {"mhz": 2000.0, "fma_units": 2,
+             "lanes": {"float32": 8, "float64": 4}}
+    # 2 cores x 2 GHz x 2 units x 2 flops x 8 lanes
+    assert harness.fma_peak(facts, 2, "float32") == pytest.approx(128.0)
+    assert harness.fma_peak(dict(facts, mhz=None), 2, "float32") is None
+    row = {"n_valid": 1000, "H": 100, "A": 50,
+           "times_ms": {"ours_fwd": 1.0}}
+    assert forward_gflops(row) == pytest.approx(10.0)
+
+
+def test_options():
+    options = cli.parse_args([])
+    assert options.shapes == list(SHAPES) and options.masks == list(MASKS)
+    assert options.dtypes == ["float32", "float64"]
+    quick = cli.parse_args(["--quick", "--masks", "full"])
+    assert quick.dtypes == ["float32"] and quick.masks == ["full"]
+    assert not quick.compile
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--help"])
+    assert exc.value.code == 0
+
+
+def test_plot(report, tmp_path):
+    pytest.importorskip("matplotlib")
+    from attention_c.bench.report import make_plot
+    data, _ = report
+    make_plot(tmp_path / "bench.png", data["results"], data["meta"])
+    assert (tmp_path / "bench.png").stat().st_size > 0

@@ -6,40 +6,53 @@ import sys
 import time
 
 from attention_c.bench import harness
+from attention_c.bench.core import (add_layer_forward, run_call_cost,
+                                    run_gemm)
 from attention_c.bench.report import (format_load, make_plot, report,
                                       write_json)
-from attention_c.bench.run import DTYPES, QUICK_SHAPES, SHAPES, run_all
+from attention_c.bench.run import (DTYPES, EXTRA_SHAPES, MASKS,
+                                   QUICK_DTYPES, QUICK_EXTRA_SHAPES,
+                                   QUICK_SHAPES, SHAPES, run_all)
 from attention_c.bench.targets import add_ratios, evaluate_targets
 
 
 def parse_args(argv):
-    """The options, with shapes, dtypes and threads expanded to lists."""
+    """The options, with shapes, dtypes, masks and threads expanded to
+    lists."""
     parser = argparse.ArgumentParser(
         prog="python -m attention_c.bench",
-        description="Benchmark attention_c against one NumPy matmul (S1), "
-                    "the NumPy reference and PyTorch.")
+        description="Benchmark attention_c against the NumPy product of the "
+                    "rows it computes (S1), the NumPy reference and PyTorch, "
+                    "on full and ragged sequences, against the targets of "
+                    "issue 10; and its product core against NumPy's BLAS, "
+                    "and the fixed cost of a call.")
     parser.add_argument("--quick", action="store_true",
-                        help="shapes tiny, small, medium; shorter "
-                             "measurements; no torch.compile (< 1 min)")
+                        help="every shape, the large ones with 8 times "
+                             "fewer rows; float32; shorter measurements; "
+                             "no torch.compile (about 1 min)")
     parser.add_argument("--shapes", help="comma-separated, from: " + ", ".join(
         f"{k} {v}" for k, v in SHAPES.items()))
     parser.add_argument("--dtypes", help="comma-separated, from: "
-                        + ", ".join(DTYPES))
+                        + ", ".join(DTYPES) + " (default: both; float32 "
+                        "with --quick)")
+    parser.add_argument("--masks", help="comma-separated, from: "
+                        + ", ".join(MASKS) + " (default: both)")
     parser.add_argument("--threads", default="1,all",
                         help="comma-separated thread counts; 'all' = the "
                              "available CPUs (default: 1,all)")
     parser.add_argument("--target", type=float,
-                        help="seconds per measurement (default 0.3, 0.05 "
+                        help="seconds per measurement (default 0.3, 0.02 "
                              "with --quick)")
     parser.add_argument("--min-repeats", type=int,
                         help="least timed runs per measurement (default 6, "
-                             "3 with --quick)")
+                             "2 with --quick; at most 3 on wide, wide2, "
+                             "long1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-torch", action="store_true",
                         help="leave PyTorch out even if it is installed")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="time torch.compile (default: yes, except "
-                             "with --quick)")
+                        help="time torch.compile on float32 of medium and "
+                             "large (default: yes, except with --quick)")
     parser.add_argument("--json", metavar="FILE", help="write all results")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG plot")
     parser.add_argument("--family", action="store_true",
@@ -55,15 +68,16 @@ def parse_args(argv):
                          f"{', '.join(allowed)}")
         return list(dict.fromkeys(items))
 
-    options.shapes = choose(options.shapes, SHAPES,
-                            QUICK_SHAPES if options.quick else SHAPES,
-                            "shape")
-    options.dtypes = choose(options.dtypes, DTYPES, DTYPES, "dtype")
+    options.shapes = choose(options.shapes, SHAPES, SHAPES, "shape")
+    options.dtypes = choose(options.dtypes, DTYPES,
+                            QUICK_DTYPES if options.quick else DTYPES,
+                            "dtype")
+    options.masks = choose(options.masks, MASKS, MASKS, "mask")
     options.threads = harness.thread_counts(options.threads, parser)
     if options.target is None:
-        options.target = 0.05 if options.quick else 0.3
+        options.target = 0.02 if options.quick else 0.3
     if options.min_repeats is None:
-        options.min_repeats = 3 if options.quick else 6
+        options.min_repeats = 2 if options.quick else 6
     if options.compile is None:
         options.compile = not options.quick
     if options.min_repeats < 1:
@@ -80,18 +94,27 @@ def main(argv=None):
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)
+    sizes = QUICK_SHAPES if options.quick else SHAPES
+    ctx.update(shapes=sizes, extra_shapes=QUICK_EXTRA_SHAPES
+               if options.quick else EXTRA_SHAPES)
+    meta.update(quick=options.quick, masks=options.masks,
+                shape_sizes={s: sizes[s] for s in options.shapes},
+                peak=harness.peak_facts(meta["config"]["simd"]))
     for note in meta["notes"]:
         print(f"NOTE: {note}", file=sys.stderr)
     rows = run_all(options, ctx)
-    add_ratios(rows)
+    gemm = run_gemm(options, ctx, meta["peak"])
+    calls = run_call_cost(options, ctx)
+    add_ratios(rows, meta["peak"])
+    add_layer_forward(gemm, rows)
     targets = evaluate_targets(rows)
     meta["wall_seconds"] = time.perf_counter() - start
     meta["load_end"] = harness.load_average()
-    print(report(meta, rows, targets))
+    print(report(meta, rows, targets, gemm, calls))
     print(f"\nTotal {meta['wall_seconds']:.0f} s; load average at end "
           f"{format_load(meta['load_end'])}")
     if options.json:
-        write_json(options.json, meta, rows, targets)
+        write_json(options.json, meta, rows, targets, gemm, calls)
         print(f"wrote {options.json}")
     if options.plot:
         try:

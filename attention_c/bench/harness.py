@@ -11,6 +11,7 @@ import io
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -25,6 +26,12 @@ MAX_BLOCK = 5000        # most timed calls in a row
 # Rows timed while other processes used more than this share of all CPUs
 # are marked as disturbed.
 DISTURBED = 0.1
+
+# The FMA peak's assumptions: the register width of each SIMD path of
+# attention_c.show_config()["simd"], and 2 FMA units a core (the usual
+# for the server CPUs this runs on: Intel since Haswell, AMD since Zen 2).
+SIMD_BITS = {"scalar": 0, "avx2": 256, "avx512": 512, "neon": 128}
+FMA_UNITS = 2
 
 
 # --------------------------------------------------------------------------
@@ -81,6 +88,55 @@ def others_load(before, wall):
         return None
     others = (machine1 - machine0) - (own1 - own0)
     return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+def cpu_clock():
+    """(MHz, what it is) of a core: lscpu's "CPU max MHz" where it reports
+    one, else the "cpu MHz" of /proc/cpuinfo (the clock now; on a virtual
+    machine the nominal one), else (None, 'unknown')."""
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True,
+                               env=dict(os.environ, LC_ALL="C"),
+                               timeout=10, check=False).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        lines = []
+    for line in lines:
+        if line.startswith("CPU max MHz:"):
+            return float(line.split(":", 1)[1]), "max MHz (lscpu)"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return (float(line.split(":", 1)[1]),
+                            "cpu MHz of /proc/cpuinfo (nominal/current: "
+                            "no max MHz reported)")
+    except (OSError, ValueError):
+        pass
+    return None, "unknown"
+
+
+def peak_facts(simd):
+    """What the FMA peak is computed from, for the report and JSON."""
+    mhz, source = cpu_clock()
+    return {"mhz": mhz, "clock": source, "simd": simd,
+            "fma_units": FMA_UNITS,
+            "lanes": {d: simd_lanes(simd, d) for d in ("float32", "float64")}}
+
+
+def simd_lanes(simd, dtype):
+    """Numbers of ``dtype`` in one register of the SIMD path ``simd``."""
+    bits = SIMD_BITS.get(simd, 0)
+    return max(1, bits // (8 * np.dtype(dtype).itemsize))
+
+
+def fma_peak(facts, cores, dtype):
+    """GFLOP/s of ``cores`` cores that issue an FMA (2 flops a lane) on
+    every FMA unit each cycle: cores x GHz x units x 2 x lanes; None when
+    the clock is unknown."""
+    if not facts["mhz"]:
+        return None
+    return (cores * facts["mhz"] / 1e3 * facts["fma_units"] * 2
+            * facts["lanes"][dtype])
 
 
 def optional_import(name):

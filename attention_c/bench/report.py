@@ -5,9 +5,11 @@ import json
 
 import numpy as np
 
+from attention_c.bench.core import CALL_FUNCTIONS
 from attention_c.bench.harness import DISTURBED, ROUNDS
-from attention_c.bench.run import SHAPES, TOLERANCE, row_label, too_far
-from attention_c.bench.targets import RATIOS, SCALING, TARGETS
+from attention_c.bench.run import (HEAVY_REPEATS, HEAVY_SHAPES, TOLERANCE,
+                                   row_label, too_far)
+from attention_c.bench.targets import PEAK, RATIOS, SCALING, TARGETS
 
 # Times: (key, header); a key's prefix names the implementation.
 OURS_COLUMNS = (
@@ -59,35 +61,81 @@ def format_table(head, body, left=1):
 
 
 def row_table(rows, columns, cell, load=False):
-    """Table with one line per row: shape, dtype, threads, the columns and
-    (if ``load``) the CPU share of other processes during the timing."""
-    head = ["shape", "dtype", "thr"] + [h for _, h in columns]
-    body = [[r["shape"], r["dtype"], str(r["threads"])]
+    """Table with one line per row: shape, mask, dtype, threads, the
+    columns and (if ``load``) the CPU share of other processes during the
+    timing."""
+    head = ["shape", "mask", "dtype", "thr"] + [h for _, h in columns]
+    body = [[r["shape"], r["mask"], r["dtype"], str(r["threads"])]
             + [cell(r, k) for k, _ in columns] for r in rows]
     if load:
         head.append("others")
         for line, r in zip(body, rows):
             share = r["others_load"]
             line.append("?" if share is None else f"{share:.0%}")
-    return format_table(head, body, left=2)
+    return format_table(head, body, left=3)
 
 
 def targets_table(targets, shapes):
-    """One line per (target, dtype, threads), one cell per shape."""
+    """One line per (target, dtype, threads, mask), one cell per shape."""
     if not targets:
         return "(no target applies to these runs)"
     lines = {}
     for t in targets:
-        key = (t["target"], t["dtype"], t["threads"])
+        key = (t["target"], t["dtype"], t["threads"], t["mask"])
         cell = "n/a" if t["ratio"] is None else (
             f"{t['ratio']:.2f} {t['status']}" + "*" * t["disturbed"])
         lines.setdefault(key, {})[t["shape"]] = cell
-    text = {ratio: text for ratio, _, _, text in TARGETS}
-    head = ["target", "limit", "dtype", "thr"] + list(shapes)
-    body = [[ratio, text[ratio], dtype, str(n)]
+    text = {target[0]: target[-1] for target in TARGETS}
+    head = ["target", "limit", "dtype", "thr", "mask"] + list(shapes)
+    body = [[ratio, text[ratio], dtype, str(n), mask]
             + [cells.get(s, "") for s in shapes]
-            for (ratio, dtype, n), cells in lines.items()]
+            for (ratio, dtype, n, mask), cells in lines.items()]
+    return format_table(head, body, left=5)
+
+
+def peak_lines(peak):
+    """How the FMA peak is computed, with the facts it rests on."""
+    lanes = ", ".join(f"{n} {d}" for d, n in peak["lanes"].items())
+    clock = ("unknown: no peak" if not peak["mhz"] else
+             f"{peak['mhz']:.0f} MHz ({peak['clock']})")
+    return [
+        f"FMA peak = cores used x clock x FMA units x 2 flops x lanes; "
+        f"clock {clock};",
+        f"FMA units per core: {peak['fma_units']} (assumed: the usual for "
+        f"server CPUs, not measured); lanes of the {peak['simd']} path: "
+        f"{lanes}.",
+        "The tanh/epilogue flops are ignored.  Above 100% (as BLAS may "
+        "show): the cores run faster than this clock (turbo).",
+    ]
+
+
+def gemm_table(rows):
+    """Our product core and NumPy's BLAS, one line per shape, dtype and
+    thread count."""
+    head = ["shape", "M x K x N", "dtype", "thr", "core ms", "BLAS ms",
+            "core/BLAS", "core GF/s", "BLAS GF/s", "fwd GF/s",
+            "peak GF/s", "core %pk", "BLAS %pk", "fwd %pk"]
+    body = []
+    for r in rows:
+        t, peak = r["times_ms"], r["peak_gflops"]
+        g = dict(r["gflops"], fwd=r.get("layer_fwd_gflops"))
+        body.append([r["shape"], f"{r['M']} x {r['K']} x {r['N']}",
+                     r["dtype"], str(r["threads"]), format_ms(t["core"]),
+                     format_ms(t["blas"]), format_ratio(t["core"] / t["blas"])]
+                    + ["-" if g[k] is None else f"{g[k]:.1f}"
+                       for k in ("core", "blas", "fwd")]
+                    + ["-" if peak is None else f"{peak:.1f}"]
+                    + ["-" if peak is None or g[k] is None
+                       else f"{g[k] / peak:.0%}"
+                       for k in ("core", "blas", "fwd")])
     return format_table(head, body, left=3)
+
+
+def call_lines(rows):
+    """The fixed cost of a call, a line per dtype and thread count."""
+    return [f"  {r['dtype']} {r['threads']} thr: " + ", ".join(
+        f"{CALL_FUNCTIONS[k]} {us:.1f} us" for k, us in r["us"].items())
+        for r in rows]
 
 
 def header_lines(meta):
@@ -134,45 +182,109 @@ def accuracy_lines(rows):
     ]
 
 
-def report(meta, rows, targets):
+def shape_lines(meta):
+    """The shapes run, with their sizes (reduced with --quick)."""
+    sizes = ", ".join(f"{s} {tuple(meta['shape_sizes'][s])}"
+                      for s in meta["shapes"])
+    lines = [f"Shapes (B, T, H, A): {sizes}; masks: "
+             f"{', '.join(meta['masks'])} (full: no mask; ragged: each "
+             f"sequence keeps a random prefix of T/2 to T items)."]
+    lines.append(f"On {', '.join(HEAVY_SHAPES)}: median of >= "
+                 f"{min(meta['min_repeats'], HEAVY_REPEATS)} runs (a call "
+                 f"takes 0.1-1 s there).")
+    if meta["quick"]:
+        lines.append("--quick: large, long, wide, wide2 and long1 have 8 "
+                     "times fewer rows than in the full run, which the "
+                     "targets are set for: indicative only.")
+    return lines
+
+
+def summary_line(targets):
+    """The PASS / MISS count, in all and on full and ragged sequences."""
+    def count(items):
+        found = [t["status"] for t in items]
+        return ", ".join(f"{found.count(s)} {s}"
+                         for s in ("PASS", "MISS", "n/a"))
+
+    by_mask = "; ".join(
+        f"{mask}: {count([t for t in targets if t['mask'] == mask])}"
+        for mask in dict.fromkeys(t["mask"] for t in targets))
+    return f"Targets: {count(targets)} ({by_mask})."
+
+
+def report(meta, rows, targets, gemm=(), calls=()):
     """The whole text report."""
     def time_cell(row, key):
+        if key == "n_valid":
+            return str(row["n_valid"])
         return format_ms(row["times_ms"].get(key))
 
     def ratio_cell(row, key):
-        return format_ratio(row["ratios"].get(key))
+        if key == "fwd GF/s":
+            return f"{row['fwd_gflops']:.1f}"
+        value = row["ratios"].get(key)
+        if key == PEAK:
+            return "-" if value is None else f"{value:.0%}"
+        return format_ratio(value)
 
-    ratios = [(n, n) for n, _, _ in RATIOS] + [(n, n) for n, _ in SCALING]
-    counts = {s: sum(t["status"] == s for t in targets)
-              for s in ("PASS", "MISS", "n/a")}
+    ratios = ([(n, n) for n, _, _ in RATIOS] + [(n, n) for n, _ in SCALING]
+              + [("fwd GF/s", "fwd GF/s"), (PEAK, PEAK)])
     compile_errors = sorted({f"{row_label(r)}: {r['compile_error']}"
                              for r in rows if "compile_error" in r})
-    parts = header_lines(meta) + [
+    parts = header_lines(meta) + shape_lines(meta) + [
         "",
         "Ours, median ms.  fwd_kp: forward keeping the activations; bwd: "
         "recomputes them; bwd_sv: given them;",
-        "f+b = fwd then bwd; f+b_sv = fwd_kp then bwd_sv.  S1: NumPy "
-        "(B*T, H) @ (H, A).  others: share of all",
-        "CPUs used by other processes while this row was timed (more than "
-        "a few % disturbs its times).",
-        row_table(rows, OURS_COLUMNS, time_cell, load=True),
+        "f+b = fwd then bwd; f+b_sv = fwd_kp then bwd_sv.  rows: the "
+        "items the layer computes (valid ones).",
+        "S1: NumPy (rows, H) @ (H, A), the layer's main product over "
+        "exactly those rows (gathered before timing).",
+        "others: share of all CPUs used by other processes while this row "
+        "was timed (more than a few % disturbs it).",
+        row_table(rows, (("n_valid", "rows"),) + OURS_COLUMNS, time_cell,
+                  load=True),
         "",
         "Others, median ms.  np: NumPy reference; pt: torch eager best "
         "form; seed: torch seed form (concatenation);",
         "cmp: torch.compile of the best form ('-': not run).  Torch "
-        "forward runs under no_grad.",
+        "forward runs under no_grad; torch gets the same mask (none on "
+        "full).",
         row_table(rows, OTHER_COLUMNS, time_cell),
         "",
         "Ratios ours / other (< 1: ours faster); f+b/np uses np_fwd + "
         "np_bwd.  N/1: ours at N threads / 1 thread.",
+        "fwd GF/s: 2 rows H A / fwd time (the main product only; the "
+        "context product, tanh, scores, softmax and",
+        "weighted sum are not counted); fwd %peak: that / the FMA peak of "
+        "the threads used (see below).",
         row_table(rows, ratios, ratio_cell),
         "",
-        "Targets (S1 ratios at 1 thread; torch ratios at every thread "
-        "count; N/1 where a limit is set):",
+    ] + peak_lines(meta["peak"])
+    if gemm:
+        parts += [
+            "",
+            "Product core alone: attention_c.project_keys(keys, W) (our "
+            "blocked product) against NumPy keys @ W.T",
+            "(its BLAS, same threads), keys (B*T, H), W (A, H): the "
+            "layer's main product; GF/s = 2 M N K / time;",
+            "fwd: the layer's forward on the same shape, full sequences, "
+            "its main product's flops only.",
+            gemm_table(gemm)]
+    if calls:
+        parts += [
+            "",
+            "Fixed cost of a call: shape (1, 1, 1, 1), no mask, median "
+            "per call (Python wrapper, argument parsing,",
+            "checks, output allocation, thread wake-up; no target).  S1: "
+            "one (1, 1) @ (1, 1) NumPy product, for scale.",
+        ] + call_lines(calls)
+    parts += [
+        "",
+        "Targets, ratio and verdict per shape (every thread count; N/1 at "
+        "N > 1; ratios: ours / baseline, %peak: share):",
         targets_table(targets, meta["shapes"]),
         f"*: other processes used more than {DISTURBED:.0%} of the CPUs "
-        f"while timing.  Targets: {counts['PASS']} PASS, {counts['MISS']} "
-        f"MISS, {counts['n/a']} n/a.",
+        f"while timing.  " + summary_line(targets),
         "",
     ] + accuracy_lines(rows)
     if compile_errors:
@@ -180,11 +292,12 @@ def report(meta, rows, targets):
     return "\n".join(parts)
 
 
-def write_json(path, meta, rows, targets):
+def write_json(path, meta, rows, targets, gemm=(), calls=()):
     """Everything measured, as JSON."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"meta": meta, "results": rows, "targets": targets}, f,
-                  indent=1)
+        json.dump({"meta": meta, "results": rows, "targets": targets,
+                   "product_core": list(gemm), "call_cost": list(calls)},
+                  f, indent=1)
         f.write("\n")
 
 
@@ -206,8 +319,9 @@ def make_plot(path, rows, meta):
     import matplotlib.pyplot as plt
 
     shapes, dtypes = meta["shapes"], meta["dtypes"]
-    panels = [(m, n) for n in meta["threads"] for m in ("fwd", "fwdbwd")]
-    index = {(r["shape"], r["dtype"], r["threads"]): r["times_ms"]
+    panels = [(m, n, mask) for n in meta["threads"] for mask in meta["masks"]
+              for m in ("fwd", "fwdbwd")]
+    index = {(r["shape"], r["dtype"], r["threads"], r["mask"]): r["times_ms"]
              for r in rows}
     fig, axes = plt.subplots(len(panels), len(dtypes), squeeze=False,
                              figsize=(1.6 * len(shapes) * len(dtypes) + 2,
@@ -217,20 +331,21 @@ def make_plot(path, rows, meta):
               if s[1].format("fwd") in measured]
     width = 0.8 / len(series)
     x = np.arange(len(shapes))
-    for (metric, n), ax_row in zip(panels, axes):
+    for (metric, n, mask), ax_row in zip(panels, axes):
         for dtype, ax in zip(dtypes, ax_row):
             for k, (label, key, colour) in enumerate(series):
                 key = key.format(metric)
-                ys = [index.get((s, dtype, n), {}).get(key, np.nan)
+                ys = [index.get((s, dtype, n, mask), {}).get(key, np.nan)
                       for s in shapes]
                 ax.bar(x + (k - (len(series) - 1) / 2) * width, ys, width,
                        label=label, color=colour)
             ax.set_yscale("log")
-            ax.set_xticks(x, [f"{s}\n" + "x".join(map(str, SHAPES[s]))
-                              for s in shapes], fontsize=8)
+            ax.set_xticks(x, [f"{s}\n" + "x".join(
+                map(str, meta["shape_sizes"][s])) for s in shapes],
+                fontsize=8)
             what = "forward" if metric == "fwd" else "forward + backward"
-            ax.set_title(f"{dtype}, {what}, {n} thread{'s' * (n > 1)}",
-                         fontsize=10)
+            ax.set_title(f"{dtype}, {what}, {n} thread{'s' * (n > 1)}, "
+                         f"{mask}", fontsize=10)
             ax.set_ylabel("median time (ms)", fontsize=8)
             ax.grid(axis="y", which="major", alpha=0.4)
             ax.set_axisbelow(True)

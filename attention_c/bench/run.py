@@ -1,7 +1,8 @@
 """What the layer's benchmark measures, one configuration (shape, dtype,
-thread count) at a time: the problem, our functions, NumPy's (the bare
-product S1 and the reference) and PyTorch's, each checked against the
-float64 reference before all are timed together."""
+thread count, mask) at a time: the problem, our functions, NumPy's (S1,
+the layer's main product on exactly the rows the layer computes, and the
+reference) and PyTorch's, each checked against the float64 reference
+before all are timed together."""
 
 import sys
 import time
@@ -23,15 +24,36 @@ SHAPES = {              # name: (B, T, H, A)
     "large": (64, 256, 256, 256),
     "long": (4, 8192, 128, 128),
     "wide": (16, 256, 1024, 512),
+    "wide2": (16, 256, 1024, 1024),
+    "long1": (1, 65536, 128, 128),      # one long sequence
 }
-QUICK_SHAPES = ("tiny", "small", "medium")
+# --quick: the same names (so every target is checked), the large ones
+# with 8 times fewer rows (B * T); H and A, what makes them wide, kept.
+QUICK_SHAPES = dict(SHAPES, large=(8, 256, 256, 256),
+                    long=(4, 1024, 128, 128), wide=(2, 256, 1024, 512),
+                    wide2=(2, 256, 1024, 1024), long1=(1, 8192, 128, 128))
 DTYPES = ("float32", "float64")
+QUICK_DTYPES = ("float32",)
+# full: every item valid, no mask passed (to ours, NumPy and PyTorch
+# alike); ragged: each sequence has a random number of valid items (a
+# prefix) between T/2 and T, the rest masked.
+MASKS = ("full", "ragged")
+# The NumPy reference and the seed's PyTorch form are not targets: timed
+# on these shapes only (the first two with --quick).  torch.compile (15-30
+# s to compile each configuration) is timed on float32 of COMPILE_SHAPES.
+EXTRA_SHAPES = ("tiny", "small", "medium", "large")
+QUICK_EXTRA_SHAPES = EXTRA_SHAPES[:2]
+COMPILE_SHAPES = ("medium", "large")
+# A call takes 0.1-1 s on these: at most HEAVY_REPEATS timed runs each
+# (one a round), so that the full run fits in about 15 minutes.
+HEAVY_SHAPES = ("wide", "wide2", "long1")
+HEAVY_REPEATS = 3
 
 # Accuracy required of every implementation: the normwise relative error
 # ||x - r|| / ||r|| (the tests' metric, attention_c.testing.rel_err) of
 # each of out, alpha and the gradients, r from the float64 NumPy
 # reference.  Looser than the tests' attention_c.testing.TOL (1e-5, 1e-12):
-# these shapes are larger (up to 8192 items a sequence), and our float32
+# these shapes are larger (up to 65536 items a sequence), and our float32
 # db reaches 1e-5 on "long", the others' about half that.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 RESULTS = ("out", "alpha", "dh", "dW", "dv", "db")
@@ -40,24 +62,27 @@ RESULTS = ("out", "alpha", "dh", "dW", "dv", "db")
 # --------------------------------------------------------------------------
 # The problem and the implementations
 
-def make_problem(shape, dtype, seed=0):
-    """Random inputs h, W, v, b, mask, G (gradient of out), X, Y (for S1).
+def make_problem(shape, dtype, seed=0, mask="ragged"):
+    """Random inputs h, W, v, b, mask (None when ``mask`` is 'full'), G
+    (gradient of out), and S1's operands: X, the rows of h the layer
+    computes (the valid items, gathered: (n_valid, H)), and Y = W_h^T
+    (H, A).  ``n_valid`` counts the rows.
 
-    Drawn in float64 from a seed that depends on the shape, then cast, so
-    both dtypes see the same numbers: a ragged batch (each sequence has a
-    random number of valid items between T/2 and T, so that no row is
-    empty) and a layer initialised like PyTorch's, from
-    ``attention_c.testing.ragged_batch``.
+    Drawn in float64 from a seed that depends on the shape and the mask,
+    then cast, so both dtypes see the same numbers: a batch and a layer
+    initialised like PyTorch's, from ``attention_c.testing.ragged_batch``.
     """
     B, T, H, A = shape
-    rng = np.random.default_rng([seed, B, T, H, A])
-    h, W, v, b, mask = ragged_batch(rng, B, T, H, A, min_length=T // 2)
+    rng = np.random.default_rng([seed, B, T, H, A, MASKS.index(mask)])
+    h, W, v, b, valid = ragged_batch(
+        rng, B, T, H, A, min_length=T if mask == "full" else T // 2)
     p = {"h": h, "W": W, "v": v, "b": b,
-         "G": rng.standard_normal((B, H)),
-         "X": rng.standard_normal((B * T, H)),
-         "Y": rng.standard_normal((H, A))}
+         "G": rng.standard_normal((B, H))}
     p = {k: np.ascontiguousarray(x, dtype=dtype) for k, x in p.items()}
-    p["mask"] = mask
+    p["mask"] = None if mask == "full" else valid
+    p["X"] = np.ascontiguousarray(p["h"][valid])
+    p["Y"] = np.ascontiguousarray(p["W"][:, :H].T)
+    p["n_valid"] = int(valid.sum())
     return p
 
 
@@ -95,18 +120,20 @@ def ours_functions(p):
     }
 
 
-def numpy_functions(p):
-    """S1 (the bare product) and the NumPy reference forward and backward."""
+def numpy_functions(p, extras=True):
+    """S1, the product (n_valid, H) @ (H, A) of the rows the layer
+    computes, and (with ``extras``) the NumPy reference forward and
+    backward."""
     X, Y = p["X"], p["Y"]
-    args, G = layer_args(p)
-    h, W, v, b, mask = args
-    _, alpha = ref.context_attention(*args)
-    return {
-        "s1": lambda: X @ Y,
-        "ref_fwd": lambda: ref.context_attention(*args),
-        "ref_bwd": lambda: ref.context_attention_backward(
-            G, h, W, v, alpha, b, mask),
-    }
+    funcs = {"s1": lambda: X @ Y}
+    if extras:
+        args, G = layer_args(p)
+        h, W, v, b, mask = args
+        _, alpha = ref.context_attention(*args)
+        funcs["ref_fwd"] = lambda: ref.context_attention(*args)
+        funcs["ref_bwd"] = lambda: ref.context_attention_backward(
+            G, h, W, v, alpha, b, mask)
+    return funcs
 
 
 # --------------------------------------------------------------------------
@@ -137,16 +164,18 @@ def ref_result(p):
 def exact_result(p):
     """(out, alpha, dh, dW, dv, db) of the NumPy reference in float64 on
     the problem's data."""
-    return ref_result({k: x.astype(np.float64) if x.dtype.kind == "f" else x
-                       for k, x in p.items()})
+    return ref_result({k: x.astype(np.float64)
+                       if isinstance(x, np.ndarray) and x.dtype.kind == "f"
+                       else x for k, x in p.items()})
 
 
 # --------------------------------------------------------------------------
 # Running
 
 def row_label(row):
-    """'shape dtype N thr' for messages."""
-    return f"{row['shape']} {row['dtype']} {row['threads']} thr"
+    """'shape mask dtype N thr' for messages."""
+    return (f"{row['shape']} {row['mask']} {row['dtype']} "
+            f"{row['threads']} thr")
 
 
 def too_far(row, name):
@@ -167,11 +196,12 @@ def check(row, name, result, exact):
               file=sys.stderr)
 
 
-def add_torch(row, funcs, torch, p, exact, with_compile):
-    """Check and add the torch functions (eager forms, maybe compiled)."""
+def add_torch(row, funcs, torch, p, exact, extras, with_compile):
+    """Check and add the torch functions: the best eager form, with
+    ``extras`` the seed's, with ``with_compile`` torch.compile's."""
     best, seed = torch_forms(torch)
     t = torch_tensors(torch, p)
-    for name, layer in (("torch", best), ("seed", seed)):
+    for name, layer in (("torch", best), ("seed", seed))[:1 + extras]:
         check(row, name, torch_result(torch, layer, t), exact)
         funcs.update(torch_functions(torch, layer, t, name))
     if not with_compile:
@@ -189,31 +219,43 @@ def add_torch(row, funcs, torch, p, exact, with_compile):
     funcs.update(compiled)
 
 
-def run_config(name, dtype, threads, ctx):
-    """Check and time every implementation for one shape, dtype and
-    thread count; returns the result row."""
-    shape = SHAPES[name]
-    p = make_problem(shape, dtype, ctx["seed"])
-    row = {"shape": name, "dtype": dtype, "threads": threads,
-           "B": shape[0], "T": shape[1], "H": shape[2], "A": shape[3],
-           "errors": {}}
+def new_row(name, shape, dtype, threads, mask):
+    """The fields that name a configuration."""
+    B, T, H, A = shape
+    return {"shape": name, "mask": mask, "dtype": dtype, "threads": threads,
+            "B": B, "T": T, "H": H, "A": A, "errors": {}}
+
+
+def run_config(name, shape, dtype, threads, mask, ctx):
+    """Check and time every implementation for one shape, dtype, thread
+    count and mask; returns the result row."""
+    p = make_problem(shape, dtype, ctx["seed"], mask)
+    row = new_row(name, shape, dtype, threads, mask)
+    row["n_valid"] = p["n_valid"]
+    extras = name in ctx["extra_shapes"]
     exact = exact_result(p)
     check(row, "ours", ours_result(p), exact)
     check(row, "ours_saved", ours_result(p, saved=True), exact)
-    if dtype != "float64":
+    if dtype != "float64" and extras:
         check(row, "ref", ref_result(p), exact)
     funcs = ours_functions(p)
-    funcs.update(numpy_functions(p))
+    funcs.update(numpy_functions(p, extras))
     if ctx["torch"]:
-        add_torch(row, funcs, ctx["torch"], p, exact, ctx["compile"])
+        add_torch(row, funcs, ctx["torch"], p, exact, extras,
+                  ctx["compile"] and dtype == "float32"
+                  and name in COMPILE_SHAPES)
+    del exact
     before, start = harness.cpu_seconds(), time.perf_counter()
-    results = harness.measure(funcs, ctx["target"], ctx["min_repeats"])
+    results = harness.measure(funcs, ctx["target"], min(
+        ctx["min_repeats"], HEAVY_REPEATS) if name in HEAVY_SHAPES
+        else ctx["min_repeats"])
     row["others_load"] = harness.others_load(before,
                                              time.perf_counter() - start)
     row["times_ms"] = {k: s * 1e3 for k, (s, _) in results.items()}
     row["repeats"] = {k: n for k, (_, n) in results.items()}
-    row["times_ms"]["ref_fwdbwd"] = (row["times_ms"]["ref_fwd"]
-                                     + row["times_ms"]["ref_bwd"])
+    if "ref_fwd" in row["times_ms"]:
+        row["times_ms"]["ref_fwdbwd"] = (row["times_ms"]["ref_fwd"]
+                                         + row["times_ms"]["ref_bwd"])
     return row
 
 
@@ -223,11 +265,13 @@ def run_all(options, ctx):
     for name in options.shapes:
         for dtype in options.dtypes:
             for threads in options.threads:
-                start = time.perf_counter()
-                with harness.thread_count(threads, ctx["tpc"],
-                                          ctx["torch"]):
-                    rows.append(run_config(name, dtype, threads, ctx))
-                print(f"  {name:<7} {dtype:<8} {threads} thr "
-                      f"{time.perf_counter() - start:6.1f} s",
-                      file=sys.stderr)
+                for mask in options.masks:
+                    start = time.perf_counter()
+                    with harness.thread_count(threads, ctx["tpc"],
+                                              ctx["torch"]):
+                        rows.append(run_config(name, ctx["shapes"][name],
+                                               dtype, threads, mask, ctx))
+                    print(f"  {name:<7} {mask:<6} {dtype:<8} {threads} thr "
+                          f"{time.perf_counter() - start:6.1f} s",
+                          file=sys.stderr)
     return rows

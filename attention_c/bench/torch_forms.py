@@ -15,21 +15,29 @@ def torch_forms(torch):
 
     Both map tensors (h, W, v, b, mask) to (out, alpha) with the SPEC's
     masking: masked items get exactly 0 weight, and a row with no valid
-    item gives zeros (and zero gradients), not NaN.  These are the forms
-    timed, written as fast as eager PyTorch allows; the tests' reference
-    is ``attention_c.testing.torch_context_attention``.
+    item gives zeros (and zero gradients), not NaN.  With mask None (full
+    sequences) they do no masking work at all, as a user with full
+    sequences would write them.  These are the forms timed, written as
+    fast as eager PyTorch allows; the tests' reference is
+    ``attention_c.testing.torch_context_attention``.
     """
     linear = torch.nn.functional.linear
 
     def mean_context(h, mask):
+        if mask is None:
+            return h.mean(1)                               # (B, H)
         m = mask.to(h.dtype).unsqueeze(1)                  # (B, 1, T)
         n = m.sum(-1).clamp_min(1)                         # (B, 1)
         return torch.bmm(m, h).squeeze(1) / n              # (B, H)
 
     def softmax_and_sum(z, v, h, mask):
-        s = (torch.tanh(z) @ v).masked_fill(~mask, -math.inf)
-        # An all-masked row: softmax gives NaN, replaced by exact zeros.
-        alpha = torch.softmax(s, -1).masked_fill(~mask, 0.0)
+        s = torch.tanh(z) @ v
+        if mask is None:
+            alpha = torch.softmax(s, -1)
+        else:
+            # An all-masked row: softmax gives NaN, replaced by exact 0.
+            alpha = torch.softmax(s.masked_fill(~mask, -math.inf),
+                                  -1).masked_fill(~mask, 0.0)
         return torch.bmm(alpha.unsqueeze(1), h).squeeze(1), alpha
 
     def best(h, W, v, b, mask):
@@ -47,8 +55,10 @@ def torch_forms(torch):
 
 
 def torch_tensors(torch, p):
-    """The problem as tensors sharing its memory; h, W, v, b require grad."""
-    t = {k: torch.from_numpy(p[k]) for k in ("h", "W", "v", "b", "G", "mask")}
+    """The problem as tensors sharing its memory; h, W, v, b require grad;
+    mask None stays None (full sequences)."""
+    t = {k: None if p[k] is None else torch.from_numpy(p[k])
+         for k in ("h", "W", "v", "b", "G", "mask")}
     for k in ("h", "W", "v", "b"):
         t[k].requires_grad_(True)
     return t
