@@ -209,15 +209,15 @@ def test_readme_shows_the_notebook_figure():
 
 def test_speed_reports_every_quick_shape(executed):
     """The benchmark ran in the notebook: its report (with the accuracy
-    check of every implementation) and one line per shape and dtype of
-    ratios to S1, all positive and finite."""
+    check of every implementation) and one line per shape and mask (full
+    and ragged sequences) of ratios to S1, all positive and finite."""
     out = text(executed("03_speed.ipynb"))
     assert "Beyond the tolerance: none" in out
-    rows = re.findall(r"^(\w+) (float32|float64)\s+forward\s+([0-9.]+) x S1"
+    rows = re.findall(r"^(\w+) (full|ragged)\s+forward\s+([0-9.]+) x S1"
                       r"\s+backward\s+([0-9.]+) x S1$", out, flags=re.M)
     assert {(r[0], r[1]) for r in rows} == {
-        (s, d) for s in ("tiny", "small", "medium")
-        for d in ("float32", "float64")}, out
+        (s, m) for s in ("tiny", "small", "medium", "large")
+        for m in ("full", "ragged")}, out
     assert all(0 < float(r[2]) < 100 and 0 < float(r[3]) < 100
                for r in rows)
 
