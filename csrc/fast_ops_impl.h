@@ -378,10 +378,10 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     REAL lanes[VLEN], M = -INFINITY;
     VSTORE(lanes, vmax);
     for (int l = 0; l < VLEN; l++) {
-        M = lanes[l] > M || isnan(lanes[l]) ? lanes[l] : M;
+        M = FSFX(max_nan)(M, lanes[l]);
     }
     for (ptrdiff_t r = t; r < T; r++) {
-        M = alpha[r] > M || isnan(alpha[r]) ? alpha[r] : M;
+        M = FSFX(max_nan)(M, alpha[r]);
     }
     VEC vM = VSET1(M);
     for (t = 0; t + VLEN <= T; t += VLEN) {
@@ -403,13 +403,13 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     double total = FSFX(v_sum)(T, alpha);
     for (t = 0; t < T; t++) {
         int valid = m == NULL || m[t];
-        alpha[t] = valid ? WEIGHT_FLOOR((REAL)(alpha[t] / total)) : 0;
+        alpha[t] = valid ? FSFX(weight)(alpha[t], total) : 0;
     }
 }
 
 /* ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k)), k the
- * heaviest item: seq_softmax_backward's evaluation, vectorised.  ds may
- * be g. */
+ * heaviest item: formulas.h's softmax_backward, vectorised (the mean is
+ * summed by blocks of 64 in lanes, the blocks in double).  ds may be g. */
 static void FSFX(softmax_backward_row)(ptrdiff_t T, const REAL *g,
                                        const REAL *alpha, REAL *ds)
 {
