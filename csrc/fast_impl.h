@@ -262,6 +262,8 @@ typedef struct {
     REAL *Bd;        /* W_h panels (Apad x Hpad): dh = eps W_h           */
     REAL *vp, *colmask;   /* (Apad) v padded; lane mask of real columns  */
     REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
+    double *segsums; /* (partials x 2 Apad) E and dv of each segment of a
+                        sequence whose rows are split (backward)         */
     /* this thread's */
     REAL *q, *E, *dv;     /* (Apad) each                                 */
     double *sums;         /* (2 Apad) E and dv of a sequence, in double  */
@@ -277,13 +279,14 @@ typedef struct {
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
 
-/* The backward's partial parameter gradients (dW, dv, db): sequences are
- * summed in at most this many groups, each into its own partial, then the
- * partials in order; the grouping depends on the sizes only, so results
- * do not depend on the thread count.  The partials together take at most
- * CHUNK_BYTES when W is large (beyond glibc's largest mmap threshold, 32
- * MiB, each call would fault in fresh pages), but there are always two
- * when B allows, for two threads. */
+/* The backward's partial parameter gradients (dW, dv, db): the work is
+ * summed in at most this many groups (chunks of sequences, or segments of
+ * a sequence's rows), each into its own partial, then the partials in
+ * order; the grouping depends on the sizes only, so results do not depend
+ * on the thread count.  The partials together take at most CHUNK_BYTES
+ * when W is large (beyond glibc's largest mmap threshold, 32 MiB, each
+ * call would fault in fresh pages), but there are always two, for two
+ * threads. */
 #define MAX_CHUNKS 8
 #define CHUNK_BYTES ((size_t)16 << 20)
 
@@ -291,8 +294,7 @@ static ptrdiff_t FSFX(n_partials)(att_dims d)
 {
     double bytes = (double)d.A * (double)(2 * d.H + 2) * sizeof(REAL);
     ptrdiff_t n = (ptrdiff_t)((double)CHUNK_BYTES / (bytes + 1));
-    n = n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
-    return d.B < n ? (d.B > 0 ? d.B : 1) : n;
+    return n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
 }
 
 /* Carves the workspace for `threads` threads from base (or only counts
@@ -328,6 +330,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             {&w->colmask, Apad, sizeof(REAL)},
             {&w->zero, d.H > Apad ? d.H : Apad, sizeof(REAL)},
             {partials, chunk, sizeof(REAL)},
+            {&w->segsums, npartials * 2 * Apad, sizeof(double)},
         }, own[] = {
             {&w->q, Apad, sizeof(REAL)}, {&w->E, Apad, sizeof(REAL)},
             {&w->dv, Apad, sizeof(REAL)},
@@ -363,6 +366,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             w->vp = ws[0].vp;
             w->colmask = ws[0].colmask;
             w->zero = ws[0].zero;
+            w->segsums = ws[0].segsums;
             w->Apad = Apad;
             w->Hpad = Hpad;
             w->nA = Apad / NR;
@@ -767,9 +771,13 @@ int FSFX(att_fast_context_attention)(att_dims d, att_pool *pool,
  *   context  2. q = W_c c + b -> db, dW_c, dc = W_c^T E (E summed over
  *            every block first); 1. c = mean of the valid h_t -> dc / n
  *   mean     dh_t += dc / n for every valid row
- * One task per chunk of sequences, each summing into its own partial;
- * chunks and blocks depend on the sizes and the mask only, and the
- * partials are added in order at the end.
+ * Many sequences (B >= the partials): one task per chunk of sequences,
+ * each summing into its own partial.  Fewer: a sequence at a time, its
+ * blocks of rows in segments, one task each, segment s summing dW_h into
+ * partial s and its E, dv into segsums s; the segments' sums are then
+ * added in order before the context step, and the mean step runs by
+ * segments again.  Blocks and segments depend on the sizes and the mask
+ * only, and the partials are added in order at the end.
  */
 
 typedef struct {
@@ -780,6 +788,9 @@ typedef struct {
     REAL *dh, *partials;
     ptrdiff_t nparts, psize;   /* the partials: count, elements of each */
     FSFX(ws) *ws;
+    /* split rows: the sequence, its valid rows, block size, blocks,
+     * segments; partials zeroed so far */
+    ptrdiff_t seq, n, mcb, nblk, nseg, used;
 } FSFX(bwd_job);
 
 /* A partial: dW (A, 2H) | dv (Apad) | db (Apad). */
@@ -1050,6 +1061,85 @@ static void FSFX(bwd_chunk_task)(void *arg, ptrdiff_t k, int thread)
     }
 }
 
+/* The valid rows r0 .. r1 of segment k of the current sequence: blocks
+ * k nblk / nseg .. (k + 1) nblk / nseg. */
+static void FSFX(segment_rows)(const FSFX(bwd_job) *j, ptrdiff_t k,
+                               ptrdiff_t *r0, ptrdiff_t *r1)
+{
+    ptrdiff_t b1 = (k + 1) * j->nblk / j->nseg;
+    *r0 = k * j->nblk / j->nseg * j->mcb;
+    *r1 = b1 * j->mcb < j->n ? b1 * j->mcb : j->n;
+}
+
+static void FSFX(bwd_gamma_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    ptrdiff_t r0, r1;
+    (void)thread;
+    FSFX(segment_rows)(j, k, &r0, &r1);
+    FSFX(bwd_gamma)(j, j->seq, &j->ws[0], r0, r1);
+}
+
+/* Step 3 for segment k's blocks on this thread's scratch: dW_h into
+ * partial k, E and dv into segsums k. */
+static void FSFX(bwd_segment_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    const FSFX(ws) *s = &j->ws[0];
+    double *sums = s->segsums + k * 2 * s->Apad;
+    ptrdiff_t r0, r1;
+    FSFX(segment_rows)(j, k, &r0, &r1);
+    for (ptrdiff_t a = 0; a < 2 * s->Apad; a++) {
+        sums[a] = 0;
+    }
+    for (ptrdiff_t i0 = r0; i0 < r1; i0 += j->mcb) {
+        FSFX(bwd_block)(j, j->seq, s, i0, r1 - i0 < j->mcb ? r1 - i0
+                                                          : j->mcb,
+                        &j->ws[thread], FSFX(partial)(j, k), sums);
+    }
+}
+
+static void FSFX(bwd_mean_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    ptrdiff_t r0, r1;
+    (void)thread;
+    FSFX(segment_rows)(j, k, &r0, &r1);
+    FSFX(bwd_mean)(j, j->seq, &j->ws[0], r0, r1);
+}
+
+/* Few sequences: each in turn, its rows split in segments (the sequence's
+ * state in ws[0]); dv, db and dW_c of every sequence go to partial 0. */
+static void FSFX(bwd_split_rows)(FSFX(bwd_job) *j, att_pool *pool,
+                                 int threads)
+{
+    FSFX(ws) *s = &j->ws[0];
+    REAL *p0 = FSFX(partial)(j, 0), *dv0 = p0 + j->d.A * 2 * j->d.H;
+    memset(p0, 0, (size_t)j->psize * sizeof(REAL));
+    j->used = 1;
+    for (ptrdiff_t i = 0; i < j->d.B; i++) {
+        j->seq = i;
+        j->n = FSFX(bwd_setup)(j, i, s);
+        j->mcb = FSFX(bwd_blocks)(j->n, &j->nblk);
+        j->nseg = j->nblk < j->nparts ? j->nblk : j->nparts;
+        for (; j->used < j->nseg; j->used++) {
+            memset(FSFX(partial)(j, j->used), 0,
+                   (size_t)j->psize * sizeof(REAL));
+        }
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_gamma_task), j);
+        FSFX(bwd_ds)(j, i, j->n, s);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_segment_task), j);
+        for (ptrdiff_t a = 0; a < 2 * s->Apad; a++) {  /* segments in order */
+            s->sums[a] = 0;
+            for (ptrdiff_t k = 0; k < j->nseg; k++) {
+                s->sums[a] += s->segsums[k * 2 * s->Apad + a];
+            }
+        }
+        FSFX(bwd_context)(j, j->n, s, s->sums, p0, dv0, dv0 + s->Apad);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_mean_task), j);
+    }
+}
+
 int FSFX(att_fast_context_attention_backward)(
     att_dims d, att_pool *pool, int threads, const REAL *grad_out,
     const REAL *h, const REAL *W, const REAL *v, const REAL *alpha,
@@ -1057,15 +1147,21 @@ int FSFX(att_fast_context_attention_backward)(
     const REAL *act, REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
 {
     FSFX(bwd_job) j = {d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act,
-                       dh, NULL, FSFX(n_partials)(d), 0, NULL};
+                       dh, NULL, FSFX(n_partials)(d), 0, NULL,
+                       0, 0, 0, 0, 0, 0};
     j.ws = FSFX(ws_init)(d, 1, threads, work, &j.partials);
     ptrdiff_t Apad = j.ws[0].Apad;
     j.psize = d.A * 2 * d.H + 2 * Apad;
     FSFX(setup)(d, W, v, &j.ws[0]);
     /* W_h as B panels for dh = eps W_h: element (a, k) = W[a*2H + k] */
     FSFX(pack_B)(Apad, d.A, d.H, W, 2 * d.H, 1, j.ws[0].Bd);
-    att_pool_run(pool, threads, d.B > 0 ? j.nparts : 0,
-                 FSFX(bwd_chunk_task), &j);
+    if (d.B >= j.nparts) {
+        att_pool_run(pool, threads, j.nparts, FSFX(bwd_chunk_task), &j);
+        j.used = j.nparts;
+    }
+    else {
+        FSFX(bwd_split_rows)(&j, pool, threads);
+    }
     /* the partial sums, added in order */
     for (ptrdiff_t x = 0; x < d.A * 2 * d.H; x++) {
         dW[x] = 0;
@@ -1076,7 +1172,7 @@ int FSFX(att_fast_context_attention_backward)(
             db[a] = 0;
         }
     }
-    for (ptrdiff_t k = 0; k < (d.B > 0 ? j.nparts : 0); k++) {
+    for (ptrdiff_t k = 0; k < j.used; k++) {
         const REAL *pW = FSFX(partial)(&j, k), *pv = pW + d.A * 2 * d.H;
         FSFX(axpy)(d.A * 2 * d.H, 1, pW, dW);
         FSFX(axpy)(d.A, 1, pv, dv);
