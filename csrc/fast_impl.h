@@ -780,7 +780,7 @@ int FSFX(att_fast_context_attention)(att_dims d, att_pool *pool,
  * only, and the partials are added in order at the end.
  */
 
-typedef struct {
+typedef struct FSFX(bwd_job) {
     att_dims d;
     const REAL *grad_out, *h, *W, *v, *alpha, *b;
     const unsigned char *mask;
@@ -789,8 +789,11 @@ typedef struct {
     ptrdiff_t nparts, psize;   /* the partials: count, elements of each */
     FSFX(ws) *ws;
     /* split rows: the sequence, its valid rows, block size, blocks,
-     * segments; partials zeroed so far */
+     * segments; partials zeroed so far; the per-row pass that
+     * bwd_rows_task runs (bwd_gamma or bwd_mean) */
     ptrdiff_t seq, n, mcb, nblk, nseg, used;
+    void (*pass)(const struct FSFX(bwd_job) *j, ptrdiff_t i,
+                 const FSFX(ws) *s, ptrdiff_t r0, ptrdiff_t r1);
 } FSFX(bwd_job);
 
 /* A partial: dW (A, 2H) | dv (Apad) | db (Apad). */
@@ -1071,13 +1074,14 @@ static void FSFX(segment_rows)(const FSFX(bwd_job) *j, ptrdiff_t k,
     *r1 = b1 * j->mcb < j->n ? b1 * j->mcb : j->n;
 }
 
-static void FSFX(bwd_gamma_task)(void *arg, ptrdiff_t k, int thread)
+/* A per-row pass (j->pass) over segment k's rows. */
+static void FSFX(bwd_rows_task)(void *arg, ptrdiff_t k, int thread)
 {
     const FSFX(bwd_job) *j = arg;
     ptrdiff_t r0, r1;
     (void)thread;
     FSFX(segment_rows)(j, k, &r0, &r1);
-    FSFX(bwd_gamma)(j, j->seq, &j->ws[0], r0, r1);
+    j->pass(j, j->seq, &j->ws[0], r0, r1);
 }
 
 /* Step 3 for segment k's blocks on this thread's scratch: dW_h into
@@ -1099,15 +1103,6 @@ static void FSFX(bwd_segment_task)(void *arg, ptrdiff_t k, int thread)
     }
 }
 
-static void FSFX(bwd_mean_task)(void *arg, ptrdiff_t k, int thread)
-{
-    const FSFX(bwd_job) *j = arg;
-    ptrdiff_t r0, r1;
-    (void)thread;
-    FSFX(segment_rows)(j, k, &r0, &r1);
-    FSFX(bwd_mean)(j, j->seq, &j->ws[0], r0, r1);
-}
-
 /* Few sequences: each in turn, its rows split in segments (the sequence's
  * state in ws[0]); dv, db and dW_c of every sequence go to partial 0. */
 static void FSFX(bwd_split_rows)(FSFX(bwd_job) *j, att_pool *pool,
@@ -1126,7 +1121,8 @@ static void FSFX(bwd_split_rows)(FSFX(bwd_job) *j, att_pool *pool,
             memset(FSFX(partial)(j, j->used), 0,
                    (size_t)j->psize * sizeof(REAL));
         }
-        att_pool_run(pool, threads, j->nseg, FSFX(bwd_gamma_task), j);
+        j->pass = FSFX(bwd_gamma);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_rows_task), j);
         FSFX(bwd_ds)(j, i, j->n, s);
         att_pool_run(pool, threads, j->nseg, FSFX(bwd_segment_task), j);
         for (ptrdiff_t a = 0; a < 2 * s->Apad; a++) {  /* segments in order */
@@ -1136,7 +1132,8 @@ static void FSFX(bwd_split_rows)(FSFX(bwd_job) *j, att_pool *pool,
             }
         }
         FSFX(bwd_context)(j, j->n, s, s->sums, p0, dv0, dv0 + s->Apad);
-        att_pool_run(pool, threads, j->nseg, FSFX(bwd_mean_task), j);
+        j->pass = FSFX(bwd_mean);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_rows_task), j);
     }
 }
 
@@ -1148,7 +1145,7 @@ int FSFX(att_fast_context_attention_backward)(
 {
     FSFX(bwd_job) j = {d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act,
                        dh, NULL, FSFX(n_partials)(d), 0, NULL,
-                       0, 0, 0, 0, 0, 0};
+                       0, 0, 0, 0, 0, 0, NULL};
     j.ws = FSFX(ws_init)(d, 1, threads, work, &j.partials);
     ptrdiff_t Apad = j.ws[0].Apad;
     j.psize = d.A * 2 * d.H + 2 * Apad;
