@@ -151,9 +151,10 @@ static REAL FSFX(v_dot)(ptrdiff_t n, const REAL *x, const REAL *y)
  * Micro-kernel and packing
  */
 
-/* The register tile: MR rows x 2 vectors of accumulators, updated by
- * c[r] += a(r, k) b(k) for k < K, a(r, k) read through A_AT(r, k). */
-#define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
+/* The register tile: MR rows x 2 vectors of accumulators c0, c1 from
+ * zero, updated by c[r] += a(r, k) b(k) for k < K, a(r, k) read through
+ * A_AT(r, k), b(k) at B_AT(k) (also the tiles of fast_ops_impl.h) */
+#define TILE_ACCUMULATE(A_AT, B_AT)                                          \
     VEC c0[MR], c1[MR];                                                      \
     for (int r = 0; r < MR; r++) {                                           \
         c0[r] = VZERO();                                                     \
@@ -167,7 +168,11 @@ static REAL FSFX(v_dot)(ptrdiff_t n, const REAL *x, const REAL *y)
             c0[r] = VFMA(a, b0, c0[r]);                                      \
             c1[r] = VFMA(a, b1, c1[r]);                                      \
         }                                                                    \
-    }                                                                        \
+    }
+
+/* ... then stored to the tile (MR x NR, row-major) */
+#define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
+    TILE_ACCUMULATE(A_AT, B_AT)                                              \
     for (int r = 0; r < MR; r++) {                                           \
         VSTORE(tile + r * NR, c0[r]);                                        \
         VSTORE(tile + r * NR + VLEN, c1[r]);                                 \
@@ -211,7 +216,6 @@ static void FSFX(micro_kernel_packed_rows)(ptrdiff_t K,
     MICRO_KERNEL_BODY(PACKED_AT, BROWS_AT)
 #undef BROWS_AT
 #undef PACKED_AT
-#undef PANEL_AT
 }
 
 #undef MICRO_KERNEL_BODY
@@ -1204,6 +1208,8 @@ void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
 #include "fast_ops_impl.h"
 
 /* This file consumes its parameters, so that the next type can set them */
+#undef TILE_ACCUMULATE
+#undef PANEL_AT
 #undef NR
 #undef MC
 #undef MCB
