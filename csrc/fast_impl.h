@@ -19,7 +19,7 @@
  * K x NR, stays in L1/L2).  The tile is consumed at once by an epilogue:
  * the forward adds q = W_c c + b, applies tanh and dots with v; the
  * backward also forms eps = ds v (1 - u^2).  So the n x A activations
- * never reach memory in the forward, and only MC x A of them per block in
+ * never reach memory in the forward, and only MCB x A of them per block in
  * the backward, where eps feeds two more products (dW_h and dh) that run
  * through the same micro-kernel.
  *
@@ -255,11 +255,13 @@ static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
 /* ---------------------------------------------------------------------
  * Workspace: one buffer carved into 64-byte aligned parts: one ws struct
  * per thread, the parts all threads share (packed W, padded v, ...), each
- * thread's scratch, and the backward's per-chunk parameter gradients.
+ * thread's scratch, and the backward's partial parameter gradients (one
+ * per chunk of sequences or segment of a sequence's rows).
  */
 
 typedef struct {
-    /* shared by all threads, written once per call */
+    /* shared by all threads, written once per call (segsums: by the
+     * backward's segment tasks, one slot each) */
     ptrdiff_t Apad, Hpad, nA, nH;     /* padded sizes, panels of A and H */
     REAL *Bz;        /* W_h^T panels (H x Apad): Z = h W_h^T            */
     REAL *Bc;        /* W_c^T panels (H x Apad): q = W_c c + b          */
