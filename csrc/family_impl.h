@@ -85,7 +85,7 @@ static void SFX(add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,
         }
         for (ptrdiff_t a = 0; VALID(m, t) && a < apad; a++) {
             REAL u = TANH(qp[a] + kp[t * ldk + a]);
-            REAL e = delta[t] * v[a] * (1 - u * u);
+            REAL e = SFX(tanh_score_backward)(delta[t], v[a], u);
             dv[a] += delta[t] * u;
             eq[a] += e;
             ek[t * lde + a] = first ? e : ek[t * lde + a] + e;

@@ -19,7 +19,7 @@
  * K x NR, stays in L1/L2).  The tile is consumed at once by an epilogue:
  * the forward adds q = W_c c + b, applies tanh and dots with v; the
  * backward also forms eps = ds v (1 - u^2).  So the n x A activations
- * never reach memory in the forward, and only MC x A of them per block in
+ * never reach memory in the forward, and only MCB x A of them per block in
  * the backward, where eps feeds two more products (dW_h and dh) that run
  * through the same micro-kernel.
  *
@@ -54,6 +54,11 @@
 /* The backward's blocks: at most MCB rows, split evenly (each block adds
  * its share into dW_h once, so fewer, fuller blocks move less memory) */
 #define MCB (2 * MC)
+
+/* The formulas the scalar path shares (kernels_impl.h), with this type's
+ * and instruction set's names */
+#define FML FSFX
+#include "formulas.h"
 
 /* ---------------------------------------------------------------------
  * Vector math.  expm1 is accurate to ~1 ulp over y <= 0 (Cody-Waite
@@ -142,22 +147,14 @@ static REAL FSFX(v_dot)(ptrdiff_t n, const REAL *x, const REAL *y)
     return VREDUCE(VADD(acc0, acc1)) + tail;
 }
 
-/* y += a x (n); plain C, vectorised by the compiler for this target. */
-static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
-                       REAL *restrict y)
-{
-    for (ptrdiff_t i = 0; i < n; i++) {
-        y[i] += a * x[i];
-    }
-}
-
 /* ---------------------------------------------------------------------
  * Micro-kernel and packing
  */
 
-/* The register tile: MR rows x 2 vectors of accumulators, updated by
- * c[r] += a(r, k) b(k) for k < K, a(r, k) read through A_AT(r, k). */
-#define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
+/* The register tile: MR rows x 2 vectors of accumulators c0, c1 from
+ * zero, updated by c[r] += a(r, k) b(k) for k < K, a(r, k) read through
+ * A_AT(r, k), b(k) at B_AT(k) (also the tiles of fast_ops_impl.h) */
+#define TILE_ACCUMULATE(A_AT, B_AT)                                          \
     VEC c0[MR], c1[MR];                                                      \
     for (int r = 0; r < MR; r++) {                                           \
         c0[r] = VZERO();                                                     \
@@ -171,7 +168,11 @@ static void FSFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
             c0[r] = VFMA(a, b0, c0[r]);                                      \
             c1[r] = VFMA(a, b1, c1[r]);                                      \
         }                                                                    \
-    }                                                                        \
+    }
+
+/* ... then stored to the tile (MR x NR, row-major) */
+#define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
+    TILE_ACCUMULATE(A_AT, B_AT)                                              \
     for (int r = 0; r < MR; r++) {                                           \
         VSTORE(tile + r * NR, c0[r]);                                        \
         VSTORE(tile + r * NR + VLEN, c1[r]);                                 \
@@ -215,7 +216,6 @@ static void FSFX(micro_kernel_packed_rows)(ptrdiff_t K,
     MICRO_KERNEL_BODY(PACKED_AT, BROWS_AT)
 #undef BROWS_AT
 #undef PACKED_AT
-#undef PANEL_AT
 }
 
 #undef MICRO_KERNEL_BODY
@@ -255,17 +255,21 @@ static void FSFX(pack_B)(ptrdiff_t K, ptrdiff_t Kvalid, ptrdiff_t N,
 /* ---------------------------------------------------------------------
  * Workspace: one buffer carved into 64-byte aligned parts: one ws struct
  * per thread, the parts all threads share (packed W, padded v, ...), each
- * thread's scratch, and the backward's per-chunk parameter gradients.
+ * thread's scratch, and the backward's partial parameter gradients (one
+ * per chunk of sequences or segment of a sequence's rows).
  */
 
 typedef struct {
-    /* shared by all threads, written once per call */
+    /* shared by all threads, written once per call (segsums: by the
+     * backward's segment tasks, one slot each) */
     ptrdiff_t Apad, Hpad, nA, nH;     /* padded sizes, panels of A and H */
     REAL *Bz;        /* W_h^T panels (H x Apad): Z = h W_h^T            */
     REAL *Bc;        /* W_c^T panels (H x Apad): q = W_c c + b          */
     REAL *Bd;        /* W_h panels (Apad x Hpad): dh = eps W_h           */
     REAL *vp, *colmask;   /* (Apad) v padded; lane mask of real columns  */
     REAL *zero;      /* (max(H, Apad)) zeros: the rows past a block's end */
+    double *segsums; /* (partials x 2 Apad) E and dv of each segment of a
+                        sequence whose rows are split (backward)         */
     /* this thread's */
     REAL *q, *E, *dv;     /* (Apad) each                                 */
     double *sums;         /* (2 Apad) E and dv of a sequence, in double  */
@@ -281,21 +285,22 @@ typedef struct {
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
 
-/* Backward chunks: sequences are summed in at most this many groups, each
- * into its own partial dW, dv, db, then the groups in order; the grouping
- * depends on the sizes only, so results do not depend on the thread count.
- * The partials together take at most CHUNK_BYTES when W is large (beyond
- * glibc's largest mmap threshold, 32 MiB, each call would fault in fresh
- * pages), but there are always two when B allows, for two threads. */
+/* The backward's partial parameter gradients (dW, dv, db): the work is
+ * summed in at most this many groups (chunks of sequences, or segments of
+ * a sequence's rows), each into its own partial, then the partials in
+ * order; the grouping depends on the sizes only, so results do not depend
+ * on the thread count.  The partials together take at most CHUNK_BYTES
+ * when W is large (beyond glibc's largest mmap threshold, 32 MiB, each
+ * call would fault in fresh pages), but there are always two, for two
+ * threads. */
 #define MAX_CHUNKS 8
 #define CHUNK_BYTES ((size_t)16 << 20)
 
-static ptrdiff_t FSFX(n_chunks)(att_dims d)
+static ptrdiff_t FSFX(n_partials)(att_dims d)
 {
     double bytes = (double)d.A * (double)(2 * d.H + 2) * sizeof(REAL);
     ptrdiff_t n = (ptrdiff_t)((double)CHUNK_BYTES / (bytes + 1));
-    n = n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
-    return d.B < n ? (d.B > 0 ? d.B : 1) : n;
+    return n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
 }
 
 /* Carves the workspace for `threads` threads from base (or only counts
@@ -308,8 +313,8 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
     size_t used = 0;
     ptrdiff_t Apad = (d.A + NR - 1) / NR * NR;
     ptrdiff_t Hpad = (d.H + NR - 1) / NR * NR;
-    ptrdiff_t chunk = backward ? FSFX(n_chunks)(d) * (d.A * 2 * d.H + 2 *
-                                                       Apad) : 0;
+    ptrdiff_t npartials = backward ? FSFX(n_partials)(d) : 0;
+    ptrdiff_t chunk = npartials * (d.A * 2 * d.H + 2 * Apad);
     /* every count below is at most a product of two sizes the caller
      * already holds in memory, times a small constant */
     if (d.H > PTRDIFF_MAX / 64 / (Apad + 1) || Hpad > PTRDIFF_MAX / 64 /
@@ -331,6 +336,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             {&w->colmask, Apad, sizeof(REAL)},
             {&w->zero, d.H > Apad ? d.H : Apad, sizeof(REAL)},
             {partials, chunk, sizeof(REAL)},
+            {&w->segsums, npartials * 2 * Apad, sizeof(double)},
         }, own[] = {
             {&w->q, Apad, sizeof(REAL)}, {&w->E, Apad, sizeof(REAL)},
             {&w->dv, Apad, sizeof(REAL)},
@@ -366,6 +372,7 @@ static size_t FSFX(ws_carve)(att_dims d, int backward, int threads,
             w->vp = ws[0].vp;
             w->colmask = ws[0].colmask;
             w->zero = ws[0].zero;
+            w->segsums = ws[0].segsums;
             w->Apad = Apad;
             w->Hpad = Hpad;
             w->nA = Apad / NR;
@@ -412,36 +419,6 @@ static void FSFX(setup)(att_dims d, const REAL *W, const REAL *v,
     }
 }
 
-/* out = sum_r w_t h_t over the valid rows t = idx[r], r < n (w_t = 1 when
- * w is NULL).  Blocks of 64 rows are summed in REAL (vectorised), the
- * blocks in double: float32 summed row by row over a long sequence would
- * lose digits (error ~ n eps; this is ~64 eps at worst).  Columns go 64 at
- * a time so the accumulators stay in registers or L1. */
-static void FSFX(sum_rows)(ptrdiff_t H, ptrdiff_t n, const ptrdiff_t *idx,
-                           const REAL *h, const REAL *w, REAL *out)
-{
-    for (ptrdiff_t k0 = 0; k0 < H; k0 += 64) {
-        ptrdiff_t nk = H - k0 < 64 ? H - k0 : 64;
-        double acc[64] = {0};
-        for (ptrdiff_t r0 = 0; r0 < n; r0 += 64) {
-            REAL blk[64] = {0};
-            for (ptrdiff_t r = r0; r < n && r < r0 + 64; r++) {
-                const REAL *ht = h + idx[r] * H + k0;
-                REAL wt = w ? w[idx[r]] : 1;
-                for (ptrdiff_t k = 0; k < nk; k++) {
-                    blk[k] += wt * ht[k];
-                }
-            }
-            for (ptrdiff_t k = 0; k < nk; k++) {
-                acc[k] += (double)blk[k];
-            }
-        }
-        for (ptrdiff_t k = 0; k < nk; k++) {
-            out[k0 + k] = (REAL)acc[k];
-        }
-    }
-}
-
 /* Per-sequence setup: the valid rows, c, q = W_c c + b.  Returns n. */
 static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
                                  const unsigned char *m, const REAL *b,
@@ -453,10 +430,7 @@ static ptrdiff_t FSFX(seq_setup)(att_dims d, const REAL *h,
             w->idx[n++] = t;
         }
     }
-    FSFX(sum_rows)(d.H, n, w->idx, h, NULL, w->c);
-    for (ptrdiff_t k = 0; k < d.H && n > 0; k++) {
-        w->c[k] /= (REAL)n;
-    }
+    FSFX(seq_mean)(d.T, d.H, h, m, w->c);
     /* q (Apad) = c^T W_c^T, a row times the packed panels, + b */
     for (ptrdiff_t p = 0; p < w->nA; p++) {
         const REAL *Bp = w->Bc + p * d.H * NR;
@@ -663,19 +637,14 @@ static void FSFX(score_block)(att_dims d, const REAL *h, const ptrdiff_t *idx,
 static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
                               REAL *s, REAL *alpha)
 {
-    REAL M = -INFINITY;
-    double total = 0;     /* double: see sum_rows */
+    double total = 0;     /* double: see weight */
     for (ptrdiff_t t = 0; t < T; t++) {
         alpha[t] = 0;
     }
     if (n == 0) {
         return;
     }
-    for (ptrdiff_t i = 0; i < n; i++) {
-        if (s[i] > M || isnan(s[i])) {
-            M = isnan(M) ? M : s[i];
-        }
-    }
+    REAL M = FSFX(row_max)(n, s, NULL);
     ptrdiff_t i = 0;
     VEC vM = VSET1(M);
     for (; i + VLEN <= n; i += VLEN) {
@@ -695,7 +664,7 @@ static void FSFX(seq_softmax)(ptrdiff_t T, ptrdiff_t n, const ptrdiff_t *idx,
         total += s[i];
     }
     for (i = 0; i < n; i++) {
-        alpha[idx[i]] = WEIGHT_FLOOR((REAL)(s[i] / total));
+        alpha[idx[i]] = FSFX(weight)(s[i], total);
     }
 }
 
@@ -736,11 +705,12 @@ static void FSFX(fwd_finish)(const FSFX(fwd_job) *j, ptrdiff_t i,
 {
     att_dims d = j->d;
     const REAL *hi = j->h + i * d.T * d.H;
+    const unsigned char *m = j->mask ? j->mask + i * d.T : NULL;
     REAL *ai = j->alpha + i * d.T, *oi = j->out + i * d.H;
     /* 4. alpha = masked softmax(s) */
     FSFX(seq_softmax)(d.T, n, w->idx, w->sbuf, ai);
     /* 5. out = sum_t alpha_t h_t */
-    FSFX(sum_rows)(d.H, n, w->idx, hi, ai, oi);
+    FSFX(sum_rows)(d.T, d.H, hi, m, ai, oi);
 }
 
 static void FSFX(fwd_sequence_task)(void *arg, ptrdiff_t i, int thread)
@@ -798,218 +768,378 @@ int FSFX(att_fast_context_attention)(att_dims d, att_pool *pool,
 }
 
 /* ---------------------------------------------------------------------
- * The backward: one task per chunk of sequences (see MAX_CHUNKS); chunk k
- * sums its parameter gradients into its own partials, added in order at
- * the end.  dh rows belong to one sequence each.
+ * The backward.  Each step undoes the forward step of its number:
+ *   setup    recompute steps 1-2: the valid rows, c and q
+ *   ds       5. out = sum_t alpha_t h_t -> gamma_t = g . h_t (+ ga_t);
+ *            4. alpha = softmax(s) -> ds_t
+ *   block    3. s_t = v . tanh(W_h h_t + q), by blocks of rows: eps, dv
+ *            and E; dW_h += eps^T H_blk; dh_blk = alpha_t g + eps W_h
+ *   context  2. q = W_c c + b -> db, dW_c, dc = W_c^T E (E summed over
+ *            every block first); 1. c = mean of the valid h_t -> dc / n
+ *   mean     dh_t += dc / n for every valid row
+ * Many sequences (B >= the partials): one task per chunk of sequences,
+ * each summing into its own partial.  Fewer: a sequence at a time, its
+ * blocks of rows in segments, one task each, segment s summing dW_h into
+ * partial s and its E, dv into segsums s; the segments' sums are then
+ * added in order before the context step, and the mean step runs by
+ * segments again.  Blocks and segments depend on the sizes and the mask
+ * only, and the partials are added in order at the end.
  */
 
-typedef struct {
+typedef struct FSFX(bwd_job) {
     att_dims d;
     const REAL *grad_out, *h, *W, *v, *alpha, *b;
     const unsigned char *mask;
     const REAL *grad_alpha, *act;
     REAL *dh, *partials;
-    ptrdiff_t nchunks;
+    ptrdiff_t nparts, psize;   /* the partials: count, elements of each */
     FSFX(ws) *ws;
+    /* split rows: the sequence, its valid rows, block size, blocks,
+     * segments; partials zeroed so far; the per-row pass that
+     * bwd_rows_task runs (bwd_gamma or bwd_mean) */
+    ptrdiff_t seq, n, mcb, nblk, nseg, used;
+    void (*pass)(const struct FSFX(bwd_job) *j, ptrdiff_t i,
+                 const FSFX(ws) *s, ptrdiff_t r0, ptrdiff_t r1);
 } FSFX(bwd_job);
 
-/* Sequence i's share of the gradients: dh rows, and dW, dv (Apad), db
- * (Apad) accumulated.  Each step undoes the forward step of its number. */
-static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
-                               FSFX(ws) *wp, REAL *dW, REAL *dv, REAL *db)
+/* A partial: dW (A, 2H) | dv (Apad) | db (Apad). */
+static REAL *FSFX(partial)(const FSFX(bwd_job) *j, ptrdiff_t k)
 {
-    FSFX(ws) w = *wp;
+    return j->partials + k * j->psize;
+}
+
+/* Blocks of a sequence's n valid rows: at most MCB rows, split evenly
+ * (each block adds its share into dW_h once, so fewer, fuller blocks move
+ * less memory), in whole micro-panels (only the last block may end in a
+ * partial one, whose padded rows read ds past n, which is 0).  Returns
+ * the block size; *nblk the number of blocks. */
+static ptrdiff_t FSFX(bwd_blocks)(ptrdiff_t n, ptrdiff_t *nblk)
+{
+    ptrdiff_t nb = (n + MCB - 1) / MCB;
+    ptrdiff_t mcb = nb ? ((n + nb - 1) / nb + MR - 1) / MR * MR : MR;
+    *nblk = (n + mcb - 1) / mcb;
+    return mcb;
+}
+
+/* Setup: forward steps 1-2 of sequence i again on s (valid rows, c, q);
+ * the dh rows of its masked items cleared.  Returns n. */
+static ptrdiff_t FSFX(bwd_setup)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                                 FSFX(ws) *s)
+{
     att_dims d = j->d;
-    const REAL *W = j->W, *act = j->act;
-    const unsigned char *mask = j->mask;
-    const REAL *hi = j->h + i * d.T * d.H, *g = j->grad_out + i * d.H;
-    const REAL *ai = j->alpha + i * d.T;
-    const REAL *gai = j->grad_alpha ? j->grad_alpha + i * d.T : NULL;
+    const unsigned char *m = j->mask ? j->mask + i * d.T : NULL;
     REAL *dhi = j->dh + i * d.T * d.H;
-    /* recompute forward steps 1-2: the valid rows, c and q */
-    ptrdiff_t n = FSFX(seq_setup)(d, hi, mask ? mask + i * d.T : NULL,
-                                  j->b, &w);
-    for (ptrdiff_t t = 0; mask && t < d.T; t++) {
-        if (!mask[i * d.T + t]) {
+    for (ptrdiff_t t = 0; m && t < d.T; t++) {
+        if (!m[t]) {
             memset(dhi + t * d.H, 0, (size_t)d.H * sizeof(REAL));
         }
     }
-    /* 5. out = sum alpha_t h_t -> gamma_t = g . h_t + ga_t (dh_t = alpha_t g
-     *    is written below, block by block)
-     * 4. softmax -> ds_t = alpha_t (gamma_t - alpha . gamma), with gamma
-     *    shifted by the heaviest item's value first, as in
-     *    seq_softmax_backward of kernels_impl.h (no cancellation) */
-    REAL *ds = w.sbuf, mean = 0;
-    ptrdiff_t heavy = 0;
-    for (ptrdiff_t r = 0; r < n; r++) {
-        ptrdiff_t t = w.idx[r];
-        ds[r] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
-        heavy = ai[t] > ai[w.idx[heavy]] ? r : heavy;
-    }
-    REAL ref = n > 0 ? ds[heavy] : 0;
-    double acc = 0;       /* double: see sum_rows */
-    for (ptrdiff_t r = 0; r < n; r++) {
-        acc += (double)ai[w.idx[r]] * (double)(ds[r] - ref);
-    }
-    mean = (REAL)acc;
-    for (ptrdiff_t r = 0; r < n; r++) {
-        ds[r] = ai[w.idx[r]] * ((ds[r] - ref) - mean);
-    }
-    for (ptrdiff_t r = n; r < n + MR; r++) {
-        ds[r] = 0;   /* rows of a partial micro-panel add nothing */
-    }
-    /* 3. s_t = v . tanh(W_h h_t + q): the three products, by block.
-     * dv and E are summed per block in REAL, the blocks in double (sums
-     * over a long sequence would lose digits; see sum_rows) */
-    for (ptrdiff_t a = 0; a < 2 * w.Apad; a++) {
-        w.sums[a] = 0;
-    }
-    /* blocks of whole micro-panels (only the last may be partial: the
-     * padded rows of a micro-panel read ds past n, which is 0) */
-    ptrdiff_t nblk = (n + MCB - 1) / MCB;
-    ptrdiff_t mcb = nblk ? ((n + nblk - 1) / nblk + MR - 1) / MR * MR : 1;
-    for (ptrdiff_t i0 = 0; i0 < n; i0 += mcb) {
-        ptrdiff_t mc = n - i0 < mcb ? n - i0 : mcb;
-        for (ptrdiff_t a = 0; a < w.Apad; a++) {
-            w.E[a] = 0;
-            w.dv[a] = 0;
-        }
-        for (ptrdiff_t j = 0; j < mc; j++) {
-            w.rows[j] = hi + w.idx[i0 + j] * d.H;
-        }
-        FSFX(block_rows)(mc, &w);
-        /* Z tiles -> eps (rows of the block x Apad), dv, E */
-        for (ptrdiff_t p = 0; p < w.nA; p++) {
-            for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                if (act != NULL) {    /* u from the forward */
-                    REAL *arows[MR];
-                    ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-                    for (ptrdiff_t r = 0; r < mr; r++) {
-                        arows[r] = (REAL *)act + (i * d.T +
-                                   w.idx[i0 + r0 + r]) * d.A + p * NR;
-                    }
-                    FSFX(tile_copy)(w.tile, mr, d.A - p * NR, arows, 1);
-                }
-                else {
-                    FSFX(micro_kernel_rows)(d.H, w.rows + r0,
-                                            w.Bz + p * d.H * NR, w.tile);
-                }
-                FSFX(epi_backward)(w.tile, act != NULL, w.q + p * NR,
-                                   w.vp + p * NR,
-                                   w.colmask + p * NR, ds + i0 + r0,
-                                   w.dv + p * NR,
-                                   w.E + p * NR,
-                                   w.eps + r0 * w.Apad + p * NR, w.Apad);
-            }
-        }
-        /* dW_h (A x H) += eps^T (A x mc) H_blk (mc x H) */
-        /* A: eps^T in micro-panels of MR columns of eps (k = row) */
-        for (ptrdiff_t r = 0; r < mc; r++) {
-            const REAL *src = w.eps + r * w.Apad;
-            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-                REAL *dst = w.AeT + a0 * mc + r * MR;
-                if (a0 + MR <= w.Apad) {
-                    memcpy(dst, src + a0, MR * sizeof(REAL));
-                    continue;
-                }
-                for (ptrdiff_t x = 0; x < MR; x++) {
-                    dst[x] = a0 + x < w.Apad ? src[a0 + x] : 0;
-                }
-            }
-        }
-        /* B: the block's h rows (still in w.rows), read in place; only a
-         * last, partial panel of NR columns is copied, zero-padded */
-        ptrdiff_t pfull = d.H / NR;
-        for (ptrdiff_t r = 0; pfull < w.nH && r < mc; r++) {
-            for (ptrdiff_t c = 0; c < NR; c++) {
-                w.Bh[r * NR + c] = pfull * NR + c < d.H ?
-                                   w.rows[r][pfull * NR + c] : 0;
-            }
-        }
-        /* panel p of the block's h (mc x NR) stays in L1 while every
-         * micro-panel of eps^T goes by */
-        for (ptrdiff_t p = 0; p < w.nH; p++) {
-            ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
-            for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
-                REAL *dWrows[MR];
-                ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
-                for (ptrdiff_t x = 0; x < ma; x++) {
-                    dWrows[x] = dW + (a0 + x) * 2 * d.H + p * NR;
-                }
-                if (p < pfull) {
-                    FSFX(micro_kernel_packed_rows)(mc, w.AeT + a0 * mc,
-                                                   w.rows, p * NR, w.tile);
-                }
-                else {
-                    FSFX(micro_kernel_packed)(mc, w.AeT + a0 * mc, w.Bh,
-                                              w.tile);
-                }
-                FSFX(epi_add)(w.tile, ma, nc, dWrows);
-            }
-        }
-        /* dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h (Apad x H),
-         * both terms written by the product's epilogue */
-        for (ptrdiff_t r = 0; r < mc; r++) {
-            w.rows[r] = w.eps + r * w.Apad;
-        }
-        FSFX(block_rows)(mc, &w);
-        /* panel p of W_h (Apad x NR) stays in L2 while the block's eps
-         * rows go by (all of W_h may not fit) */
-        for (ptrdiff_t p = 0; p < w.nH; p++) {
-            ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
-            for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                REAL *dhrows[MR], arow[MR];
-                ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-                for (ptrdiff_t x = 0; x < mr; x++) {
-                    ptrdiff_t t = w.idx[i0 + r0 + x];
-                    dhrows[x] = dhi + t * d.H + p * NR;
-                    arow[x] = ai[t];
-                }
-                FSFX(micro_kernel_rows)(w.Apad, w.rows + r0,
-                                        w.Bd + p * w.Apad * NR, w.tile);
-                FSFX(epi_dh)(w.tile, mr, nc, arow, g + p * NR, dhrows);
-            }
-        }
-        for (ptrdiff_t a = 0; a < w.Apad; a++) {
-            w.sums[a] += (double)w.E[a];
-            w.sums[w.Apad + a] += (double)w.dv[a];
-        }
-    }
-    for (ptrdiff_t a = 0; a < w.Apad; a++) {
-        w.E[a] = (REAL)w.sums[a];
-        dv[a] += (REAL)w.sums[w.Apad + a];
-    }
-    /* 2. q = W_c c + b -> db += E, dW_c += E c^T, dc = W_c^T E */
-    for (ptrdiff_t k = 0; k < d.H; k++) {
-        w.dc[k] = 0;
-    }
-    for (ptrdiff_t a = 0; a < d.A; a++) {
-        db[a] += w.E[a];
-        FSFX(axpy)(d.H, w.E[a], w.c, dW + a * 2 * d.H + d.H);
-        FSFX(axpy)(d.H, w.E[a], W + a * 2 * d.H + d.H, w.dc);
-    }
-    /* 1. c = mean of valid h_t -> dh_t += dc / n */
-    for (ptrdiff_t k = 0; k < d.H; k++) {
-        w.dc[k] /= (REAL)n;
-    }
-    for (ptrdiff_t r = 0; r < n; r++) {
-        FSFX(axpy)(d.H, 1, w.dc, dhi + w.idx[r] * d.H);
+    return FSFX(seq_setup)(d, j->h + i * d.T * d.H, m, j->b, s);
+}
+
+/* Step 5 for the valid rows r0 .. r1 of sequence i: gamma_r = dL/dalpha
+ * = g . h_t + ga_t into s->sbuf (dh_t = alpha_t g is written by the
+ * block's dh product). */
+static void FSFX(bwd_gamma)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                            const FSFX(ws) *s, ptrdiff_t r0, ptrdiff_t r1)
+{
+    att_dims d = j->d;
+    const REAL *hi = j->h + i * d.T * d.H, *g = j->grad_out + i * d.H;
+    const REAL *gai = j->grad_alpha ? j->grad_alpha + i * d.T : NULL;
+    for (ptrdiff_t r = r0; r < r1; r++) {
+        ptrdiff_t t = s->idx[r];
+        s->sbuf[r] = FSFX(v_dot)(d.H, g, hi + t * d.H) + (gai ? gai[t] : 0);
     }
 }
 
+/* Step 4 over the n valid rows: ds from gamma, in place in s->sbuf, by
+ * the softmax backward of formulas.h; the MR entries past n are zeroed,
+ * so the rows of a partial micro-panel add nothing. */
+static void FSFX(bwd_ds)(const FSFX(bwd_job) *j, ptrdiff_t i, ptrdiff_t n,
+                         const FSFX(ws) *s)
+{
+    FSFX(softmax_backward)(n, s->idx, s->sbuf, j->alpha + i * j->d.T,
+                           s->sbuf);
+    for (ptrdiff_t r = n; r < n + MR; r++) {
+        s->sbuf[r] = 0;
+    }
+}
+
+/* Step 3, eps/dv/E, for the block of valid rows i0 .. i0 + mc of
+ * sequence i (its rows, q and ds in s): u = tanh(z) from act or from the
+ * product h W_h^T again; eps = ds v (1 - u^2) into w->eps (mc x Apad);
+ * the block's dv and E into w->dv, w->E, summed in REAL.  Leaves w->rows
+ * at the block's h rows. */
+static void FSFX(bwd_eps)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                          const FSFX(ws) *s, ptrdiff_t i0, ptrdiff_t mc,
+                          FSFX(ws) *w)
+{
+    att_dims d = j->d;
+    const REAL *hi = j->h + i * d.T * d.H;
+    for (ptrdiff_t a = 0; a < w->Apad; a++) {
+        w->E[a] = 0;
+        w->dv[a] = 0;
+    }
+    for (ptrdiff_t r = 0; r < mc; r++) {
+        w->rows[r] = hi + s->idx[i0 + r] * d.H;
+    }
+    FSFX(block_rows)(mc, w);
+    for (ptrdiff_t p = 0; p < w->nA; p++) {
+        for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+            if (j->act != NULL) {    /* u from the forward */
+                REAL *arows[MR];
+                ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+                for (ptrdiff_t r = 0; r < mr; r++) {
+                    arows[r] = (REAL *)j->act + (i * d.T +
+                               s->idx[i0 + r0 + r]) * d.A + p * NR;
+                }
+                FSFX(tile_copy)(w->tile, mr, d.A - p * NR, arows, 1);
+            }
+            else {
+                FSFX(micro_kernel_rows)(d.H, w->rows + r0,
+                                        w->Bz + p * d.H * NR, w->tile);
+            }
+            FSFX(epi_backward)(w->tile, j->act != NULL, s->q + p * NR,
+                               w->vp + p * NR, w->colmask + p * NR,
+                               s->sbuf + i0 + r0, w->dv + p * NR,
+                               w->E + p * NR,
+                               w->eps + r0 * w->Apad + p * NR, w->Apad);
+        }
+    }
+}
+
+/* Step 3, dW_h: dW_h (A x H) += eps^T (A x mc) H_blk (mc x H), H_blk
+ * the block's h rows in w->rows. */
+static void FSFX(bwd_dWh)(att_dims d, ptrdiff_t mc, FSFX(ws) *w, REAL *dW)
+{
+    /* A: eps^T in micro-panels of MR columns of eps (k = row) */
+    for (ptrdiff_t r = 0; r < mc; r++) {
+        const REAL *src = w->eps + r * w->Apad;
+        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+            REAL *dst = w->AeT + a0 * mc + r * MR;
+            if (a0 + MR <= w->Apad) {
+                memcpy(dst, src + a0, MR * sizeof(REAL));
+                continue;
+            }
+            for (ptrdiff_t x = 0; x < MR; x++) {
+                dst[x] = a0 + x < w->Apad ? src[a0 + x] : 0;
+            }
+        }
+    }
+    /* B: the block's h rows, read in place; only a last, partial panel
+     * of NR columns is copied, zero-padded */
+    ptrdiff_t pfull = d.H / NR;
+    for (ptrdiff_t r = 0; pfull < w->nH && r < mc; r++) {
+        for (ptrdiff_t c = 0; c < NR; c++) {
+            w->Bh[r * NR + c] = pfull * NR + c < d.H ?
+                                w->rows[r][pfull * NR + c] : 0;
+        }
+    }
+    /* panel p of the block's h (mc x NR) stays in L1 while every
+     * micro-panel of eps^T goes by */
+    for (ptrdiff_t p = 0; p < w->nH; p++) {
+        ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+        for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
+            REAL *dWrows[MR];
+            ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
+            for (ptrdiff_t x = 0; x < ma; x++) {
+                dWrows[x] = dW + (a0 + x) * 2 * d.H + p * NR;
+            }
+            if (p < pfull) {
+                FSFX(micro_kernel_packed_rows)(mc, w->AeT + a0 * mc,
+                                               w->rows, p * NR, w->tile);
+            }
+            else {
+                FSFX(micro_kernel_packed)(mc, w->AeT + a0 * mc, w->Bh,
+                                          w->tile);
+            }
+            FSFX(epi_add)(w->tile, ma, nc, dWrows);
+        }
+    }
+}
+
+/* Step 3, dh: dh_blk (mc x H) = alpha_t g + eps (mc x Apad) W_h
+ * (Apad x H) for the block of valid rows i0 .. i0 + mc of sequence i,
+ * both terms written by the product's epilogue. */
+static void FSFX(bwd_dh)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                         const FSFX(ws) *s, ptrdiff_t i0, ptrdiff_t mc,
+                         FSFX(ws) *w)
+{
+    att_dims d = j->d;
+    const REAL *g = j->grad_out + i * d.H, *ai = j->alpha + i * d.T;
+    REAL *dhi = j->dh + i * d.T * d.H;
+    for (ptrdiff_t r = 0; r < mc; r++) {
+        w->rows[r] = w->eps + r * w->Apad;
+    }
+    FSFX(block_rows)(mc, w);
+    /* panel p of W_h (Apad x NR) stays in L2 while the block's eps rows
+     * go by (all of W_h may not fit) */
+    for (ptrdiff_t p = 0; p < w->nH; p++) {
+        ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+        for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+            REAL *dhrows[MR], arow[MR];
+            ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+            for (ptrdiff_t x = 0; x < mr; x++) {
+                ptrdiff_t t = s->idx[i0 + r0 + x];
+                dhrows[x] = dhi + t * d.H + p * NR;
+                arow[x] = ai[t];
+            }
+            FSFX(micro_kernel_rows)(w->Apad, w->rows + r0,
+                                    w->Bd + p * w->Apad * NR, w->tile);
+            FSFX(epi_dh)(w->tile, mr, nc, arow, g + p * NR, dhrows);
+        }
+    }
+}
+
+/* Step 3 for one block on w's scratch: dW_h summed into dW; the block's
+ * E and dv (REAL) added to sums (2 Apad, double: sums over a long
+ * sequence would lose digits). */
+static void FSFX(bwd_block)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                            const FSFX(ws) *s, ptrdiff_t i0, ptrdiff_t mc,
+                            FSFX(ws) *w, REAL *dW, double *sums)
+{
+    FSFX(bwd_eps)(j, i, s, i0, mc, w);
+    FSFX(bwd_dWh)(j->d, mc, w, dW);
+    FSFX(bwd_dh)(j, i, s, i0, mc, w);
+    for (ptrdiff_t a = 0; a < w->Apad; a++) {
+        sums[a] += (double)w->E[a];
+        sums[w->Apad + a] += (double)w->dv[a];
+    }
+}
+
+/* Steps 2-1 of a sequence of n valid rows, from the sums of E and dv over
+ * all its blocks: dv += its dv; db += E, dW_c += E c^T, dc = W_c^T E
+ * (formulas.h's context_backward); then s->dc = dc / n, the share of
+ * every valid row. */
+static void FSFX(bwd_context)(const FSFX(bwd_job) *j, ptrdiff_t n,
+                              FSFX(ws) *s, const double *sums, REAL *dW,
+                              REAL *dv, REAL *db)
+{
+    att_dims d = j->d;
+    for (ptrdiff_t a = 0; a < s->Apad; a++) {
+        s->E[a] = (REAL)sums[a];
+        dv[a] += (REAL)sums[s->Apad + a];
+    }
+    FSFX(context_backward)(d.H, d.A, j->W, s->c, s->E, dW, db, s->dc);
+    FSFX(mean_backward)(d.H, n, s->dc);
+}
+
+/* Mean: dh_t += dc / n (s->dc) for the valid rows r0 .. r1 of sequence
+ * i. */
+static void FSFX(bwd_mean)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                           const FSFX(ws) *s, ptrdiff_t r0, ptrdiff_t r1)
+{
+    att_dims d = j->d;
+    REAL *dhi = j->dh + i * d.T * d.H;
+    for (ptrdiff_t r = r0; r < r1; r++) {
+        FSFX(axpy)(d.H, 1, s->dc, dhi + s->idx[r] * d.H);
+    }
+}
+
+/* Sequence i whole on w: dh rows, and dW, dv (Apad), db (Apad) summed
+ * into the given partial. */
+static void FSFX(bwd_sequence)(const FSFX(bwd_job) *j, ptrdiff_t i,
+                               FSFX(ws) *w, REAL *dW, REAL *dv, REAL *db)
+{
+    ptrdiff_t nblk, n = FSFX(bwd_setup)(j, i, w);
+    ptrdiff_t mcb = FSFX(bwd_blocks)(n, &nblk);
+    FSFX(bwd_gamma)(j, i, w, 0, n);
+    FSFX(bwd_ds)(j, i, n, w);
+    for (ptrdiff_t a = 0; a < 2 * w->Apad; a++) {
+        w->sums[a] = 0;
+    }
+    for (ptrdiff_t k = 0; k < nblk; k++) {
+        ptrdiff_t i0 = k * mcb;
+        FSFX(bwd_block)(j, i, w, i0, n - i0 < mcb ? n - i0 : mcb, w, dW,
+                        w->sums);
+    }
+    FSFX(bwd_context)(j, n, w, w->sums, dW, dv, db);
+    FSFX(bwd_mean)(j, i, w, 0, n);
+}
+
+/* Task k: chunk k of the sequences, into partial k. */
 static void FSFX(bwd_chunk_task)(void *arg, ptrdiff_t k, int thread)
 {
     const FSFX(bwd_job) *j = arg;
     att_dims d = j->d;
-    ptrdiff_t Apad = j->ws[0].Apad, size = d.A * 2 * d.H + 2 * Apad;
-    REAL *dW = j->partials + k * size, *dv = dW + d.A * 2 * d.H;
-    REAL *db = dv + Apad;
-    for (ptrdiff_t x = 0; x < size; x++) {
-        dW[x] = 0;
-    }
-    for (ptrdiff_t i = k * d.B / j->nchunks; i < (k + 1) * d.B / j->nchunks;
+    REAL *dW = FSFX(partial)(j, k), *dv = dW + d.A * 2 * d.H;
+    memset(dW, 0, (size_t)j->psize * sizeof(REAL));
+    for (ptrdiff_t i = k * d.B / j->nparts; i < (k + 1) * d.B / j->nparts;
          i++) {
-        FSFX(bwd_sequence)(j, i, &j->ws[thread], dW, dv, db);
+        FSFX(bwd_sequence)(j, i, &j->ws[thread], dW, dv, dv + j->ws[0].Apad);
+    }
+}
+
+/* The valid rows r0 .. r1 of segment k of the current sequence: blocks
+ * k nblk / nseg .. (k + 1) nblk / nseg. */
+static void FSFX(segment_rows)(const FSFX(bwd_job) *j, ptrdiff_t k,
+                               ptrdiff_t *r0, ptrdiff_t *r1)
+{
+    ptrdiff_t b1 = (k + 1) * j->nblk / j->nseg;
+    *r0 = k * j->nblk / j->nseg * j->mcb;
+    *r1 = b1 * j->mcb < j->n ? b1 * j->mcb : j->n;
+}
+
+/* A per-row pass (j->pass) over segment k's rows. */
+static void FSFX(bwd_rows_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    ptrdiff_t r0, r1;
+    (void)thread;
+    FSFX(segment_rows)(j, k, &r0, &r1);
+    j->pass(j, j->seq, &j->ws[0], r0, r1);
+}
+
+/* Step 3 for segment k's blocks on this thread's scratch: dW_h into
+ * partial k, E and dv into segsums k. */
+static void FSFX(bwd_segment_task)(void *arg, ptrdiff_t k, int thread)
+{
+    const FSFX(bwd_job) *j = arg;
+    const FSFX(ws) *s = &j->ws[0];
+    double *sums = s->segsums + k * 2 * s->Apad;
+    ptrdiff_t r0, r1;
+    FSFX(segment_rows)(j, k, &r0, &r1);
+    for (ptrdiff_t a = 0; a < 2 * s->Apad; a++) {
+        sums[a] = 0;
+    }
+    for (ptrdiff_t i0 = r0; i0 < r1; i0 += j->mcb) {
+        FSFX(bwd_block)(j, j->seq, s, i0, r1 - i0 < j->mcb ? r1 - i0
+                                                          : j->mcb,
+                        &j->ws[thread], FSFX(partial)(j, k), sums);
+    }
+}
+
+/* Few sequences: each in turn, its rows split in segments (the sequence's
+ * state in ws[0]); dv, db and dW_c of every sequence go to partial 0. */
+static void FSFX(bwd_split_rows)(FSFX(bwd_job) *j, att_pool *pool,
+                                 int threads)
+{
+    FSFX(ws) *s = &j->ws[0];
+    REAL *p0 = FSFX(partial)(j, 0), *dv0 = p0 + j->d.A * 2 * j->d.H;
+    memset(p0, 0, (size_t)j->psize * sizeof(REAL));
+    j->used = 1;
+    for (ptrdiff_t i = 0; i < j->d.B; i++) {
+        j->seq = i;
+        j->n = FSFX(bwd_setup)(j, i, s);
+        j->mcb = FSFX(bwd_blocks)(j->n, &j->nblk);
+        j->nseg = j->nblk < j->nparts ? j->nblk : j->nparts;
+        for (; j->used < j->nseg; j->used++) {
+            memset(FSFX(partial)(j, j->used), 0,
+                   (size_t)j->psize * sizeof(REAL));
+        }
+        j->pass = FSFX(bwd_gamma);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_rows_task), j);
+        FSFX(bwd_ds)(j, i, j->n, s);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_segment_task), j);
+        for (ptrdiff_t a = 0; a < 2 * s->Apad; a++) {  /* segments in order */
+            s->sums[a] = 0;
+            for (ptrdiff_t k = 0; k < j->nseg; k++) {
+                s->sums[a] += s->segsums[k * 2 * s->Apad + a];
+            }
+        }
+        FSFX(bwd_context)(j, j->n, s, s->sums, p0, dv0, dv0 + s->Apad);
+        j->pass = FSFX(bwd_mean);
+        att_pool_run(pool, threads, j->nseg, FSFX(bwd_rows_task), j);
     }
 }
 
@@ -1020,15 +1150,22 @@ int FSFX(att_fast_context_attention_backward)(
     const REAL *act, REAL *dh, REAL *dW, REAL *dv, REAL *db, void *work)
 {
     FSFX(bwd_job) j = {d, grad_out, h, W, v, alpha, b, mask, grad_alpha, act,
-                       dh, NULL, FSFX(n_chunks)(d), NULL};
+                       dh, NULL, FSFX(n_partials)(d), 0, NULL,
+                       0, 0, 0, 0, 0, 0, NULL};
     j.ws = FSFX(ws_init)(d, 1, threads, work, &j.partials);
+    ptrdiff_t Apad = j.ws[0].Apad;
+    j.psize = d.A * 2 * d.H + 2 * Apad;
     FSFX(setup)(d, W, v, &j.ws[0]);
     /* W_h as B panels for dh = eps W_h: element (a, k) = W[a*2H + k] */
-    FSFX(pack_B)(j.ws[0].Apad, d.A, d.H, W, 2 * d.H, 1, j.ws[0].Bd);
-    att_pool_run(pool, threads, d.B > 0 ? j.nchunks : 0,
-                 FSFX(bwd_chunk_task), &j);
-    /* the chunks' partial sums, added in chunk order */
-    ptrdiff_t Apad = j.ws[0].Apad, size = d.A * 2 * d.H + 2 * Apad;
+    FSFX(pack_B)(Apad, d.A, d.H, W, 2 * d.H, 1, j.ws[0].Bd);
+    if (d.B >= j.nparts) {
+        att_pool_run(pool, threads, j.nparts, FSFX(bwd_chunk_task), &j);
+        j.used = j.nparts;
+    }
+    else {
+        FSFX(bwd_split_rows)(&j, pool, threads);
+    }
+    /* the partial sums, added in order */
     for (ptrdiff_t x = 0; x < d.A * 2 * d.H; x++) {
         dW[x] = 0;
     }
@@ -1038,8 +1175,8 @@ int FSFX(att_fast_context_attention_backward)(
             db[a] = 0;
         }
     }
-    for (ptrdiff_t k = 0; k < (d.B > 0 ? j.nchunks : 0); k++) {
-        const REAL *pW = j.partials + k * size, *pv = pW + d.A * 2 * d.H;
+    for (ptrdiff_t k = 0; k < j.used; k++) {
+        const REAL *pW = FSFX(partial)(&j, k), *pv = pW + d.A * 2 * d.H;
         FSFX(axpy)(d.A * 2 * d.H, 1, pW, dW);
         FSFX(axpy)(d.A, 1, pv, dv);
         if (db) {
@@ -1049,7 +1186,8 @@ int FSFX(att_fast_context_attention_backward)(
     return ATT_OK;
 }
 
-/* y = tanh(x), y = exp(x) (x <= 0) over n elements; for the tests. */
+/* y = tanh(x) over n elements with this path's vector tanh; for the
+ * tests. */
 void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
 {
     ptrdiff_t i = 0;
@@ -1072,6 +1210,8 @@ void FSFX(att_fast_tanh)(ptrdiff_t n, const REAL *x, REAL *y)
 #include "fast_ops_impl.h"
 
 /* This file consumes its parameters, so that the next type can set them */
+#undef TILE_ACCUMULATE
+#undef PANEL_AT
 #undef NR
 #undef MC
 #undef MCB

@@ -73,22 +73,11 @@ static void FSFX(micro_kernel_row)(ptrdiff_t K, const REAL *restrict a,
 }
 
 /* A full MR x NR tile of C = alpha A Bp (beta 0) or beta C + alpha A Bp,
- * stored from the registers: the arithmetic of the micro-kernel followed
- * by gemm_store, without the trip through the tile buffer. */
+ * stored from the registers: the arithmetic of the micro-kernel
+ * (fast_impl.h's TILE_ACCUMULATE, B a packed panel) followed by
+ * gemm_store, without the trip through the tile buffer. */
 #define TILE_BODY(A_AT)                                                      \
-    VEC c0[MR], c1[MR];                                                      \
-    for (int r = 0; r < MR; r++) {                                           \
-        c0[r] = VZERO();                                                     \
-        c1[r] = VZERO();                                                     \
-    }                                                                        \
-    for (ptrdiff_t k = 0; k < K; k++) {                                      \
-        VEC b0 = VLOAD(Bp + k * NR), b1 = VLOAD(Bp + k * NR + VLEN);         \
-        for (int r = 0; r < MR; r++) {                                       \
-            VEC a = VSET1(A_AT(r, k));                                       \
-            c0[r] = VFMA(a, b0, c0[r]);                                      \
-            c1[r] = VFMA(a, b1, c1[r]);                                      \
-        }                                                                    \
-    }                                                                        \
+    TILE_ACCUMULATE(A_AT, PANEL_AT)                                          \
     VEC va = VSET1(alpha), vb = VSET1(beta);                                 \
     for (int r = 0; r < MR; r++) {                                           \
         REAL *cr = C + r * ldc;                                              \
@@ -166,6 +155,53 @@ static void FSFX(pack_rows)(ptrdiff_t mc, ptrdiff_t kc, const REAL *A,
     }
 }
 
+/* The macro-kernel: C (mc x nc) = alpha A B + beta C for the packed B
+ * panels Bb (kc x nc) and A either read in place (rows Ai + r ars,
+ * contiguous along k; Ab NULL) or packed in micro-panels Ab.  Full tiles
+ * go straight to C; partial ones through the tile buffer. */
+static void FSFX(gemm_macro)(ptrdiff_t mc, ptrdiff_t nc, ptrdiff_t kc,
+                             const REAL *Ai, ptrdiff_t ars, const REAL *Ab,
+                             const REAL *Bb, REAL alpha, REAL beta, REAL *C,
+                             ptrdiff_t ldc, REAL *tile)
+{
+    for (ptrdiff_t p = 0; p * NR < nc; p++) {
+        const REAL *Bp = Bb + p * kc * NR;
+        ptrdiff_t nr = nc - p * NR < NR ? nc - p * NR : NR;
+        for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
+            ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
+            REAL *Ci = C + r0 * ldc + p * NR;
+            const REAL *Ap = Ab ? Ab + r0 * kc : NULL;
+            if (mr == MR && nr == NR && Ap) {
+                FSFX(tile_packed)(kc, Ap, Bp, alpha, beta, Ci, ldc);
+                continue;
+            }
+            if (mr == MR && nr == NR) {
+                FSFX(tile_rows)(kc, Ai + r0 * ars, ars, Bp, alpha, beta, Ci,
+                                ldc);
+                continue;
+            }
+            if (mr == MR && Ap) {
+                FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
+            }
+            else if (mr == MR) {
+                const REAL *rows[MR];
+                for (ptrdiff_t r = 0; r < MR; r++) {
+                    rows[r] = Ai + (r0 + r) * ars;
+                }
+                FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
+            }
+            else {
+                for (ptrdiff_t r = 0; r < mr; r++) {
+                    FSFX(micro_kernel_row)(kc, Ap ? Ap + r
+                                                  : Ai + (r0 + r) * ars,
+                                           Ap ? MR : 1, Bp, tile + r * NR);
+                }
+            }
+            FSFX(gemm_store)(tile, mr, nr, alpha, beta, Ci, ldc);
+        }
+    }
+}
+
 static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                        const REAL *A, ptrdiff_t ars, ptrdiff_t acs,
                        const REAL *B, ptrdiff_t brs, ptrdiff_t bcs,
@@ -201,44 +237,8 @@ static void FSFX(gemm)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, REAL alpha,
                 if (packed) {
                     FSFX(pack_rows)(mc, kc, Ai, ars, acs, Ab);
                 }
-                for (ptrdiff_t p = 0; p * NR < nc; p++) {
-                    const REAL *Bp = Bb + p * kc * NR;
-                    ptrdiff_t nr = nc - p * NR < NR ? nc - p * NR : NR;
-                    for (ptrdiff_t r0 = 0; r0 < mc; r0 += MR) {
-                        ptrdiff_t mr = mc - r0 < MR ? mc - r0 : MR;
-                        REAL *Ci = C + (ic + r0) * ldc + jc + p * NR;
-                        const REAL *Ap = Ab + r0 * kc;
-                        if (mr == MR && nr == NR) {   /* straight to C */
-                            if (packed) {
-                                FSFX(tile_packed)(kc, Ap, Bp, alpha, bk, Ci,
-                                                  ldc);
-                            }
-                            else {
-                                FSFX(tile_rows)(kc, Ai + r0 * ars, ars, Bp,
-                                                alpha, bk, Ci, ldc);
-                            }
-                            continue;
-                        }
-                        if (mr == MR && packed) {
-                            FSFX(micro_kernel_packed)(kc, Ap, Bp, tile);
-                        }
-                        else if (mr == MR) {
-                            const REAL *rows[MR];
-                            for (ptrdiff_t r = 0; r < MR; r++) {
-                                rows[r] = Ai + (r0 + r) * ars;
-                            }
-                            FSFX(micro_kernel_rows)(kc, rows, Bp, tile);
-                        }
-                        else {
-                            for (ptrdiff_t r = 0; r < mr; r++) {
-                                FSFX(micro_kernel_row)(
-                                    kc, packed ? Ap + r : Ai + (r0 + r) * ars,
-                                    packed ? MR : 1, Bp, tile + r * NR);
-                            }
-                        }
-                        FSFX(gemm_store)(tile, mr, nr, alpha, bk, Ci, ldc);
-                    }
-                }
+                FSFX(gemm_macro)(mc, nc, kc, Ai, ars, packed ? Ab : NULL, Bb,
+                                 alpha, bk, C + ic * ldc + jc, ldc, tile);
             }
         }
     }
@@ -378,10 +378,10 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     REAL lanes[VLEN], M = -INFINITY;
     VSTORE(lanes, vmax);
     for (int l = 0; l < VLEN; l++) {
-        M = lanes[l] > M || isnan(lanes[l]) ? lanes[l] : M;
+        M = FSFX(max_nan)(M, lanes[l]);
     }
     for (ptrdiff_t r = t; r < T; r++) {
-        M = alpha[r] > M || isnan(alpha[r]) ? alpha[r] : M;
+        M = FSFX(max_nan)(M, alpha[r]);
     }
     VEC vM = VSET1(M);
     for (t = 0; t + VLEN <= T; t += VLEN) {
@@ -403,13 +403,13 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     double total = FSFX(v_sum)(T, alpha);
     for (t = 0; t < T; t++) {
         int valid = m == NULL || m[t];
-        alpha[t] = valid ? WEIGHT_FLOOR((REAL)(alpha[t] / total)) : 0;
+        alpha[t] = valid ? FSFX(weight)(alpha[t], total) : 0;
     }
 }
 
 /* ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k)), k the
- * heaviest item: seq_softmax_backward's evaluation, vectorised.  ds may
- * be g. */
+ * heaviest item: formulas.h's softmax_backward, vectorised (the mean is
+ * summed by blocks of 64 in lanes, the blocks in double).  ds may be g. */
 static void FSFX(softmax_backward_row)(ptrdiff_t T, const REAL *g,
                                        const REAL *alpha, REAL *ds)
 {

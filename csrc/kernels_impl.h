@@ -12,21 +12,17 @@
  * is the composition of the building blocks by construction.  Products
  * with W are written as axpy over contiguous rows of a transposed copy
  * WT (2H, A): that loop vectorises without reassociating any sum, so the
- * results do not depend on compiler flags.
+ * results do not depend on compiler flags.  The formulas the SIMD path
+ * shares (softmax pieces, sums over rows, the context's backward) are in
+ * formulas.h, included here with this type's names.
  */
+
+#define FML SFX
+#include "formulas.h"
 
 /* ---------------------------------------------------------------------
  * Small vector helpers
  */
-
-/* y += a x  (n) */
-static void SFX(axpy)(ptrdiff_t n, REAL a, const REAL *restrict x,
-                      REAL *restrict y)
-{
-    for (ptrdiff_t i = 0; i < n; i++) {
-        y[i] += a * x[i];
-    }
-}
 
 /* x . y  (n) */
 static REAL SFX(dot)(ptrdiff_t n, const REAL *x, const REAL *y)
@@ -61,47 +57,6 @@ static void SFX(transpose)(ptrdiff_t A, ptrdiff_t K, const REAL *W, REAL *WT)
  * Per-sequence forward helpers.  h is one sequence (T, H); m its mask
  * (T) or NULL.
  */
-
-/* c = (1/n) sum_t m_t h_t, c = 0 when n = 0.  Returns n.   c (H) */
-/* out = sum_t w_t h_t over the valid items (w_t = 1 when w is NULL),
- * summed in double: float32 sums over long sequences would otherwise lose
- * digits (error ~ T eps).  Columns go 64 at a time so that the
- * accumulators stay in registers or L1.   out (H) */
-static void SFX(sum_rows)(ptrdiff_t T, ptrdiff_t H, const REAL *h,
-                          const unsigned char *m, const REAL *w, REAL *out)
-{
-    for (ptrdiff_t k0 = 0; k0 < H; k0 += 64) {
-        ptrdiff_t nk = H - k0 < 64 ? H - k0 : 64;
-        double acc[64] = {0};
-        for (ptrdiff_t t = 0; t < T; t++) {
-            if (VALID(m, t)) {
-                double wt = w ? (double)w[t] : 1.0;
-                for (ptrdiff_t k = 0; k < nk; k++) {
-                    acc[k] += wt * (double)h[t * H + k0 + k];
-                }
-            }
-        }
-        for (ptrdiff_t k = 0; k < nk; k++) {
-            out[k0 + k] = (REAL)acc[k];
-        }
-    }
-}
-
-static ptrdiff_t SFX(seq_mean)(ptrdiff_t T, ptrdiff_t H, const REAL *h,
-                               const unsigned char *m, REAL *c)
-{
-    ptrdiff_t n = 0;
-    for (ptrdiff_t t = 0; t < T; t++) {
-        n += VALID(m, t) ? 1 : 0;
-    }
-    SFX(sum_rows)(T, H, h, m, NULL, c);
-    if (n > 0) {
-        for (ptrdiff_t k = 0; k < H; k++) {
-            c[k] /= (REAL)n;
-        }
-    }
-    return n;
-}
 
 /* q = W_c c + b: the part of z_t shared by all items, once per sequence.
  * WT (2H, A); rows H..2H-1 of WT are W_c^T.   q (A) */
@@ -162,18 +117,13 @@ static void SFX(seq_scores)(ptrdiff_t T, ptrdiff_t H, ptrdiff_t A,
 static void SFX(seq_softmax)(ptrdiff_t T, const REAL *s,
                              const unsigned char *m, REAL *alpha)
 {
-    REAL M = -INFINITY;
-    double total = 0;     /* double: see sum_rows */
+    double total = 0;     /* double: see weight */
     ptrdiff_t n = 0;
-    /* pass 1: M = max of the valid scores; a NaN wins, as in np.max */
     for (ptrdiff_t t = 0; t < T; t++) {
-        if (VALID(m, t)) {
-            n++;
-            if (s[t] > M || isnan(s[t])) {
-                M = isnan(M) ? M : s[t];
-            }
-        }
+        n += VALID(m, t) ? 1 : 0;
     }
+    /* pass 1: M = max of the valid scores (a NaN wins) */
+    REAL M = SFX(row_max)(T, s, m);
     /* pass 2: e_t = exp(s_t - M) <= 1, and their sum (>= 1 unless NaN) */
     for (ptrdiff_t t = 0; t < T; t++) {
         if (VALID(m, t)) {
@@ -191,7 +141,7 @@ static void SFX(seq_softmax)(ptrdiff_t T, const REAL *s,
      * and valid items never reach it (WEIGHT_FLOOR) */
     for (ptrdiff_t t = 0; t < T; t++) {
         if (VALID(m, t)) {
-            alpha[t] = WEIGHT_FLOOR((REAL)(alpha[t] / total));
+            alpha[t] = SFX(weight)(alpha[t], total);
         }
     }
 }
@@ -208,27 +158,13 @@ static void SFX(seq_weighted_sum)(ptrdiff_t T, ptrdiff_t H,
  * Per-sequence backward helpers
  */
 
-/* ds_t = alpha_t (g_t - sum_j alpha_j g_j), evaluated as
- *   ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k))
- * with k the item of largest weight: the same value (sum_j alpha_j = 1),
- * but when alpha_k is near 1 the weighted mean no longer cancels against
- * g_k, which costs float32 several digits otherwise.   g, alpha, ds (T) */
+/* ds_t = alpha_t (g_t - sum_j alpha_j g_j) over all T items (formulas.h's
+ * softmax_backward; masked items have alpha_t = 0 and get ds_t = 0).
+ * g, alpha, ds (T) */
 static void SFX(seq_softmax_backward)(ptrdiff_t T, const REAL *g,
                                       const REAL *alpha, REAL *ds)
 {
-    ptrdiff_t k = 0;
-    for (ptrdiff_t t = 1; t < T; t++) {
-        k = alpha[t] > alpha[k] ? t : k;
-    }
-    REAL ref = g[k];
-    double acc = 0;       /* double: see sum_rows */
-    for (ptrdiff_t t = 0; t < T; t++) {
-        acc += (double)alpha[t] * (double)(g[t] - ref);
-    }
-    REAL mean = (REAL)acc;
-    for (ptrdiff_t t = 0; t < T; t++) {
-        ds[t] = alpha[t] * ((g[t] - ref) - mean);
-    }
+    SFX(softmax_backward)(T, NULL, g, alpha, ds);
 }
 
 /*
@@ -262,34 +198,13 @@ static void SFX(seq_scores_backward)(ptrdiff_t T, ptrdiff_t H, ptrdiff_t A,
         for (ptrdiff_t a = 0; a < A; a++) {
             REAL u = act ? act[t * A + a] : TANH(z[a]);
             dv[a] += ds[t] * u;
-            eps[a] = ds[t] * v[a] * (1 - u * u);
+            eps[a] = SFX(tanh_score_backward)(ds[t], v[a], u);
             E[a] += eps[a];
         }
         for (ptrdiff_t a = 0; a < A; a++) {
             SFX(axpy)(H, eps[a], ht, dW + a * 2 * H);     /* dW_h row a */
             SFX(axpy)(H, eps[a], W + a * 2 * H, dh + t * H); /* W_h row a */
         }
-    }
-}
-
-/*
- * The context's share of the score backward, given E = sum_t eps_t (A):
- *   db   += E
- *   dW_c += E c^T                              (columns [H, 2H) of dW)
- *   dc    = W_c^T E                            (H)
- */
-static void SFX(seq_context_backward)(ptrdiff_t H, ptrdiff_t A,
-                                      const REAL *W, const REAL *c,
-                                      const REAL *E, REAL *dW, REAL *db,
-                                      REAL *dc)
-{
-    SFX(fill_zero)(H, dc);
-    for (ptrdiff_t a = 0; a < A; a++) {
-        if (db) {
-            db[a] += E[a];
-        }
-        SFX(axpy)(H, E[a], c, dW + a * 2 * H + H);
-        SFX(axpy)(H, E[a], W + a * 2 * H + H, dc);
     }
 }
 
@@ -327,15 +242,23 @@ int SFX(att_mean_context_backward)(att_dims d, const REAL *grad_c,
     }
     for (ptrdiff_t b = 0; b < d.B; b++) {
         const unsigned char *m = mask ? mask + b * d.T : NULL;
-        const REAL *g = grad_c + b * d.H;
-        REAL *dhb = dh + b * d.T * d.H;
+        REAL *dhb = dh + b * d.T * d.H, *share = NULL;
         ptrdiff_t n = 0;
         for (ptrdiff_t t = 0; t < d.T; t++) {
             n += VALID(m, t) ? 1 : 0;
         }
         for (ptrdiff_t t = 0; t < d.T; t++) {
-            for (ptrdiff_t k = 0; k < d.H; k++) {
-                dhb[t * d.H + k] = VALID(m, t) ? g[k] / (REAL)n : 0;
+            REAL *dht = dhb + t * d.H;
+            if (!VALID(m, t)) {
+                SFX(fill_zero)(d.H, dht);
+            }
+            else if (share != NULL) {
+                memcpy(dht, share, (size_t)d.H * sizeof(REAL));
+            }
+            else {        /* the first valid row: grad_c / n, then copied */
+                memcpy(dht, grad_c + b * d.H, (size_t)d.H * sizeof(REAL));
+                SFX(mean_backward)(d.H, n, dht);
+                share = dht;
             }
         }
     }
@@ -390,7 +313,7 @@ int SFX(att_additive_score_backward)(att_dims d, const REAL *grad_s,
         SFX(seq_scores_backward)(d.T, d.H, d.A, h + i * d.T * d.H, NULL, W,
                                  WT, q, v, grad_s + i * d.T, NULL, z, eps,
                                  dh + i * d.T * d.H, dW, dv, E);
-        SFX(seq_context_backward)(d.H, d.A, W, ci, E, dW, db,
+        SFX(context_backward)(d.H, d.A, W, ci, E, dW, db,
                                   dcontext + i * d.H);
     }
     return ATT_OK;
@@ -557,13 +480,12 @@ static int SFX(scalar_context_attention_backward)(
                                  act ? act + i * d.T * d.A : NULL, z,
                                  eps, dhi, dW, dv, E);
         /* 2. q = W_c c + b  ->  db += E, dW_c += E c^T, dc = W_c^T E */
-        SFX(seq_context_backward)(d.H, d.A, W, c, E, dW, db, dc);
+        SFX(context_backward)(d.H, d.A, W, c, E, dW, db, dc);
         /* 1. c = (1/n) sum_t m_t h_t  ->  dh_t += (m_t / n) dc */
-        for (ptrdiff_t t = 0; t < d.T && n > 0; t++) {
+        SFX(mean_backward)(d.H, n, dc);
+        for (ptrdiff_t t = 0; t < d.T; t++) {
             if (VALID(m, t)) {
-                for (ptrdiff_t k = 0; k < d.H; k++) {
-                    dhi[t * d.H + k] += dc[k] / (REAL)n;
-                }
+                SFX(axpy)(d.H, 1, dc, dhi + t * d.H);
             }
         }
     }
