@@ -15,6 +15,7 @@
  *     fully masked rows and queries, NaN in every padding entry;
  *   - the same calls at 1 and 2 threads of a pool give the same bits
  *     (a few cases are big enough that the kernels do use 2 threads);
+ *   - NaN and inf in one sequence leave the next one's results alone;
  *   - the path's tanh within an ulp bound of libm over a sweep, exact at
  *     the special values.
  * Prints one line per failure and the summary "N passed, M failed"; exits

@@ -576,6 +576,108 @@ static void SFX(project_all)(ctx *c)
 }
 
 /* ---------------------------------------------------------------------
+ * NaN and inf in valid data stay in their own sequence: with a bad value
+ * in sequence 0, sequence 1's results have the bits it gets alone
+ * (the parameter gradients, summed over the batch, are left out).
+ */
+
+static int SFX(same_bits)(ptrdiff_t n, const REAL *a, const REAL *b)
+{
+    return n == 0 || memcmp(a, b, (size_t)n * sizeof(REAL)) == 0;
+}
+
+static void SFX(contain_case)(ctx *c, REAL bad)
+{
+    att_exec ex = {c->simd, 1, c->pool};
+    const ptrdiff_t T = 17, H = 9, A = 13;
+    att_dims d2 = {2, T, H, A}, d1 = {1, T, H, A};
+    snprintf(c->what, sizeof c->what, "%s context with %g in sequence 0",
+             TYPE_NAME, (double)bad);
+    c->shapes++;
+    REAL *h = SFX(rand)(c, 2 * T * H, 1), *W = SFX(rand)(c, A * 2 * H, 0.5);
+    REAL *v = SFX(rand)(c, A, 1), *g = SFX(rand)(c, 2 * H, 1);
+    h[3 * H + 2] = bad;
+    REAL *out = SFX(nans)(2 * H), *alpha = SFX(nans)(2 * T);
+    REAL *out1 = SFX(nans)(H), *alpha1 = SFX(nans)(T);
+    REAL *dh = SFX(nans)(2 * T * H), *dh1 = SFX(nans)(T * H);
+    REAL *dW = SFX(nans)(A * 2 * H), *dv = SFX(nans)(A);
+    void *work = SFX(workspace)(
+        c, ATT(context_attention_backward_workspace)(d2, &ex));
+    int st = ATT(context_attention)(d2, &ex, h, W, v, NULL, NULL, out,
+                                    alpha, NULL, work) |
+             ATT(context_attention)(d1, &ex, h + T * H, W, v, NULL, NULL,
+                                    out1, alpha1, NULL, work) |
+             ATT(context_attention_backward)(d2, &ex, g, h, W, v, alpha,
+                                             NULL, NULL, NULL, NULL, dh, dW,
+                                             dv, NULL, work) |
+             ATT(context_attention_backward)(d1, &ex, g + H, h + T * H, W, v,
+                                             alpha1, NULL, NULL, NULL, NULL,
+                                             dh1, dW, dv, NULL, work);
+    c->calls += 4;
+    expect(c, st == ATT_OK, "a call failed");
+    expect(c, SFX(same_bits)(H, out + H, out1) &&
+              SFX(same_bits)(T, alpha + T, alpha1) &&
+              SFX(same_bits)(T * H, dh + T * H, dh1),
+           "sequence 1 differs from its results alone");
+    free(work);
+    REAL *all[] = {h, W, v, g, out, alpha, out1, alpha1, dh, dh1, dW, dv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        free(all[i]);
+    }
+    /* the family's forward, the bad value in a key */
+    for (int score = 0; score < 3; score++) {
+        int additive = score == ATT_SCORE_ADDITIVE;
+        att_fdims f2 = {score, 0, 2, 3, 11, 5, score == 1 ? 5 : 6, 7,
+                        score == 0 ? 4 : (score == 1 ? 0 : 6)};
+        att_fdims f1 = f2;
+        f1.B = 1;
+        ptrdiff_t ldw = additive ? f2.H + f2.Hq : f2.H;
+        snprintf(c->what, sizeof c->what, "%s family score %d with %g in "
+                 "sequence 0", TYPE_NAME, score, (double)bad);
+        c->shapes++;
+        REAL *q = SFX(rand)(c, 2 * f2.Tq * f2.Hq, 1);
+        REAL *k = SFX(rand)(c, 2 * f2.T * f2.H, 1);
+        REAL *val = SFX(rand)(c, 2 * f2.T * f2.Hv, 1);
+        REAL *Wf = SFX(rand)(c, f2.P * ldw + 1, 0.5);
+        REAL *vf = SFX(rand)(c, f2.P + 1, 1);
+        k[2 * f2.H + 1] = bad;
+        ATT(family_in) in2 = {q, k, NULL, val, Wf, additive ? vf : NULL,
+                              NULL, ldw, (REAL)0.5, NULL, NULL, NULL, NULL};
+        ATT(family_in) in1 = in2;
+        in1.query = q + f2.Tq * f2.Hq;
+        in1.keys = k + f2.T * f2.H;
+        in1.values = val + f2.T * f2.Hv;
+        REAL *o2 = SFX(nans)(2 * f2.Tq * f2.Hv), *a2 = SFX(nans)(2 * f2.Tq *
+                                                              f2.T);
+        REAL *o1 = SFX(nans)(f2.Tq * f2.Hv), *a1 = SFX(nans)(f2.Tq * f2.T);
+        ATT(family_out) fo2 = {o2, a2, NULL, NULL, NULL, NULL, NULL, NULL,
+                               NULL};
+        ATT(family_out) fo1 = {o1, a1, NULL, NULL, NULL, NULL, NULL, NULL,
+                               NULL};
+        void *fw = SFX(workspace)(c, ATT(family_workspace)(&f2, 0, &ex));
+        st = ATT(family_forward)(&f2, &ex, &in2, &fo2, fw) |
+             ATT(family_forward)(&f1, &ex, &in1, &fo1, fw);
+        c->calls += 2;
+        expect(c, st == ATT_OK, "a call failed");
+        expect(c, SFX(same_bits)(f2.Tq * f2.Hv, o2 + f2.Tq * f2.Hv, o1) &&
+                  SFX(same_bits)(f2.Tq * f2.T, a2 + f2.Tq * f2.T, a1),
+               "sequence 1 differs from its results alone");
+        REAL *fall[] = {q, k, val, Wf, vf, o2, a2, o1, a1};
+        for (size_t i = 0; i < sizeof(fall) / sizeof(fall[0]); i++) {
+            free(fall[i]);
+        }
+        free(fw);
+    }
+}
+
+static void SFX(contain_all)(ctx *c)
+{
+    SFX(contain_case)(c, (REAL)NAN);
+    SFX(contain_case)(c, (REAL)INFINITY);
+    SFX(contain_case)(c, -(REAL)INFINITY);
+}
+
+/* ---------------------------------------------------------------------
  * tanh
  */
 
@@ -753,10 +855,11 @@ static void SFX(note)(ctx *c, const char *name, double e, int raised)
 static void SFX(run_all)(ctx *c)
 {
     void (*const parts[])(ctx *) = {SFX(tanh_all), SFX(context_all),
-                                    SFX(family_all), SFX(project_all)};
+                                    SFX(family_all), SFX(project_all),
+                                    SFX(contain_all)};
     static const char *const names[] = {"tanh", "context", "family",
-                                        "project"};
-    for (int i = 0; i < 4; i++) {
+                                        "project", "non-finite"};
+    for (int i = 0; i < 5; i++) {
         clock_t t0 = clock();
         parts[i](c);
         if (c->verbose) {
