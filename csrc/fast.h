@@ -1,6 +1,7 @@
 /*
  * fast.h - internal: the blocked SIMD kernels, one set per instruction set
- * and type (fast_avx512.c, fast_avx2.c), called by kernels.c's dispatch.
+ * and type (fast_avx512.c, fast_avx2.c, fast_neon.c), called by
+ * kernels.c's dispatch.
  * Same arguments and layouts as the kernels of attention.h; `work` is a
  * buffer of att_fast_workspace_*(d, backward, threads) bytes (no alignment
  * needed), and the kernel must get the same `threads`.
@@ -98,6 +99,12 @@ ATT_FAST_DECLARE(float, f32_avx512, f32)
 ATT_FAST_DECLARE(double, f64_avx512, f64)
 ATT_FAST_DECLARE(float, f32_avx2, f32)
 ATT_FAST_DECLARE(double, f64_avx2, f64)
+#endif
+
+#if defined(__aarch64__)
+#define ATT_HAVE_NEON 1
+ATT_FAST_DECLARE(float, f32_neon, f32)
+ATT_FAST_DECLARE(double, f64_neon, f64)
 #endif
 
 #undef ATT_FAST_DECLARE

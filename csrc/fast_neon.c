@@ -1,6 +1,126 @@
 /*
- * fast_neon.c - the blocked path (fast_impl.h) for AArch64 Advanced SIMD.
+ * fast_neon.c - the blocked path (fast_impl.h) for AArch64 Advanced SIMD
+ * (Apple Silicon, Graviton, any ARMv8-A 64-bit CPU: NEON is part of the
+ * architecture, so no target pragma and no run-time check are needed).
  * Compiles to nothing on other targets.
+ *
+ * Micro-tile: 8 rows x 2 vectors (8 x 8 float32, 8 x 4 float64): 16
+ * accumulators of the 32 registers, plus the 2 vectors of B and the 8
+ * broadcasts of A, so the tile never spills whether the compiler keeps
+ * the broadcasts (dup) or multiplies by lane (fmla v.s[i]).  12 rows would
+ * need 24 + 2 + 12 registers in the first case.  MR = 8 also divides the
+ * family's row blocks (GMC = 96, par_gemm's 48).
  */
 #if defined(__aarch64__)
-#endif
+
+#include <arm_neon.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+#include "fast.h"
+
+#define MR 8
+
+/* The macro layer follows the x86 semantics fast_impl.h relies on:
+ * VFMA(a, b, c) = a b + c fused; VMAX(a, b) = a > b ? a : b, so it
+ * returns b when either is NaN (maxps; NEON's fmax would return the NaN
+ * and fmaxnm the number, and v_tanh relies on b = NaN surviving). */
+
+/* x 2^n for integral n in [-126, 127]; a NaN n converts to 0, so x (NaN
+ * whenever n is) carries the NaN. */
+static inline float32x4_t scale_f32(float32x4_t x, float32x4_t n)
+{
+    int32x4_t e = vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127));
+    return vmulq_f32(x, vreinterpretq_f32_s32(vshlq_n_s32(e, 23)));
+}
+
+/* x 2^n for integral n in [-1022, 1023] (AArch64 converts to 64-bit
+ * integers directly). */
+static inline float64x2_t scale_f64(float64x2_t x, float64x2_t n)
+{
+    int64x2_t e = vaddq_s64(vcvtnq_s64_f64(n), vdupq_n_s64(1023));
+    return vmulq_f64(x, vreinterpretq_f64_s64(vshlq_n_s64(e, 52)));
+}
+
+static inline float32x4_t max_f32(float32x4_t a, float32x4_t b)
+{
+    return vbslq_f32(vcgtq_f32(a, b), a, b);
+}
+
+static inline float64x2_t max_f64(float64x2_t a, float64x2_t b)
+{
+    return vbslq_f64(vcgtq_f64(a, b), a, b);
+}
+
+static inline float32x4_t and_f32(float32x4_t a, float32x4_t b)
+{
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(a),
+                                           vreinterpretq_u32_f32(b)));
+}
+
+static inline float64x2_t and_f64(float64x2_t a, float64x2_t b)
+{
+    return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(a),
+                                           vreinterpretq_u64_f64(b)));
+}
+
+/* |m| with the sign of s: the sign bit from s, the rest from m */
+static inline float32x4_t copysign_f32(float32x4_t m, float32x4_t s)
+{
+    return vbslq_f32(vdupq_n_u32(0x80000000u), s, m);
+}
+
+static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
+{
+    return vbslq_f64(vdupq_n_u64(0x8000000000000000ull), s, m);
+}
+
+/* ---- float: 4 lanes ---- */
+#define REAL float
+#define FSFX(name) name##_f32_neon
+#define VEC float32x4_t
+#define VLEN 4
+#define VZERO() vdupq_n_f32(0.0f)
+#define VSET1(x) vdupq_n_f32(x)
+#define VLOAD(p) vld1q_f32(p)
+#define VSTORE(p, x) vst1q_f32(p, x)
+#define VADD vaddq_f32
+#define VSUB vsubq_f32
+#define VMUL vmulq_f32
+#define VDIV vdivq_f32
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VMAX max_f32
+#define VAND and_f32
+#define VREDUCE vaddvq_f32
+#define REAL_DIGITS 24
+#define VSCALE scale_f32
+#define VABS vabsq_f32
+#define VCOPYSIGN copysign_f32
+#include "fast_impl.h"
+
+/* ---- double: 2 lanes ---- */
+#define REAL double
+#define FSFX(name) name##_f64_neon
+#define VEC float64x2_t
+#define VLEN 2
+#define VZERO() vdupq_n_f64(0.0)
+#define VSET1(x) vdupq_n_f64(x)
+#define VLOAD(p) vld1q_f64(p)
+#define VSTORE(p, x) vst1q_f64(p, x)
+#define VADD vaddq_f64
+#define VSUB vsubq_f64
+#define VMUL vmulq_f64
+#define VDIV vdivq_f64
+#define VFMA(a, b, c) vfmaq_f64(c, a, b)
+#define VMAX max_f64
+#define VAND and_f64
+#define VREDUCE vaddvq_f64
+#define REAL_DIGITS 53
+#define VSCALE scale_f64
+#define VABS vabsq_f64
+#define VCOPYSIGN copysign_f64
+#include "fast_impl.h"
+
+#endif /* __aarch64__ */

@@ -14,9 +14,22 @@
 #ifndef ATT_HAVE_X86
 #define ATT_HAVE_X86 0
 #endif
+#ifndef ATT_HAVE_NEON
+#define ATT_HAVE_NEON 0
+#endif
+/* Some fast path (fast.h) is compiled in: x86-64's two, or AArch64's. */
+#if ATT_HAVE_X86 || ATT_HAVE_NEON
+#define ATT_HAVE_FAST 1
+#else
+#define ATT_HAVE_FAST 0
+#endif
 
 int att_simd_best(void)
 {
+#if ATT_HAVE_NEON
+    /* Advanced SIMD is part of AArch64: every such CPU and OS runs it */
+    return ATT_SIMD_NEON;
+#else
 #if ATT_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
     /* libgcc's check includes the OS saving the wide registers (XGETBV) */
     __builtin_cpu_init();
@@ -31,6 +44,7 @@ int att_simd_best(void)
     }
 #endif
     return ATT_SIMD_SCALAR;
+#endif
 }
 
 int att_simd_supported(int simd)
@@ -43,7 +57,7 @@ int att_simd_supported(int simd)
         return ATT_HAVE_X86 && att_simd_best() >= simd &&
                att_simd_best() != ATT_SIMD_NEON;
     case ATT_SIMD_NEON:
-        return att_simd_best() == ATT_SIMD_NEON;
+        return ATT_HAVE_NEON && att_simd_best() == ATT_SIMD_NEON;
     default:
         return 0;
     }
@@ -139,12 +153,26 @@ static void *arena_take(arena *ar, ptrdiff_t n, size_t size)
     return n > 0 ? p : NULL;
 }
 
-/* name_<type>_avx512 or name_<type>_avx2, for the type TSFX. */
+/* The fast kernel `name` of the path simd (not ATT_SIMD_SCALAR, and
+ * supported: callers check both) for the type TSFX: name_<type>_neon on
+ * AArch64, where NEON is the only one; name_<type>_avx512 or
+ * name_<type>_avx2 on x86-64. */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+#if ATT_HAVE_NEON
+#define FAST(simd, name) CAT(CAT(name##_, TSFX), _neon)
+#else
 #define FAST(simd, name)                                                     \
     ((simd) == ATT_SIMD_AVX512 ? CAT(CAT(name##_, TSFX), _avx512)            \
                                : CAT(CAT(name##_, TSFX), _avx2))
+#endif
+
+/* kernels_impl.h and family_impl.h call FAST under `#if ATT_HAVE_X86`, a
+ * gate from before the NEON path that means "a fast path is compiled in":
+ * give it that meaning for them (unchanged on x86-64, open on AArch64).
+ * Once they test ATT_HAVE_FAST, these two lines can go. */
+#undef ATT_HAVE_X86
+#define ATT_HAVE_X86 ATT_HAVE_FAST
 
 #define REAL float
 #define SFX(name) name##_f32

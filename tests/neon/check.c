@@ -1,0 +1,222 @@
+/*
+ * check.c - the SIMD paths of the C kernels against the scalar path, in
+ * plain C11 (no Python): built for AArch64 and run under qemu-aarch64 by
+ * .ci/neon, it proves the NEON path on an x86 machine; built natively it
+ * checks the x86 paths the CPU runs (AVX2, AVX-512) the same way.
+ *
+ * For every SIMD path att_simd_supported() reports, and float and double:
+ *   - context_attention and its backward (with and without the saved
+ *     activations, bias, grad_alpha), the attention family (additive, dot,
+ *     general; forward and backward; no mask, key masks, per-query masks;
+ *     one query and several; values given or not; keys projected by the
+ *     caller or here; the backward stopping at kproj) and project_keys,
+ *     against the scalar path within a normwise relative error of TOL
+ *     (see check_impl.h), on sizes around the micro-tiles and blocks, B = 0,
+ *     fully masked rows and queries, NaN in every padding entry;
+ *   - the same calls at 1 and 2 threads of a pool give the same bits
+ *     (a few cases are big enough that the kernels do use 2 threads);
+ *   - NaN and inf in one sequence leave the next one's results alone;
+ *   - the path's tanh within an ulp bound of libm over a sweep, exact at
+ *     the special values.
+ * Prints one line per failure and the summary "N passed, M failed"; exits
+ * 1 on any failure (2 when it cannot run at all).
+ *
+ * Usage: check [-v]   (-v: the worst error of every output kind)
+ */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attention.h"
+#include "pool.h"
+
+static const char *const simd_names[] = {"scalar", "avx2", "avx512",
+                                         "neon"};
+
+/* What a run has found so far, and what every check needs. */
+typedef struct {
+    long passed, failed;
+    int verbose;
+    int simd;                 /* the path under test */
+    att_pool *pool;           /* 2 threads */
+    uint64_t rng;
+    char what[256];           /* the current case, for failure lines */
+    long shapes, calls;
+    double worst[2][32];      /* [type][kind]: largest error seen (-v) */
+    long raised[2][32];       /* [type][kind]: bounds raised (-v) */
+} ctx;
+
+/* The output kinds seen so far, in order (-v). */
+#define N_KINDS 32
+static const char *kinds[N_KINDS];
+
+static void pass(ctx *c)
+{
+    c->passed++;
+}
+
+static void expect(ctx *c, int ok, const char *fmt, ...)
+{
+    if (ok) {
+        pass(c);
+        return;
+    }
+    va_list ap;
+    c->failed++;
+    printf("FAIL %s [%s]: ", c->what, simd_names[c->simd]);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+}
+
+/* splitmix64: a fixed sequence, so every run checks the same inputs */
+static uint64_t next_u64(ctx *c)
+{
+    uint64_t z = (c->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [0, 1) */
+static double uniform(ctx *c)
+{
+    return (double)(next_u64(c) >> 11) * 0x1.0p-53;
+}
+
+static ptrdiff_t below(ctx *c, ptrdiff_t n)
+{
+    return n > 0 ? (ptrdiff_t)(next_u64(c) % (uint64_t)n) : 0;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (p == NULL) {
+        fprintf(stderr, "check: out of memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+/*
+ * Masks.  Context attention, (B, T):
+ *   0 none (NULL)   1 all valid   2 ragged prefixes, sequence 0 fully
+ *   masked (B >= 2), the last one full   3 random (60 % valid), sequence
+ *   1 fully masked (B >= 3)
+ * The family adds kind 4, per query (B, Tq, T): random rows, query 1 of
+ * every sequence and every query of sequence 1 fully masked, key T - 1
+ * masked for every query (dead).
+ */
+static unsigned char *make_mask(ctx *c, int kind, ptrdiff_t B, ptrdiff_t Tq,
+                                ptrdiff_t T)
+{
+    if (kind == 0) {
+        return NULL;
+    }
+    ptrdiff_t rows = kind == 4 ? B * Tq : B;
+    unsigned char *m = xmalloc((size_t)(rows * T));
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        ptrdiff_t b = kind == 4 ? r / Tq : r, i = kind == 4 ? r % Tq : 0;
+        ptrdiff_t len = 1 + below(c, T);
+        for (ptrdiff_t t = 0; t < T; t++) {
+            unsigned char on;
+            switch (kind) {
+            case 1:
+                on = 1;
+                break;
+            case 2:
+                on = t < (B >= 2 && b == 0 ? 0 : (b == B - 1 ? T : len));
+                break;
+            case 3:
+                on = uniform(c) < 0.6 && !(B >= 3 && b == 1);
+                break;
+            default:
+                on = uniform(c) < 0.6 && !(Tq >= 2 && i == 1) &&
+                     !(B >= 2 && b == 1) && !(T >= 2 && t == T - 1);
+                break;
+            }
+            m[r * T + t] = on;
+        }
+    }
+    return m;
+}
+
+#define REAL float
+#define SFX(name) name##_f32
+#define TYPE_INDEX 0
+#define TYPE_NAME "float32"
+#define ATT(name) att_##name##_f32
+#include "check_impl.h"
+
+#define REAL double
+#define SFX(name) name##_f64
+#define TYPE_INDEX 1
+#define TYPE_NAME "float64"
+#define ATT(name) att_##name##_f64
+#include "check_impl.h"
+
+/* The scalar path is always there; on AArch64 NEON is the best path and
+ * no x86 path is offered; on x86-64 NEON is never offered. */
+static void check_paths(ctx *c)
+{
+    snprintf(c->what, sizeof c->what, "instruction sets");
+    c->simd = ATT_SIMD_SCALAR;
+    expect(c, att_simd_supported(ATT_SIMD_SCALAR), "scalar not supported");
+    expect(c, !att_simd_supported(-1) && !att_simd_supported(4),
+           "an unknown path is supported");
+#if defined(__aarch64__)
+    expect(c, att_simd_best() == ATT_SIMD_NEON, "best path is %d, not neon",
+           att_simd_best());
+    expect(c, att_simd_supported(ATT_SIMD_NEON), "neon not supported");
+    expect(c, !att_simd_supported(ATT_SIMD_AVX2) &&
+              !att_simd_supported(ATT_SIMD_AVX512),
+           "an x86 path is supported on AArch64");
+#else
+    expect(c, !att_simd_supported(ATT_SIMD_NEON),
+           "neon supported off AArch64");
+#endif
+}
+
+int main(int argc, char **argv)
+{
+    ctx c;
+    memset(&c, 0, sizeof c);
+    c.verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
+    c.pool = att_pool_new(2);
+    if (c.pool == NULL || att_pool_threads(c.pool) != 2) {
+        fprintf(stderr, "check: cannot start a pool of 2 threads\n");
+        return 2;
+    }
+    check_paths(&c);
+    int paths = 0;
+    for (int simd = ATT_SIMD_AVX2; simd <= ATT_SIMD_NEON; simd++) {
+        if (!att_simd_supported(simd)) {
+            continue;
+        }
+        paths++;
+        c.simd = simd;
+        c.rng = 12345;
+        long before = c.passed + c.failed;
+        run_all_f32(&c);
+        run_all_f64(&c);
+        printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
+               simd_names[simd], c.passed + c.failed - before, c.shapes,
+               c.calls);
+        c.shapes = c.calls = 0;
+    }
+    if (paths == 0) {
+        fprintf(stderr, "check: this CPU runs no SIMD path to check\n");
+        att_pool_free(c.pool);
+        return 2;
+    }
+    att_pool_free(c.pool);
+    printf("%ld passed, %ld failed\n", c.passed, c.failed);
+    return c.failed ? 1 : 0;
+}
