@@ -212,6 +212,12 @@ def _first_order_only(backward: Any) -> Any:
     return wrapper
 
 
+# Whether torch.jit.trace is recording: torch.jit.is_tracing itself, which
+# torch.compile folds to False (not torch._C._is_tracing, a graph break).
+# Not among the typed exports of torch.jit, hence getattr.
+_tracing: Any = getattr(torch.jit, "is_tracing")
+
+
 class _LegacyFunction(torch.autograd.Function):
     """The legacy *AttentionFunction classes: a clear error under the
     torch.func transforms, which they do not support (no setup_context)."""
@@ -225,7 +231,8 @@ class _LegacyFunction(torch.autograd.Function):
                 f"functionalize, ...): use the functions context_attention,"
                 f" additive_attention, dot_attention, general_attention or "
                 f"the modules, which do")
-        return super().apply(*args, **kwargs)
+        apply: Any = super().apply
+        return apply(*args, **kwargs)
 
 
 class ContextAttentionFunction(_LegacyFunction):
@@ -329,7 +336,7 @@ def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
     # Keep the tanh activations for the backward only if there will be one.
     # Not when tracing with torch.jit.trace: the flag would be a constant
     # of the trace, wrong for the other mode (grad or no_grad).
-    keep = (torch.is_grad_enabled() and not torch.jit.is_tracing()
+    keep = (torch.is_grad_enabled() and not _tracing()
             and any(t is not None and t.requires_grad for t in (h, W, v, b)))
     out, alpha, _ = _call("context", _f32(h, low), _f32(W, low),
                           _f32(v, low), _f32(b, low), mask, keep)
@@ -687,10 +694,6 @@ def _pure_family(kind: str, query: torch.Tensor, keys: torch.Tensor,
     return (out.squeeze(-2), alpha.squeeze(-2)) if single else (out, alpha)
 
 
-
-
-
-
 # ---- vmap: leading batch axes are native, so a vmapped data argument just
 # moves its batched dimension to the front (unbatched data is expanded).
 # Batched weights, and every backward op (whose parameter gradients are
@@ -798,16 +801,6 @@ def _context_bwd_fake(grad_out: torch.Tensor,
             _empty(h) if b is None else torch.empty_like(b))
 
 
-
-
-
-
-
-
-
-
-
-
 # ---- the family: additive, dot, general
 
 def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
@@ -889,14 +882,6 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
             _like(values, query), _like(key_proj if stop else None, query))
 
 
-
-
-
-
-
-
-
-
 @torch.library.custom_op(
     f"{_NS}::dot_attention", mutates_args=(),
     schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? values, "
@@ -941,12 +926,6 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                   ) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(query), torch.empty_like(keys),
             _like(values, query))
-
-
-
-
-
-
 
 
 @torch.library.custom_op(
@@ -1279,7 +1258,7 @@ def _call(kind: str, *args: Any) -> Any:
     torch.jit.trace records it as a node that scripts and saves (the
     Function would be an opaque Python node), and torch.func.functionalize
     has no rule for autograd.Functions."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling() or _tracing():
         return _SPECS[kind].op(*args)
     transforms = _transforms()
     T = torch._C._functorch.TransformType
