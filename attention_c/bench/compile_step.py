@@ -266,13 +266,15 @@ def parse_args(argv):
                         help="the context model, size small, ReLU and "
                              "Tanh, fewer steps (under a minute)")
     parser.add_argument("--models", help="comma-separated, from: "
-                        + ", ".join(MODELS))
+                        + ", ".join(MODELS) + " (default: all)")
     parser.add_argument("--sizes", help="comma-separated, from: " + ", ".join(
-        f"{k} (B, T, D, H) = {v}" for k, v in SIZES.items()))
+        f"{k} (B, T, D, H) = {v}" for k, v in SIZES.items())
+        + " (default: small)")
     parser.add_argument("--acts", help="comma-separated torch.nn "
-                        "activations, from: " + ", ".join(ACTS))
+                        "activations, from: " + ", ".join(ACTS)
+                        + " (default: all)")
     parser.add_argument("--pools", help="comma-separated, from: "
-                        + ", ".join(POOLS))
+                        + ", ".join(POOLS) + " (default: all)")
     parser.add_argument("--repeats", type=int, help="rounds (default 7, 5 "
                         "with --quick)")
     parser.add_argument("--steps", type=int,
@@ -313,7 +315,12 @@ def main(argv=None):
     # thread count.
     torch.set_num_threads(1)
     attention_c.set_num_threads(1)
-    run(torch, options)
+    # Compile in this process: a pool of compile workers costs more to
+    # start than it saves on a few small graphs (--quick: 70 s against
+    # 100 s from a cold cache on a loaded 2-core machine).
+    from torch._inductor import config
+    with config.patch(compile_threads=1):
+        run(torch, options)
     return 0
 
 
