@@ -87,9 +87,24 @@ def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
     """
     present = [(n, t) for n, t in [*named, ("mask", mask)] if t is not None]
     for name, t in present:
+        if isinstance(t, torch.fx.Proxy):
+            # Only for a direct call: the modules' calls are leaves of
+            # symbolic_trace (torch.fx.wrap below).
+            raise TypeError(
+                f"{name} is a torch.fx.Proxy: torch.fx.symbolic_trace "
+                f"cannot trace into attention_c.torch; call its modules or "
+                f"its functions as attributes of the module (e.g. "
+                f"attention_c.torch.dot_attention), which symbolic_trace "
+                f"keeps as leaves, or use torch.export.export or make_fx")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got "
                             f"{type(t).__name__}")
+        if t.layout != torch.strided or t.is_nested:
+            kind = "nested" if t.is_nested else str(t.layout)
+            raise TypeError(f"{name} is a {kind} tensor; attention_c.torch "
+                            f"takes dense (strided) tensors: convert it "
+                            f"with .to_dense() or .to_padded_tensor() and "
+                            f"a mask")
     # All on 'meta': only shapes, which the operators' fake implementation
     # propagates.  Anything else off the CPU is refused.
     all_meta = all(t.device.type == "meta" for _, t in present)
@@ -197,7 +212,30 @@ def _first_order_only(backward: Any) -> Any:
     return wrapper
 
 
-class ContextAttentionFunction(torch.autograd.Function):
+# Whether torch.jit.trace is recording: torch.jit.is_tracing itself, which
+# torch.compile folds to False (not torch._C._is_tracing, a graph break).
+# Not among the typed exports of torch.jit, hence getattr.
+_tracing: Any = getattr(torch.jit, "is_tracing")
+
+
+class _LegacyFunction(torch.autograd.Function):
+    """The legacy *AttentionFunction classes: a clear error under the
+    torch.func transforms, which they do not support (no setup_context)."""
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            raise RuntimeError(
+                f"attention_c.torch.{cls.__name__} does not support the "
+                f"torch.func transforms (grad, vmap, jvp, jacrev, "
+                f"functionalize, ...): use the functions context_attention,"
+                f" additive_attention, dot_attention, general_attention or "
+                f"the modules, which do")
+        apply: Any = super().apply
+        return apply(*args, **kwargs)
+
+
+class ContextAttentionFunction(_LegacyFunction):
     """``(out, alpha) = context_attention(h, W, v, b, mask)`` as an autograd
     function whose forward and backward are one C call each.
 
@@ -296,8 +334,10 @@ def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
     """
     low = _check(h, W, v, b, mask)
     # Keep the tanh activations for the backward only if there will be one.
-    keep = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (h, W, v, b))
+    # Not when tracing with torch.jit.trace: the flag would be a constant
+    # of the trace, wrong for the other mode (grad or no_grad).
+    keep = (torch.is_grad_enabled() and not _tracing()
+            and any(t is not None and t.requires_grad for t in (h, W, v, b)))
     out, alpha, _ = _call("context", _f32(h, low), _f32(W, low),
                           _f32(v, low), _f32(b, low), mask, keep)
     return _back(out, alpha, low)
@@ -434,7 +474,7 @@ def _to_torch(ctx: Any, *grads: np.ndarray | None
                  for g, need in zip(grads, ctx.needs_input_grad))
 
 
-class AdditiveAttentionFunction(torch.autograd.Function):
+class AdditiveAttentionFunction(_LegacyFunction):
     """``(out, alpha) = additive_attention(query, keys, W, v, b, mask,
     values, key_proj)`` as an autograd function whose forward and backward
     are one C call each.
@@ -481,7 +521,7 @@ class AdditiveAttentionFunction(torch.autograd.Function):
                          None, dval, dkp)
 
 
-class DotAttentionFunction(torch.autograd.Function):
+class DotAttentionFunction(_LegacyFunction):
     """``(out, alpha) = dot_attention(query, keys, mask, values, scale)`` as
     an autograd function whose forward and backward are one C call each.
 
@@ -510,7 +550,7 @@ class DotAttentionFunction(torch.autograd.Function):
         return _to_torch(ctx, g.query, g.keys, None, g.values, None)
 
 
-class GeneralAttentionFunction(torch.autograd.Function):
+class GeneralAttentionFunction(_LegacyFunction):
     """``(out, alpha) = general_attention(query, keys, W, mask, values,
     key_proj)`` as an autograd function whose forward and backward are one
     C call each.
@@ -654,10 +694,6 @@ def _pure_family(kind: str, query: torch.Tensor, keys: torch.Tensor,
     return (out.squeeze(-2), alpha.squeeze(-2)) if single else (out, alpha)
 
 
-
-
-
-
 # ---- vmap: leading batch axes are native, so a vmapped data argument just
 # moves its batched dimension to the front (unbatched data is expanded).
 # Batched weights, and every backward op (whose parameter gradients are
@@ -765,16 +801,6 @@ def _context_bwd_fake(grad_out: torch.Tensor,
             _empty(h) if b is None else torch.empty_like(b))
 
 
-
-
-
-
-
-
-
-
-
-
 # ---- the family: additive, dot, general
 
 def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
@@ -856,14 +882,6 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
             _like(values, query), _like(key_proj if stop else None, query))
 
 
-
-
-
-
-
-
-
-
 @torch.library.custom_op(
     f"{_NS}::dot_attention", mutates_args=(),
     schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? values, "
@@ -908,12 +926,6 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                   ) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(query), torch.empty_like(keys),
             _like(values, query))
-
-
-
-
-
-
 
 
 @torch.library.custom_op(
@@ -1191,6 +1203,21 @@ def _function(name: str, op: Any, names: tuple[str, ...], backward: Any,
         "jvp": staticmethod(jvp)})
 
 
+def _differentiable(bwd_op: Any, function: Any) -> Any:
+    """The backward op as eager's first backward calls it: through its
+    autograd.Function when the backward itself is differentiated
+    (create_graph=True, torch.func), else directly (no Function to set up:
+    the common, first-order case)."""
+
+    def call(*args: Any) -> Any:
+        if (torch.is_grad_enabled()
+                or torch._C._are_functorch_transforms_active()):
+            return function.apply(*args)
+        return bwd_op(*args)
+
+    return call
+
+
 # kind -> the autograd.Function of its forward op (what eager calls).
 _FUNCTIONS: dict[str, Any] = {}
 for _spec in _SPECS.values():
@@ -1199,7 +1226,8 @@ for _spec in _SPECS.values():
                         _second_jvp(_spec))
     _FUNCTIONS[_spec.kind] = _function(
         f"_{_spec.kind}", _spec.op, _spec.inputs,
-        _first_backward(_spec, _bwd_fn.apply), _forward_jvp(_spec))
+        _first_backward(_spec, _differentiable(_spec.bwd_op, _bwd_fn)),
+        _forward_jvp(_spec))
     _spec.op.register_autograd(_first_backward(_spec, _spec.bwd_op),
                                setup_context=_setup(_spec.inputs))
     _spec.bwd_op.register_autograd(_second_backward(_spec),
@@ -1215,11 +1243,33 @@ for _kind, _data in [("context", (0, 4)), ("additive", (0, 1, 5, 6, 7)),
 del _spec, _bwd_fn, _kind, _data, _op
 
 
+def _transforms() -> list[Any]:
+    """The torch.func transforms (TransformType) around this call."""
+    if not torch._C._are_functorch_transforms_active():
+        return []
+    from torch._functorch.pyfunctorch import (
+        retrieve_all_functorch_interpreters)
+    return [i.key() for i in retrieve_all_functorch_interpreters()]
+
+
 def _call(kind: str, *args: Any) -> Any:
     """The op of ``kind`` through its autograd.Function (eager, torch.func)
-    or directly (torch.compile traces the op with its registered
-    autograd)."""
-    if torch.compiler.is_compiling():
+    or directly: torch.compile traces the op with its registered autograd,
+    torch.jit.trace records it as a node that scripts and saves (the
+    Function would be an opaque Python node), and torch.func.functionalize
+    has no rule for autograd.Functions."""
+    if torch.compiler.is_compiling() or _tracing():
+        return _SPECS[kind].op(*args)
+    transforms = _transforms()
+    T = torch._C._functorch.TransformType
+    if T.Functionalize in transforms:
+        if T.Grad in transforms or T.Jvp in transforms:
+            raise RuntimeError(
+                f"torch.func.functionalize together with a gradient "
+                f"transform (grad, vjp, jvp, jacrev, jacfwd, hessian) is "
+                f"not supported by attention_c.torch ({kind}_attention); "
+                f"its operators mutate nothing, so functionalize is not "
+                f"needed: drop it, or use torch.compile or torch.export")
         return _SPECS[kind].op(*args)
     return _FUNCTIONS[kind].apply(*args)
 
@@ -1639,6 +1689,14 @@ class GeneralAttention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"query_size={self.query_size}, key_size={self.key_size}"
+
+
+# torch.fx.symbolic_trace of a model records these calls as leaves (its
+# proxies carry no data for the checks and kernels); they run at call time.
+for _name in ("context_attention", "additive_attention", "dot_attention",
+              "general_attention", "project_keys"):
+    torch.fx.wrap(_name)
+del _name
 
 
 def _no_script(self: torch.nn.Module) -> torch.nn.Module:

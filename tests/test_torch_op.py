@@ -9,12 +9,14 @@ compilations (one torch.compile, one torch.export), to keep the file fast.
 """
 
 import copy
+import io
 
 import pytest
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+import attention_c as ac  # noqa: E402
 import attention_c.torch as act  # noqa: E402
 from attention_c.testing import (  # noqa: E402
     TORCH_ATTENTION, TORCH_FAMILY_SIZES, rel_err, torch_family_problem,
@@ -464,3 +466,130 @@ def test_jit_script_is_refused_clearly():
                                            "supported.*ContextAttention.*"
                                            "torch.compile or torch.export"):
         torch.jit.script(model)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+def test_jit_trace_records_the_operators():
+    """torch.jit.trace of a model with all four layers passes its own
+    check (trace with grad, check without: the same graph), records the
+    operators (not Python nodes), and survives save/load with eager's
+    outputs and gradients."""
+    model = AllFour()
+    query, keys, mask = all_four_inputs()
+    traced = torch.jit.trace(model, (query, keys, mask))
+    text = str(traced.inlined_graph)
+    for name in OPS:
+        assert f"attention_c::{name}" in text, name
+    buf = io.BytesIO()
+    torch.jit.save(traced, buf)
+    buf.seek(0)
+    loaded = torch.jit.load(buf)
+    k1, k2 = keys.clone().requires_grad_(), keys.clone().requires_grad_()
+    out, ref = loaded(query, k1, mask), model(query, k2, mask)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
+    g, = torch.autograd.grad(out.sum(), k1)
+    g_ref, = torch.autograd.grad(ref.sum(), k2)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_fx_symbolic_trace_keeps_the_calls_as_leaves():
+    """torch.fx.symbolic_trace of a model: each attention call is one node
+    of the graph (run at call time), and the GraphModule equals the model;
+    a proxy handed to a function directly gets a clear error."""
+    model = AllFour()
+    gm = torch.fx.symbolic_trace(model)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    for name in OPS:
+        assert getattr(act, name) in targets, name
+    inputs = all_four_inputs()
+    torch.testing.assert_close(gm(*inputs), model(*inputs), rtol=0, atol=0)
+
+    dot = act.dot_attention         # a name of its own: not patched
+
+    class Direct(torch.nn.Module):
+        def forward(self, query, keys):
+            return dot(query.float(), keys)[0]
+
+    with pytest.raises(TypeError, match="query is a torch.fx.Proxy: "
+                                        "torch.fx.symbolic_trace cannot"):
+        torch.fx.symbolic_trace(Direct())
+
+
+def test_functionalize():
+    """torch.func.functionalize runs the operators (an autograd.Function has
+    no functionalize rule); with a gradient transform inside it, a clear
+    error names both."""
+    model = AllFour()
+    inputs = all_four_inputs()
+    out = torch.func.functionalize(model)(*inputs)
+    torch.testing.assert_close(out, model(*inputs), rtol=0, atol=0)
+    _, _, a = problem("dot", grad=False)
+
+    def loss(q):
+        return act.dot_attention(q, a["keys"], a["mask"])[0].sum()
+
+    with pytest.raises(RuntimeError, match="functionalize together with a "
+                                           "gradient transform.*dot_attent"):
+        torch.func.functionalize(torch.func.grad(loss))(a["query"])
+
+
+def test_legacy_functions_refuse_func_transforms_clearly():
+    """The legacy *AttentionFunction classes under torch.func: an error
+    naming the class and what to use instead (not PyTorch's message about
+    setup_context)."""
+    _, _, a = problem("context", grad=False)
+
+    def f(h):
+        return act.ContextAttentionFunction.apply(
+            h, a["W"], a["v"], a["b"], a["mask"], False)[0].sum()
+
+    with pytest.raises(RuntimeError, match="ContextAttentionFunction does "
+                                           "not support the torch.func"):
+        torch.func.grad(f)(a["h"])
+    _, _, a = problem("dot", grad=False)
+    with pytest.raises(RuntimeError, match="DotAttentionFunction does not"):
+        torch.func.vmap(lambda q: act.DotAttentionFunction.apply(
+            q, a["keys"], None, None, None)[0])(a["query"][None])
+
+
+def test_sparse_and_nested_tensors_are_refused_clearly():
+    _, _, a = problem("dot", grad=False)
+    with pytest.raises(TypeError, match="keys is a torch.sparse_coo tensor;"
+                                        " attention_c.torch takes dense"):
+        act.dot_attention(a["query"], a["keys"].to_sparse())
+    nested = torch.nested.nested_tensor([a["keys"][0], a["keys"][1, :2]],
+                                        layout=torch.jagged)
+    with pytest.raises(TypeError, match="keys is a nested tensor"):
+        act.dot_attention(a["query"][:2], nested)
+
+
+# --------------------------------------------------------------------------
+# The compiled-step benchmark
+
+
+def test_compile_step_benchmark_prints_its_tables(capsys):
+    """python -m attention_c.bench.compile_step at tiny sizes (one step,
+    one round): both tables, every variant; no time is asserted."""
+    from attention_c.bench import compile_step
+    with pytest.raises(SystemExit) as exit_info:
+        compile_step.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+    threads = torch.get_num_threads(), ac.get_num_threads()
+    try:
+        code = compile_step.main(["--models", "context", "--sizes", "tiny",
+                                  "--acts", "Tanh", "--pools",
+                                  "attention_c,mean", "--repeats", "1",
+                                  "--steps", "1"])
+    finally:
+        torch.set_num_threads(threads[0])
+        ac.set_num_threads(threads[1])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ratio = compiled / eager" in out
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith("context")]
+    assert [r[3] for r in rows] == ["attention_c", "mean", "attention_c"]
+    assert all(float(x) > 0 for x in rows[0][4:7])
+    with pytest.raises(SystemExit):
+        compile_step.parse_args(["--acts", "Softmax"])
