@@ -96,7 +96,7 @@ static void SFX(add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,
 /* The primitives of the instruction set asked for. */
 static void SFX(family_ops)(int simd, OPS *ops)
 {
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (simd != ATT_SIMD_SCALAR) {
         FAST(simd, att_fast_ops)(ops);
         return;

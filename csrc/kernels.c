@@ -167,13 +167,6 @@ static void *arena_take(arena *ar, ptrdiff_t n, size_t size)
                                : CAT(CAT(name##_, TSFX), _avx2))
 #endif
 
-/* kernels_impl.h and family_impl.h call FAST under `#if ATT_HAVE_X86`, a
- * gate from before the NEON path that means "a fast path is compiled in":
- * give it that meaning for them (unchanged on x86-64, open on AArch64).
- * Once they test ATT_HAVE_FAST, these two lines can go. */
-#undef ATT_HAVE_X86
-#define ATT_HAVE_X86 ATT_HAVE_FAST
-
 #define REAL float
 #define SFX(name) name##_f32
 #define TSFX f32

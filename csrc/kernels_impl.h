@@ -521,7 +521,7 @@ ptrdiff_t SFX(att_additive_score_backward_workspace)(att_dims d)
 ptrdiff_t SFX(att_context_attention_workspace)(att_dims d,
                                                const att_exec *ex)
 {
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (ex->simd != ATT_SIMD_SCALAR) {
         return fast_bytes(FAST(ex->simd, att_fast_workspace)(
             d, 0, exec_threads(ex, d)));
@@ -533,7 +533,7 @@ ptrdiff_t SFX(att_context_attention_workspace)(att_dims d,
 ptrdiff_t SFX(att_context_attention_backward_workspace)(
     att_dims d, const att_exec *ex)
 {
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (ex->simd != ATT_SIMD_SCALAR) {
         return fast_bytes(FAST(ex->simd, att_fast_workspace)(
             d, 1, exec_threads(ex, d)));
@@ -551,7 +551,7 @@ int SFX(att_context_attention)(att_dims d, const att_exec *ex,
     if (!dims_ok(d) || !exec_ok(ex)) {
         return ATT_EINVAL;
     }
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (ex->simd != ATT_SIMD_SCALAR) {
         return FAST(ex->simd, att_fast_context_attention)(
             d, ex->pool, exec_threads(ex, d), h, W, v, b, mask, out, alpha,
@@ -571,7 +571,7 @@ int SFX(att_context_attention_backward)(
     if (!dims_ok(d) || !exec_ok(ex)) {
         return ATT_EINVAL;
     }
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (ex->simd != ATT_SIMD_SCALAR) {
         return FAST(ex->simd, att_fast_context_attention_backward)(
             d, ex->pool, exec_threads(ex, d), grad_out, h, W, v, alpha, b,
@@ -589,7 +589,7 @@ int SFX(att_tanh)(int simd, ptrdiff_t n, const REAL *x, REAL *y)
     if (n < 0 || !simd_ok(simd)) {
         return ATT_EINVAL;
     }
-#if ATT_HAVE_X86
+#if ATT_HAVE_FAST
     if (simd != ATT_SIMD_SCALAR) {
         FAST(simd, att_fast_tanh)(n, x, y);
         return ATT_OK;
