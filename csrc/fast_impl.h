@@ -2,7 +2,8 @@
  * fast_impl.h - the blocked SIMD path for one floating type and one
  * instruction set.
  *
- * fast_avx512.c and fast_avx2.c include this file once per type, with
+ * fast_avx512.c, fast_avx2.c and fast_neon.c include this file once per
+ * type, with
  *   REAL, FSFX(x)            the type and the names' suffix (_f32_avx512 ...)
  *   VEC, VLEN, MR            vector type, lanes, rows of the micro-tile
  *   VZERO VSET1 VLOAD VSTORE VADD VSUB VMUL VDIV VFMA VMAX VAND VREDUCE
@@ -170,9 +171,12 @@ static REAL FSFX(v_dot)(ptrdiff_t n, const REAL *x, const REAL *y)
         }                                                                    \
     }
 
-/* ... then stored to the tile (MR x NR, row-major) */
+/* ... then stored to the tile (MR x NR, row-major).  Unrolled on
+ * purpose: left as a loop, GCC for AArch64 keeps the accumulators in
+ * memory and stores them on every k step of the loop above. */
 #define MICRO_KERNEL_BODY(A_AT, B_AT)                                        \
     TILE_ACCUMULATE(A_AT, B_AT)                                              \
+    _Pragma("GCC unroll 16")                                                 \
     for (int r = 0; r < MR; r++) {                                           \
         VSTORE(tile + r * NR, c0[r]);                                        \
         VSTORE(tile + r * NR + VLEN, c1[r]);                                 \
