@@ -21,6 +21,11 @@
  *   6. run the kernel with the GIL released, then clean up on one path.
  * Leading batch axes (...) are flattened into B: after step 4 the data is
  * contiguous, so (..., T, H) is (B, T, H) without a copy.
+ *
+ * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
+ * (binding_tests.c) as attention_c._core_tests, which adds what only the
+ * tests use: the allocation points' counter and fault injection, and the
+ * vector tanh of each SIMD path.  In _core an allocation point is nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,19 +37,23 @@
 
 #include "attention.h"
 #include "pool.h"
+#ifdef ATT_TEST_HOOKS
+#include "testhooks.h"
+#endif
 
 /* ---------------------------------------------------------------------
- * Allocation points and fault injection (a debug aid for the tests)
+ * Allocation points and fault injection (_core_tests only)
  *
  * Every allocation the binding makes or asks NumPy for passes one
  * allocation point first: converting or casting an argument, each output
- * array, the kernels' scratch, the thread pool.  _fail_alloc_after(n)
- * makes point number n (0-based, counted from that call) fail as if
- * memory had run out: MemoryError, except for the thread pool, whose
- * failure means "run on the calling thread".  Off (n = -1), a point costs
- * one increment and one test.  Module state, read and written with the
- * GIL held (every point is passed before the GIL is released).
+ * array, the kernels' scratch, the thread pool.  In _core_tests,
+ * _fail_alloc_after(n) makes point number n (0-based, counted from that
+ * call) fail as if memory had run out: MemoryError, except for the thread
+ * pool, whose failure means "run on the calling thread".  Module state,
+ * read and written with the GIL held (every point is passed before the
+ * GIL is released).  In _core, ALLOC_POINT is the constant 0: no code.
  */
+#ifdef ATT_TEST_HOOKS
 static Py_ssize_t fault_count = 0;    /* points passed since the reset */
 static Py_ssize_t fault_after = -1;   /* the point to fail; -1: none */
 static int fault_armed = 0;           /* fault_after >= 0 or tracing */
@@ -81,6 +90,10 @@ static inline int alloc_point(const char *kind, const char *what, int raise)
     Py_ssize_t index = fault_count++;
     return fault_armed ? alloc_point_debug(kind, what, index, raise) : 0;
 }
+#define ALLOC_POINT(kind, what, raise) alloc_point(kind, what, raise)
+#else
+#define ALLOC_POINT(kind, what, raise) 0
+#endif
 
 /* ---------------------------------------------------------------------
  * Shapes in messages
@@ -280,7 +293,7 @@ static att_exec begin_exec(void)
         }
         if (pool == NULL) {
             /* NULL (no memory, no threads): run on the calling thread */
-            if (alloc_point("thread", "pool", 0) < 0) {
+            if (ALLOC_POINT("thread", "pool", 0) < 0) {
                 PyErr_Clear();
             }
             else {
@@ -461,7 +474,7 @@ static int view_args(Call *c)
                          "None", name);
             return -1;
         }
-        if (alloc_point("conversion of", name, 1) < 0) {
+        if (ALLOC_POINT("conversion of", name, 1) < 0) {
             return -1;
         }
         c->arr[i] = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0,
@@ -743,7 +756,7 @@ static int broadcast_lead(Call *c, int i)
     if (same) {
         return 0;
     }
-    if (alloc_point("broadcast of", arg_names[c->fn->args[i].id], 1) < 0) {
+    if (ALLOC_POINT("broadcast of", arg_names[c->fn->args[i].id], 1) < 0) {
         return -1;
     }
     PyArray_Descr *dt = PyArray_DESCR(x);
@@ -793,7 +806,7 @@ static int cast_args(Call *c)
         if ((fn->args[i].flags & F_BCAST) && broadcast_lead(c, i) < 0) {
             return -1;
         }
-        if (alloc_point("cast of", arg_names[fn->args[i].id], 1) < 0) {
+        if (ALLOC_POINT("cast of", arg_names[fn->args[i].id], 1) < 0) {
             return -1;
         }
         PyObject *cast = PyArray_FromArray(
@@ -922,13 +935,13 @@ static int make_outputs(Call *c)
             continue;
         }
         int nd = out_shape(c, k, dims);
-        if (alloc_point("output", out_names[fn->outs[k].id], 1) < 0 ||
+        if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
             (c->out[k] = PyArray_SimpleNew(nd, dims, c->typenum)) == NULL) {
             return -1;
         }
     }
     if (fn->workspace != NULL) {
-        if (alloc_point("scratch", "memory", 1) < 0) {
+        if (ALLOC_POINT("scratch", "memory", 1) < 0) {
             return -1;
         }
         c->work = work_take((size_t)work_bytes + 1);
@@ -1416,7 +1429,7 @@ static PyObject *(*const entries[])(PyObject *, PyObject *, PyObject *) = {
     entry_15, entry_16, entry_17};
 
 /* ---------------------------------------------------------------------
- * Private: the instruction set, and the vector tanh for the tests
+ * Private: the instruction set, threads; the tests' hooks
  */
 
 static int simd_from_name(PyObject *name)
@@ -1518,6 +1531,7 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+#ifdef ATT_TEST_HOOKS
 /* _fail_alloc_after(n, trace=False): restart counting allocation points;
  * fail point n (0-based) once, or none for n = -1; with trace, record the
  * name of every point passed (read by _alloc_trace). */
@@ -1609,6 +1623,7 @@ done:
     Py_DECREF(x);
     return y;
 }
+#endif /* ATT_TEST_HOOKS */
 
 /* ---------------------------------------------------------------------
  * The module
@@ -1627,6 +1642,7 @@ static PyMethodDef private_methods[] = {
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,
      "Set the threads the fused kernels may use (1 .. 256)."},
+#ifdef ATT_TEST_HOOKS
     {"_fail_alloc_after", (PyCFunction)(void (*)(void))py_fail_alloc_after,
      METH_VARARGS | METH_KEYWORDS,
      "_fail_alloc_after(n, trace=False): make allocation point n fail once "
@@ -1638,6 +1654,7 @@ static PyMethodDef private_methods[] = {
      "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
+#endif
 };
 
 #define N_PRIVATE ((int)(sizeof(private_methods) / sizeof(private_methods[0])))
@@ -1649,7 +1666,9 @@ static PyMethodDef methods[N_FUNCS + N_PRIVATE + 1];
 static void module_free(void *m)
 {
     (void)m;
+#ifdef ATT_TEST_HOOKS
     Py_CLEAR(fault_trace);
+#endif
     if (!work_cache_busy) {
         PyMem_RawFree(work_cache);
         work_cache = NULL;
@@ -1666,16 +1685,28 @@ static void module_free(void *m)
     }
 }
 
+#ifdef ATT_TEST_HOOKS
+#define MODULE_NAME "attention_c._core_tests"
+#define MODULE_DOC "attention_c._core with the tests' hooks (allocation " \
+    "points, fault injection, _tanh); for the test suite only."
+#define MODULE_INIT PyInit__core_tests
+#else
+#define MODULE_NAME "attention_c._core"
+#define MODULE_DOC "C kernels of attention_c; use the functions of " \
+    "attention_c."
+#define MODULE_INIT PyInit__core
+#endif
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "attention_c._core",
-    .m_doc = "C kernels of attention_c; use the functions of attention_c.",
+    .m_name = MODULE_NAME,
+    .m_doc = MODULE_DOC,
     .m_size = 0,
     .m_methods = methods,
     .m_free = module_free,
 };
 
-PyMODINIT_FUNC PyInit__core(void)
+PyMODINIT_FUNC MODULE_INIT(void)
 {
     import_array();
     if ((int)(sizeof(entries) / sizeof(entries[0])) != N_FUNCS) {
