@@ -385,6 +385,15 @@ typedef struct {
 
 typedef struct Call Call;
 
+/* Everything a row's workspace function reads (the sizes, the dtype, the
+ * instruction set and threads), zero-padded so that memcmp compares it. */
+typedef struct {
+    npy_intp sym[N_SYMS];
+    npy_intp B;
+    const void *pool;
+    int typenum, several, per_query_mask, simd, threads, pool_threads;
+} WorkKey;
+
 typedef struct {
     const char *name;
     ArgSpec args[MAX_ARGS];  /* signature order, required ones first */
@@ -406,6 +415,8 @@ typedef struct {
     char textsig[MAX_ARGS * 24 + 64];
     PyTypeObject *grads;     /* the public function's named tuple (owned;
                                 set by _publish), or NULL */
+    WorkKey work_key;        /* the last call's, with its scratch bytes */
+    ptrdiff_t work_bytes;    /* (0: none yet; a workspace is never 0) */
 } FuncSpec;
 
 struct Call {
@@ -1031,6 +1042,35 @@ static int wanted(const Call *c, int k)
     return when < 0 || given(c, when);
 }
 
+/* The scratch bytes of the call (-1: overflow).  A decoder calls with
+ * the same sizes at every step: the last call's count is kept per row
+ * (under the GIL) and the kernels' sizing, 5% of a small call, is
+ * skipped when nothing it reads changed. */
+static ptrdiff_t work_size(Call *c)
+{
+    FuncSpec *fn = (FuncSpec *)c->fn;     /* a row of funcs, not const */
+    WorkKey key;
+    memset(&key, 0, sizeof key);
+    memcpy(key.sym, c->sym, sizeof key.sym);
+    key.B = c->d.B;
+    key.pool = c->ex.pool;
+    key.typenum = c->typenum;
+    key.several = c->several;
+    key.per_query_mask = c->per_query_mask;
+    key.simd = c->ex.simd;
+    key.threads = c->ex.threads;
+    key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
+    if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {
+        return fn->work_bytes;
+    }
+    ptrdiff_t bytes = fn->workspace(c);
+    if (bytes > 0) {
+        fn->work_key = key;
+        fn->work_bytes = bytes;
+    }
+    return bytes;
+}
+
 /* Makes the wanted outputs and the scratch.  Every byte count is checked
  * before anything is allocated, so sizes that overflow give MemoryError
  * without touching memory.  On failure what was made is left in c for
@@ -1061,7 +1101,7 @@ static int make_outputs(Call *c)
             return -1;
         }
     }
-    ptrdiff_t work_bytes = fn->workspace ? fn->workspace(c) : 0;
+    ptrdiff_t work_bytes = fn->workspace ? work_size(c) : 0;
     if (work_bytes < 0) {
         PyErr_SetString(PyExc_MemoryError,
                         "attention_c: sizes too large for scratch memory");
