@@ -23,6 +23,16 @@
  * Leading batch axes (...) are flattened into B: after step 4 the data is
  * contiguous, so (..., T, H) is (B, T, H) without a copy.
  *
+ * Each row is two builtins: the module's (a backward returns a plain
+ * tuple) and the public attention_c.<name>, made by _publish with the
+ * docstring attention_c/__init__.py gives and the row's signature (so
+ * inspect.signature works), whose backward returns its named tuple.  A
+ * decoder calls thousands of times per epoch, so the public functions
+ * are these C functions, not Python wrappers, and the common case skips
+ * NumPy's conversions: arrays are taken as they are, and inputs that are
+ * already all float32 (or float64), C-contiguous and aligned are used
+ * without PyArray_ResultType or PyArray_FromArray.
+ *
  * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
  * (binding_tests.c) as attention_c._core_tests, which adds what only the
  * tests use: the allocation points' counter and fault injection, and the
@@ -1210,8 +1220,9 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
     if (fn->fused) {
         c.ex = begin_exec();
     }
-    if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 || check_shapes(&c) < 0 ||
-        (fn->check && fn->check(&c) < 0) || cast_args(&c) < 0 ||
+    if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
+        check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
+        cast_args(&c) < 0 ||
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
