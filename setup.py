@@ -1,4 +1,14 @@
-"""Build of the C extension attention_c._core (metadata: pyproject.toml).
+"""Build of the C extensions (metadata: pyproject.toml).
+
+Two extensions from the same sources:
+
+* attention_c._core, the one the package uses;
+* attention_c._core_tests, the same binding compiled with ATT_TEST_HOOKS
+  (csrc/binding_tests.c): it adds the tests' allocation-point counter,
+  fault injection and the vector tanh entry, which _core does not have.
+
+The kernels (every C file but the binding) are compiled once and linked
+into both, so the second extension costs one more compile of binding.c.
 
 Linux and macOS (x86-64 and arm64) with gcc or clang: the thread pool
 (csrc/pool.c) uses POSIX threads, so there is no Windows build.
@@ -8,6 +18,12 @@ import sys
 
 import numpy as np
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+try:                                   # setuptools >= 69
+    from setuptools.modified import newer_group
+except ImportError:                    # pragma: no cover
+    from distutils.dep_util import newer_group
 
 if sys.platform == "win32":
     sys.exit("attention_c does not build on Windows: its thread pool needs "
@@ -17,21 +33,50 @@ if sys.platform == "win32":
 # arm64) CPU; faster instruction sets are chosen at run time.
 compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra",
                 "-fno-strict-aliasing", "-pthread"]
+include_dirs = ["csrc", np.get_include()]
+
+# Compiled once, shared by both extensions.
+KERNEL_SOURCES = ["csrc/kernels.c", "csrc/pool.c", "csrc/fast_avx2.c",
+                  "csrc/fast_avx512.c", "csrc/fast_neon.c"]
+# Every header, so that editing one rebuilds what includes it (MANIFEST.in
+# ships them all in the sdist).
+HEADERS = ["csrc/attention.h", "csrc/kernels_impl.h", "csrc/fast.h",
+           "csrc/fast_impl.h", "csrc/pool.h", "csrc/family_impl.h",
+           "csrc/fast_ops_impl.h", "csrc/testhooks.h"]
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles KERNEL_SOURCES once (when a source or a
+    header is newer than its object) and links the objects into every
+    extension."""
+
+    def build_extensions(self):
+        objects = self.compiler.object_filenames(
+            KERNEL_SOURCES, output_dir=self.build_temp)
+        stale = [src for src, obj in zip(KERNEL_SOURCES, objects)
+                 if self.force or newer_group([src] + HEADERS, obj)]
+        if stale:
+            self.compiler.compile(stale, output_dir=self.build_temp,
+                                  include_dirs=include_dirs,
+                                  extra_postargs=compile_args,
+                                  depends=HEADERS)
+        for ext in self.extensions:
+            ext.extra_objects = objects
+            # a rebuilt kernel object relinks the extension; binding_tests.c
+            # is binding.c
+            ext.depends = HEADERS + objects + ["csrc/binding.c"]
+        super().build_extensions()
+
+
+def extension(name, source):
+    return Extension(name, sources=[source], include_dirs=include_dirs,
+                     extra_compile_args=compile_args)
+
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
-        Extension(
-            "attention_c._core",
-            sources=["csrc/binding.c", "csrc/kernels.c", "csrc/pool.c",
-                     "csrc/fast_avx2.c", "csrc/fast_avx512.c",
-                     "csrc/fast_neon.c"],
-            # Every header, so that editing one rebuilds the extension
-            # (MANIFEST.in ships them all in the sdist).
-            depends=["csrc/attention.h", "csrc/kernels_impl.h",
-                     "csrc/fast.h", "csrc/fast_impl.h", "csrc/pool.h",
-                     "csrc/family_impl.h", "csrc/fast_ops_impl.h"],
-            include_dirs=["csrc", np.get_include()],
-            extra_compile_args=compile_args,
-        )
+        extension("attention_c._core", "csrc/binding.c"),
+        extension("attention_c._core_tests", "csrc/binding_tests.c"),
     ],
 )

@@ -202,8 +202,23 @@ Examples
 """
 
 
-def mean_context(h, mask=None):
-    """Mean of the valid items of each sequence.
+# The public functions are the C functions themselves, so that a call
+# (thousands per epoch in a decoder) goes through no Python frame.  Their
+# signatures come from the binding's table (inspect.signature reads them),
+# their docstrings from here; a backward returns its named tuple of
+# gradients from C.
+
+def _public(name, doc, grads=None, shapes=False):
+    """attention_c.<name>: _core's function with docstring ``doc`` (with
+    the family's shapes for ``{shapes}``) and, for a backward, its
+    gradients as the named tuple ``grads``."""
+    if shapes:
+        doc = doc.replace("{shapes}", _FAMILY_SHAPES)
+    return _core._publish(name, doc, grads)
+
+
+mean_context = _public("mean_context", """\
+Mean of the valid items of each sequence.
 
     ``c = (1/n) sum_t m_t h_t`` with ``n = sum_t m_t``; ``c = 0`` when n = 0.
     Masked items are left out of the sum (a NaN in padding does not matter).
@@ -227,12 +242,11 @@ def mean_context(h, mask=None):
     >>> ac.mean_context(h, mask)                      # row 1: no valid item
     array([[1., 2.],
            [0., 0.]])
-    """
-    return _core.mean_context(h, mask)
+    """)
 
 
-def mean_context_backward(grad_c, h, mask=None):
-    """Backward of :func:`mean_context`: ``dh_t = (m_t / n) grad_c``.
+mean_context_backward = _public("mean_context_backward", """\
+Backward of :func:`mean_context`: ``dh_t = (m_t / n) grad_c``.
 
     Parameters
     ----------
@@ -256,12 +270,11 @@ def mean_context_backward(grad_c, h, mask=None):
     array([[ 0.5, -1. ],
            [ 0.5, -1. ],
            [ 0. ,  0. ]])
-    """
-    return _core.mean_context_backward(grad_c, h, mask)
+    """)
 
 
-def additive_score(h, context, W, v, b=None):
-    """Additive score of each item given its sequence's context.
+additive_score = _public("additive_score", """\
+Additive score of each item given its sequence's context.
 
     ``s_t = v . tanh(W_h h_t + W_c c + b)`` where ``W = [W_h | W_c]``.
     ``W_c c + b`` is computed once per sequence.
@@ -291,12 +304,11 @@ def additive_score(h, context, W, v, b=None):
     >>> s = ac.additive_score(h, ac.mean_context(h), W, v)
     >>> s.shape
     (2, 5)
-    """
-    return _core.additive_score(h, context, W, v, b)
+    """)
 
 
-def additive_score_backward(grad_s, h, context, W, v, b=None):
-    """Backward of :func:`additive_score`.
+additive_score_backward = _public("additive_score_backward", """\
+Backward of :func:`additive_score`.
 
     With ``u_t = tanh(z_t)`` and ``eps_t = grad_s_t v (1 - u_t^2)``:
     ``dv = sum_t grad_s_t u_t``, ``db = sum_t eps_t``,
@@ -329,12 +341,11 @@ def additive_score_backward(grad_s, h, context, W, v, b=None):
     >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v, b)
     >>> dh.shape, dc.shape, dW.shape, dv.shape, db.shape
     ((2, 5, 4), (2, 4), (3, 8), (3,), (3,))
-    """
-    return _core.additive_score_backward(grad_s, h, context, W, v, b)
+    """)
 
 
-def masked_softmax(scores, mask=None):
-    """Softmax over the last axis, restricted to the valid items.
+masked_softmax = _public("masked_softmax", """\
+Softmax over the last axis, restricted to the valid items.
 
     ``alpha_t = m_t exp(s_t - M) / sum_j m_j exp(s_j - M)`` with ``M`` the
     largest valid score, so no exponential overflows.  Masked items get
@@ -357,12 +368,11 @@ def masked_softmax(scores, mask=None):
     >>> ac.masked_softmax(scores, mask)               # no overflow, no NaN
     array([[0.5, 0.5, 0. ],
            [0. , 0. , 0. ]])
-    """
-    return _core.masked_softmax(scores, mask)
+    """)
 
 
-def masked_softmax_backward(grad_alpha, alpha):
-    """Backward of :func:`masked_softmax`.
+masked_softmax_backward = _public("masked_softmax_backward", """\
+Backward of :func:`masked_softmax`.
 
     ``ds_t = alpha_t (g_t - sum_j alpha_j g_j)``; masked items (alpha = 0)
     get 0.  Evaluated as ``alpha_t ((g_t - g_k) - sum_j alpha_j (g_j -
@@ -387,12 +397,11 @@ def masked_softmax_backward(grad_alpha, alpha):
     >>> alpha = ac.masked_softmax(np.zeros(4), np.array([1, 1, 0, 0], bool))
     >>> ac.masked_softmax_backward(np.array([1.0, 3.0, 5.0, 7.0]), alpha)
     array([-0.5,  0.5,  0. ,  0. ])
-    """
-    return _core.masked_softmax_backward(grad_alpha, alpha)
+    """)
 
 
-def weighted_sum(alpha, h):
-    """``out = sum_t alpha_t h_t``.
+weighted_sum = _public("weighted_sum", """\
+``out = sum_t alpha_t h_t``.
 
     Parameters
     ----------
@@ -409,12 +418,11 @@ def weighted_sum(alpha, h):
     >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
     >>> ac.weighted_sum(np.array([0.25, 0.75, 0.0]), h)
     array([0.25, 0.75])
-    """
-    return _core.weighted_sum(alpha, h)
+    """)
 
 
-def weighted_sum_backward(grad_out, alpha, h):
-    """Backward of :func:`weighted_sum`.
+weighted_sum_backward = _public("weighted_sum_backward", """\
+Backward of :func:`weighted_sum`.
 
     Parameters
     ----------
@@ -441,12 +449,11 @@ def weighted_sum_backward(grad_out, alpha, h):
     array([[0.25, 0.5 ],
            [0.75, 1.5 ],
            [0.  , 0.  ]])
-    """
-    return _core.weighted_sum_backward(grad_out, alpha, h)
+    """)
 
 
-def context_attention(h, W, v, b=None, mask=None, keep_activations=False):
-    """The whole layer: mean context, additive score, masked softmax, sum.
+context_attention = _public("context_attention", """\
+The whole layer: mean context, additive score, masked softmax, sum.
 
     ``c = mean of valid h_t``; ``s_t = v . tanh(W_h h_t + W_c c + b)``;
     ``alpha = masked softmax(s)``; ``out = sum_t alpha_t h_t``.  One pass
@@ -487,13 +494,11 @@ def context_attention(h, W, v, b=None, mask=None, keep_activations=False):
     ((2, 4), (2, 5))
     >>> np.allclose(alpha.sum(axis=-1), 1)
     True
-    """
-    return _core.context_attention(h, W, v, b, mask, keep_activations)
+    """)
 
 
-def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
-                               grad_alpha=None, activations=None):
-    """Gradients of the whole layer (docs/contract.md section 2) in one call.
+context_attention_backward = _public("context_attention_backward", """\
+Gradients of the whole layer (docs/contract.md section 2) in one call.
 
     Parameters
     ----------
@@ -534,9 +539,7 @@ def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
     ((2, 5, 4), (3, 8), (3,))
     >>> bool((g.h[1, 2:] == 0).all())                 # masked items: 0
     True
-    """
-    return AttentionGrads(*_core.context_attention_backward(
-        grad_out, h, W, v, alpha, b, mask, grad_alpha, activations))
+    """, AttentionGrads)
 
 
 # --------------------------------------------------------------------------
@@ -643,17 +646,8 @@ _FAMILY_SHAPES = """
 """
 
 
-def _family_grads(kind, result):
-    """The named tuple of gradients, and grad_key_proj after it when the
-    kernel returned one (stop_at_key_proj)."""
-    n = len(kind._fields)
-    grads = kind(*result[:n])
-    return (grads, result[n]) if len(result) > n else grads
-
-
-def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
-                       key_proj=None):
-    """Additive (Bahdanau, Luong "concat") attention of queries over keys.
+additive_attention = _public("additive_attention", """\
+Additive (Bahdanau, Luong "concat") attention of queries over keys.
 
     ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i = masked
     softmax of s_i``, ``out_i = sum_t alpha_it val_t``, with
@@ -694,15 +688,11 @@ def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
     >>> out, alpha = ac.additive_attention(query, keys, W, v)
     >>> out.shape, alpha.shape
     ((2, 4), (2, 7))
-    """
-    return _core.additive_attention(query, keys, W, v, b, mask, values,
-                                    key_proj)
+    """, shapes=True)
 
 
-def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
-                                mask=None, values=None, grad_alpha=None,
-                                key_proj=None, stop_at_key_proj=False):
-    """Gradients of :func:`additive_attention` in one call.
+additive_attention_backward = _public("additive_attention_backward", """\
+Gradients of :func:`additive_attention` in one call.
 
     ``delta_it = alpha_it (gamma_it - sum_j alpha_ij gamma_ij)`` with
     ``gamma_it = g_i . val_t + ga_it``; ``eps_it = delta_it v (1 -
@@ -761,15 +751,11 @@ def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
     >>> dkeys, dW = ac.project_keys_backward(total, keys, W)   # once
     >>> dkeys.shape, dW.shape, grad_q[0].shape
     ((2, 7, 4), (5, 7), (2, 3))
-    """
-    return _family_grads(AdditiveAttentionGrads,
-                         _core.additive_attention_backward(
-                             grad_out, query, keys, W, v, alpha, b, mask,
-                             values, grad_alpha, key_proj, stop_at_key_proj))
+    """, AdditiveAttentionGrads)
 
 
-def dot_attention(query, keys, mask=None, values=None, scale=None):
-    """Dot-product (Luong "dot", scaled dot) attention.
+dot_attention = _public("dot_attention", """\
+Dot-product (Luong "dot", scaled dot) attention.
 
     ``s_it = scale q_i . k_t`` (Hq = H), ``alpha_i = masked softmax of
     s_i``, ``out_i = sum_t alpha_it val_t``.  With several queries the
@@ -800,13 +786,11 @@ def dot_attention(query, keys, mask=None, values=None, scale=None):
     >>> out, alpha = ac.dot_attention(x, x, mask=causal)   # self-attention
     >>> out.shape, bool(alpha[0, 0, 1] == 0)
     ((4, 6, 8), True)
-    """
-    return _core.dot_attention(query, keys, mask, values, scale)
+    """, shapes=True)
 
 
-def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
-                           values=None, scale=None, grad_alpha=None):
-    """Gradients of :func:`dot_attention` in one call.
+dot_attention_backward = _public("dot_attention_backward", """\
+Gradients of :func:`dot_attention` in one call.
 
     ``dq_i = scale sum_t delta_it k_t``, ``dk_t = scale sum_i delta_it
     q_i (+ sum_i alpha_it g_i)``, ``dval_t = sum_i alpha_it g_i``.
@@ -835,14 +819,11 @@ def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
     ...                               mask=causal)
     >>> g.query.shape, g.keys.shape, g.values
     ((4, 6, 8), (4, 6, 8), None)
-    """
-    return DotAttentionGrads(*_core.dot_attention_backward(
-        grad_out, query, keys, alpha, mask, values, scale, grad_alpha))
+    """, DotAttentionGrads)
 
 
-def general_attention(query, keys, W, mask=None, values=None,
-                      key_proj=None):
-    """General (Luong "general", bilinear) attention.
+general_attention = _public("general_attention", """\
+General (Luong "general", bilinear) attention.
 
     ``s_it = q_i . (W_a k_t)``, ``alpha_i = masked softmax of s_i``,
     ``out_i = sum_t alpha_it val_t``.  ``W_a k_t`` is computed once per
@@ -878,14 +859,11 @@ def general_attention(query, keys, W, mask=None, values=None,
     >>> out, alpha = ac.general_attention(query, keys, W, mask=mask)
     >>> out.shape, alpha.shape, bool((alpha[1, :, 4:] == 0).all())
     ((2, 5, 4), (2, 5, 7), True)
-    """
-    return _core.general_attention(query, keys, W, mask, values, key_proj)
+    """, shapes=True)
 
 
-def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
-                               values=None, grad_alpha=None, key_proj=None,
-                               stop_at_key_proj=False):
-    """Gradients of :func:`general_attention` in one call.
+general_attention_backward = _public("general_attention_backward", """\
+Gradients of :func:`general_attention` in one call.
 
     ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
     (+ sum_i alpha_it g_i)``, ``dW_a = sum_it delta_it q_i k_t^T``.
@@ -920,15 +898,11 @@ def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
     ...                                   alpha)
     >>> g.query.shape, g.keys.shape, g.W.shape
     ((2, 3), (2, 7, 4), (3, 4))
-    """
-    return _family_grads(GeneralAttentionGrads,
-                         _core.general_attention_backward(
-                             grad_out, query, keys, W, alpha, mask, values,
-                             grad_alpha, key_proj, stop_at_key_proj))
+    """, GeneralAttentionGrads)
 
 
-def project_keys(keys, W):
-    """The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
+project_keys = _public("project_keys", """\
+The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
 
     For the additive score (``W = [W_k | W_q]``, (A, H + Hq)) this is
     ``W_k k_t`` (..., T, A); for the general score (``W = W_a``, (Hq, H))
@@ -958,12 +932,11 @@ def project_keys(keys, W):
     ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
     >>> out.shape
     (2, 4)
-    """
-    return _core.project_keys(keys, W)
+    """)
 
 
-def project_keys_backward(grad_proj, keys, W):
-    """Backward of :func:`project_keys`.
+project_keys_backward = _public("project_keys_backward", """\
+Backward of :func:`project_keys`.
 
     Parameters
     ----------
@@ -987,13 +960,7 @@ def project_keys_backward(grad_proj, keys, W):
     >>> dkeys, dW = ac.project_keys_backward(np.ones_like(kp), keys, W)
     >>> dkeys.shape, dW.shape, bool((dW[:, 4:] == 0).all())
     ((2, 7, 4), (5, 7), True)
-    """
-    return _core.project_keys_backward(grad_proj, keys, W)
-
-
-for _f in (additive_attention, dot_attention, general_attention):
-    _f.__doc__ = _f.__doc__.replace("{shapes}", _FAMILY_SHAPES)
-del _f
+    """)
 
 
 # The trainable layer builds on the functions above, so it comes last.

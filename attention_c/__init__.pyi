@@ -1,5 +1,5 @@
-# Type stubs of the public API of attention_c (the functions are thin
-# wrappers of the C extension _core, which has no annotations of its own).
+# Type stubs of the public API of attention_c (the functions are the C
+# functions of the extension _core, which has no annotations of its own).
 # tests/test_typing.py checks these against the runtime with mypy.stubtest.
 from typing import IO, Any, Literal, NamedTuple, overload
 

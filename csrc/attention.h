@@ -117,8 +117,7 @@ typedef struct {
         const R *W,                                                          \
         const R *v, const R *alpha, const R *b, const unsigned char *mask,   \
         const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,      \
-        void *work);                                                         \
-    int att_tanh_##SFX(int simd, ptrdiff_t n, const R *x, R *y);
+        void *work);
 
 ATT_DECLARE(float, f32)
 ATT_DECLARE(double, f64)

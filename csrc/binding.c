@@ -6,7 +6,8 @@
  * NumPy's gufunc signatures ("(..., T, H)", "(A, H+Hq)"), its outputs
  * with theirs, and the kernel call.  One generic driver, call_function,
  * does the same steps for every row:
- *   1. parse the arguments (keywords allowed);
+ *   1. take the arguments (METH_FASTCALL, keywords allowed) by position
+ *      and name, with the messages of a Python function;
  *   2. view each array argument as an array, without copying, and check
  *      its dtype (real floats or integers; masks boolean);
  *   3. check every shape on the arrays as given, binding the symbols of
@@ -21,6 +22,21 @@
  *   6. run the kernel with the GIL released, then clean up on one path.
  * Leading batch axes (...) are flattened into B: after step 4 the data is
  * contiguous, so (..., T, H) is (B, T, H) without a copy.
+ *
+ * Each row is two builtins: the module's (a backward returns a plain
+ * tuple) and the public attention_c.<name>, made by _publish with the
+ * docstring attention_c/__init__.py gives and the row's signature (so
+ * inspect.signature works), whose backward returns its named tuple.  A
+ * decoder calls thousands of times per epoch, so the public functions
+ * are these C functions, not Python wrappers, and the common case skips
+ * NumPy's conversions: arrays are taken as they are, and inputs that are
+ * already all float32 (or float64), C-contiguous and aligned are used
+ * without PyArray_ResultType or PyArray_FromArray.
+ *
+ * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
+ * (binding_tests.c) as attention_c._core_tests, which adds what only the
+ * tests use: the allocation points' counter and fault injection, and the
+ * vector tanh of each SIMD path.  In _core an allocation point is nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,19 +48,35 @@
 
 #include "attention.h"
 #include "pool.h"
+#ifdef ATT_TEST_HOOKS
+#include "testhooks.h"
+#define MODULE_NAME "attention_c._core_tests"
+#define MODULE_DOC "attention_c._core with the tests' hooks (allocation " \
+    "points, fault injection, _tanh); for the test suite only."
+#define MODULE_INIT PyInit__core_tests
+/* __module__ of the functions _publish makes */
+#define PUBLIC_MODULE MODULE_NAME
+#else
+#define MODULE_NAME "attention_c._core"
+#define MODULE_DOC "C kernels of attention_c; use the functions of " \
+    "attention_c."
+#define MODULE_INIT PyInit__core
+#define PUBLIC_MODULE "attention_c"
+#endif
 
 /* ---------------------------------------------------------------------
- * Allocation points and fault injection (a debug aid for the tests)
+ * Allocation points and fault injection (_core_tests only)
  *
  * Every allocation the binding makes or asks NumPy for passes one
  * allocation point first: converting or casting an argument, each output
- * array, the kernels' scratch, the thread pool.  _fail_alloc_after(n)
- * makes point number n (0-based, counted from that call) fail as if
- * memory had run out: MemoryError, except for the thread pool, whose
- * failure means "run on the calling thread".  Off (n = -1), a point costs
- * one increment and one test.  Module state, read and written with the
- * GIL held (every point is passed before the GIL is released).
+ * array, the kernels' scratch, the thread pool.  In _core_tests,
+ * _fail_alloc_after(n) makes point number n (0-based, counted from that
+ * call) fail as if memory had run out: MemoryError, except for the thread
+ * pool, whose failure means "run on the calling thread".  Module state,
+ * read and written with the GIL held (every point is passed before the
+ * GIL is released).  In _core, ALLOC_POINT is the constant 0: no code.
  */
+#ifdef ATT_TEST_HOOKS
 static Py_ssize_t fault_count = 0;    /* points passed since the reset */
 static Py_ssize_t fault_after = -1;   /* the point to fail; -1: none */
 static int fault_armed = 0;           /* fault_after >= 0 or tracing */
@@ -81,6 +113,10 @@ static inline int alloc_point(const char *kind, const char *what, int raise)
     Py_ssize_t index = fault_count++;
     return fault_armed ? alloc_point_debug(kind, what, index, raise) : 0;
 }
+#define ALLOC_POINT(kind, what, raise) alloc_point(kind, what, raise)
+#else
+#define ALLOC_POINT(kind, what, raise) 0
+#endif
 
 /* ---------------------------------------------------------------------
  * Shapes in messages
@@ -280,7 +316,7 @@ static att_exec begin_exec(void)
         }
         if (pool == NULL) {
             /* NULL (no memory, no threads): run on the calling thread */
-            if (alloc_point("thread", "pool", 0) < 0) {
+            if (ALLOC_POINT("thread", "pool", 0) < 0) {
                 PyErr_Clear();
             }
             else {
@@ -314,6 +350,9 @@ static const char *const arg_names[N_ARG_IDS] = {
     "grad_alpha", "alpha", "grad_out", "keep_activations", "activations",
     "query", "keys", "values", "key_proj", "scale", "stop_at_key_proj",
     "grad_proj"};
+/* The same as interned str, made at import: a keyword written in the
+ * caller's source is the same object, so matching it is one compare. */
+static PyObject *arg_name_objs[N_ARG_IDS];
 
 enum {
     Y_C, Y_DH, Y_S, Y_DCONTEXT, Y_DW, Y_DV, Y_DB, Y_ALPHA, Y_DSCORES, Y_OUT,
@@ -356,6 +395,15 @@ typedef struct {
 
 typedef struct Call Call;
 
+/* Everything a row's workspace function reads (the sizes, the dtype, the
+ * instruction set and threads), zero-padded so that memcmp compares it. */
+typedef struct {
+    npy_intp sym[N_SYMS];
+    npy_intp B;
+    const void *pool;
+    int typenum, several, per_query_mask, simd, threads, pool_threads;
+} WorkKey;
+
 typedef struct {
     const char *name;
     ArgSpec args[MAX_ARGS];  /* signature order, required ones first */
@@ -372,8 +420,13 @@ typedef struct {
     int nargs, nouts;
     int pos[N_ARG_IDS];      /* index of each argument id, or -1 */
     int opos[N_OUT_IDS];     /* index of each output id, or -1 */
-    char *kwlist[MAX_ARGS + 1];
-    char format[MAX_ARGS + 48];
+    int nfields;             /* outputs that are not `drop` */
+    /* "name(h, mask=None)\n--\n\n": the signature CPython shows */
+    char textsig[MAX_ARGS * 24 + 64];
+    PyTypeObject *grads;     /* the public function's named tuple (owned;
+                                set by _publish), or NULL */
+    WorkKey work_key;        /* the last call's, with its scratch bytes */
+    ptrdiff_t work_bytes;    /* (0: none yet; a workspace is never 0) */
 } FuncSpec;
 
 struct Call {
@@ -422,6 +475,103 @@ static void *out_data(const Call *c, int id)
 }
 
 /* ---------------------------------------------------------------------
+ * Step 1: the arguments
+ */
+
+/* Index of the argument named key in row fn, or -1. */
+static int arg_index(const FuncSpec *fn, PyObject *key)
+{
+    for (int i = 0; i < fn->nargs; i++) {
+        if (key == arg_name_objs[fn->args[i].id]) {
+            return i;
+        }
+    }
+    /* a name made at run time: not the interned object */
+    for (int i = 0; PyUnicode_Check(key) && i < fn->nargs; i++) {
+        if (PyUnicode_CompareWithASCIIString(
+                key, arg_names[fn->args[i].id]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* TypeError "f() missing 2 required positional arguments: 'W' and 'v'",
+ * as a Python function says it. */
+static int missing_error(const Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    char names[MAX_ARGS * 24] = "";
+    size_t used = 0;
+    int n = 0, k = 0;
+    for (int i = 0; i < fn->nreq; i++) {
+        n += c->obj[i] == NULL;
+    }
+    for (int i = 0; i < fn->nreq && used < sizeof names; i++) {
+        if (c->obj[i] != NULL) {
+            continue;
+        }
+        k++;
+        used += (size_t)PyOS_snprintf(
+            names + used, sizeof names - used, "%s'%s'",
+            k == 1 ? "" : k < n ? ", " : n > 2 ? ", and " : " and ",
+            arg_names[fn->args[i].id]);
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "%s() missing %d required positional argument%s: %s",
+                 fn->name, n, n == 1 ? "" : "s", names);
+    return -1;
+}
+
+/* Step 1: c->obj[i] is argument i (borrowed) or NULL when left out.
+ * args holds nargs positional values, then one value per name of
+ * kwnames (METH_FASTCALL | METH_KEYWORDS). */
+static int take_args(Call *c, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
+{
+    const FuncSpec *fn = c->fn;
+    if (nargs > fn->nargs) {
+        if (fn->nreq == fn->nargs) {
+            PyErr_Format(PyExc_TypeError, "%s() takes %d positional "
+                         "argument%s but %zd were given", fn->name,
+                         fn->nargs, fn->nargs == 1 ? "" : "s", nargs);
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "%s() takes from %d to %d "
+                         "positional arguments but %zd were given",
+                         fn->name, fn->nreq, fn->nargs, nargs);
+        }
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        c->obj[i] = args[i];
+    }
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int i = arg_index(fn, key);
+        if (i < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword "
+                         "argument '%S'", fn->name, key);
+            return -1;
+        }
+        if (c->obj[i] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for "
+                         "argument '%s'", fn->name,
+                         arg_names[fn->args[i].id]);
+            return -1;
+        }
+        c->obj[i] = args[nargs + k];
+    }
+    for (int i = 0; i < fn->nreq; i++) {
+        if (c->obj[i] == NULL) {
+            return missing_error(c);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
  * Steps 2-4: arrays, shapes, casts
  */
 
@@ -461,12 +611,17 @@ static int view_args(Call *c)
                          "None", name);
             return -1;
         }
-        if (alloc_point("conversion of", name, 1) < 0) {
+        if (ALLOC_POINT("conversion of", name, 1) < 0) {
             return -1;
         }
-        c->arr[i] = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0,
-                                                     NULL);
-        if (c->arr[i] == NULL) {
+        if (PyArray_Check(obj)) {
+            /* what PyArray_FromAny(obj, NULL, 0, 0, 0, NULL) returns for
+             * an array (subclasses included), without its dtype
+             * discovery: a third of a small call */
+            c->arr[i] = (PyArrayObject *)Py_NewRef(obj);
+        }
+        else if ((c->arr[i] = (PyArrayObject *)PyArray_FromAny(
+                      obj, NULL, 0, 0, 0, NULL)) == NULL) {
             return -1;
         }
         PyArray_Descr *dt = PyArray_DESCR(c->arr[i]);
@@ -743,7 +898,7 @@ static int broadcast_lead(Call *c, int i)
     if (same) {
         return 0;
     }
-    if (alloc_point("broadcast of", arg_names[c->fn->args[i].id], 1) < 0) {
+    if (ALLOC_POINT("broadcast of", arg_names[c->fn->args[i].id], 1) < 0) {
         return -1;
     }
     PyArray_Descr *dt = PyArray_DESCR(x);
@@ -775,8 +930,19 @@ static int cast_args(Call *c)
             arrs[count++] = c->arr[i];
         }
     }
+    /* every floating argument float32, or every one float64, in native
+     * byte order (the usual call): that is the result type */
+    int same = count > 0;
+    for (int k = 0; k < count && same; k++) {
+        same = PyArray_TYPE(arrs[k]) == PyArray_TYPE(arrs[0]) &&
+               PyArray_ISNOTSWAPPED(arrs[k]);
+    }
     c->typenum = NPY_DOUBLE;
-    if (count > 0) {
+    if (same && (PyArray_TYPE(arrs[0]) == NPY_FLOAT ||
+                 PyArray_TYPE(arrs[0]) == NPY_DOUBLE)) {
+        c->typenum = PyArray_TYPE(arrs[0]);
+    }
+    else if (count > 0) {
         PyArray_Descr *rt = PyArray_ResultType(count, arrs, 0, NULL);
         if (rt == NULL) {
             return -1;
@@ -793,8 +959,13 @@ static int cast_args(Call *c)
         if ((fn->args[i].flags & F_BCAST) && broadcast_lead(c, i) < 0) {
             return -1;
         }
-        if (alloc_point("cast of", arg_names[fn->args[i].id], 1) < 0) {
+        if (ALLOC_POINT("cast of", arg_names[fn->args[i].id], 1) < 0) {
             return -1;
+        }
+        PyArrayObject *a = c->arr[i];
+        if (PyArray_TYPE(a) == (mask ? NPY_BOOL : c->typenum) &&
+            PyArray_ISNOTSWAPPED(a) && PyArray_ISCARRAY_RO(a)) {
+            continue;       /* as PyArray_FromArray would return it */
         }
         PyObject *cast = PyArray_FromArray(
             c->arr[i], PyArray_DescrFromType(mask ? NPY_BOOL : c->typenum),
@@ -881,6 +1052,35 @@ static int wanted(const Call *c, int k)
     return when < 0 || given(c, when);
 }
 
+/* The scratch bytes of the call (-1: overflow).  A decoder calls with
+ * the same sizes at every step: the last call's count is kept per row
+ * (under the GIL) and the kernels' sizing, 5% of a small call, is
+ * skipped when nothing it reads changed. */
+static ptrdiff_t work_size(Call *c)
+{
+    FuncSpec *fn = (FuncSpec *)c->fn;     /* a row of funcs, not const */
+    WorkKey key;
+    memset(&key, 0, sizeof key);
+    memcpy(key.sym, c->sym, sizeof key.sym);
+    key.B = c->d.B;
+    key.pool = c->ex.pool;
+    key.typenum = c->typenum;
+    key.several = c->several;
+    key.per_query_mask = c->per_query_mask;
+    key.simd = c->ex.simd;
+    key.threads = c->ex.threads;
+    key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
+    if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {
+        return fn->work_bytes;
+    }
+    ptrdiff_t bytes = fn->workspace(c);
+    if (bytes > 0) {
+        fn->work_key = key;
+        fn->work_bytes = bytes;
+    }
+    return bytes;
+}
+
 /* Makes the wanted outputs and the scratch.  Every byte count is checked
  * before anything is allocated, so sizes that overflow give MemoryError
  * without touching memory.  On failure what was made is left in c for
@@ -911,7 +1111,7 @@ static int make_outputs(Call *c)
             return -1;
         }
     }
-    ptrdiff_t work_bytes = fn->workspace ? fn->workspace(c) : 0;
+    ptrdiff_t work_bytes = fn->workspace ? work_size(c) : 0;
     if (work_bytes < 0) {
         PyErr_SetString(PyExc_MemoryError,
                         "attention_c: sizes too large for scratch memory");
@@ -922,13 +1122,13 @@ static int make_outputs(Call *c)
             continue;
         }
         int nd = out_shape(c, k, dims);
-        if (alloc_point("output", out_names[fn->outs[k].id], 1) < 0 ||
+        if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
             (c->out[k] = PyArray_SimpleNew(nd, dims, c->typenum)) == NULL) {
             return -1;
         }
     }
     if (fn->workspace != NULL) {
-        if (alloc_point("scratch", "memory", 1) < 0) {
+        if (ALLOC_POINT("scratch", "memory", 1) < 0) {
             return -1;
         }
         c->work = work_take((size_t)work_bytes + 1);
@@ -951,8 +1151,31 @@ static int check_status(int st)
     return -1;
 }
 
-/* The result: one array, or a tuple with None for outputs not made. */
-static PyObject *take_result(Call *c)
+/* r = (fields..., extra) as the named tuple grads of the fields, alone
+ * or followed by the extra output: (grads, extra).  Steals r. */
+static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(r);
+    PyObject *fields = n > nfields ? PyTuple_GetSlice(r, 0, nfields)
+                                   : Py_NewRef(r);
+    PyObject *args = fields != NULL ? PyTuple_Pack(1, fields) : NULL;
+    /* tuple.__new__(grads, fields), what namedtuple's _make does */
+    PyObject *g = args != NULL ? PyTuple_Type.tp_new(grads, args, NULL)
+                               : NULL;
+    PyObject *result = g;
+    if (g != NULL && n > nfields) {
+        result = PyTuple_Pack(2, g, PyTuple_GET_ITEM(r, nfields));
+        Py_DECREF(g);
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(fields);
+    Py_DECREF(r);
+    return result;
+}
+
+/* The result: one array, or a tuple with None for outputs not made; the
+ * public function of a backward gives its named tuple (grads). */
+static PyObject *take_result(Call *c, PyTypeObject *grads)
 {
     const FuncSpec *fn = c->fn;
     if (fn->nouts == 1) {
@@ -977,15 +1200,16 @@ static PyObject *take_result(Call *c)
             PyTuple_SET_ITEM(r, j++, Py_NewRef(Py_None));
         }
     }
-    return r;
+    return grads != NULL ? as_grads(r, fn->nfields, grads) : r;
 }
 
-/* Steps 1-6 for the function of row fn. */
-static PyObject *call_function(const FuncSpec *fn, PyObject *args,
-                               PyObject *kw)
+/* Steps 1-6 for the function of row fn; grads: see take_result. */
+static PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames,
+                               PyTypeObject *grads)
 {
     Call c;
-    PyObject *result = NULL, **o = c.obj;
+    PyObject *result = NULL;
     int st = ATT_OK;
     memset(&c, 0, sizeof c);
     c.fn = fn;
@@ -996,12 +1220,9 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *args,
     if (fn->fused) {
         c.ex = begin_exec();
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fn->format,
-                                     (char **)fn->kwlist, &o[0], &o[1], &o[2],
-                                     &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                                     &o[9], &o[10], &o[11]) ||
-        view_args(&c) < 0 || check_shapes(&c) < 0 ||
-        (fn->check && fn->check(&c) < 0) || cast_args(&c) < 0 ||
+    if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
+        check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
+        cast_args(&c) < 0 ||
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
@@ -1009,7 +1230,7 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *args,
     st = fn->kernel(&c);
     Py_END_ALLOW_THREADS
     if (check_status(st) == 0) {
-        result = take_result(&c);
+        result = take_result(&c, grads);
     }
 done:
     if (fn->fused) {
@@ -1356,13 +1577,20 @@ static FuncSpec funcs[] = {
 
 #define N_FUNCS ((int)(sizeof(funcs) / sizeof(funcs[0])))
 
-/* Parses the table's patterns and makes each row's keyword list and
- * format, once. */
+/* Parses the table's patterns and makes each row's signature, once. */
 static int init_table(void)
 {
+    for (int id = 0; id < N_ARG_IDS; id++) {
+        if (arg_name_objs[id] == NULL &&
+            (arg_name_objs[id] = PyUnicode_InternFromString(arg_names[id]))
+            == NULL) {
+            return -1;
+        }
+    }
     for (int f = 0; f < N_FUNCS; f++) {
         FuncSpec *fn = &funcs[f];
-        size_t len = 0;
+        size_t len = (size_t)PyOS_snprintf(fn->textsig, sizeof fn->textsig,
+                                           "%s(", fn->name);
         for (int id = 0; id < N_ARG_IDS; id++) {
             fn->pos[id] = -1;
         }
@@ -1373,23 +1601,30 @@ static int init_table(void)
                             fn->args[fn->nargs].id >= 0; fn->nargs++) {
             ArgSpec *a = &fn->args[fn->nargs];
             fn->pos[a->id] = fn->nargs;
-            fn->kwlist[fn->nargs] = (char *)arg_names[a->id];
             if (a->shape != NULL && parse_pattern(a->shape, &a->pat) < 0) {
                 return -1;
             }
-            if (fn->nargs == fn->nreq) {
-                fn->format[len++] = '|';
-            }
-            fn->format[len++] = 'O';
+            /* optional: flags default to False, the others to None */
+            len += (size_t)PyOS_snprintf(
+                fn->textsig + len, sizeof fn->textsig - len, "%s%s%s",
+                fn->nargs ? ", " : "", arg_names[a->id],
+                fn->nargs < fn->nreq ? ""
+                : a->flags & F_FLAG ? "=False" : "=None");
         }
-        fn->kwlist[fn->nargs] = NULL;
-        PyOS_snprintf(fn->format + len, sizeof fn->format - len, ":%s",
-                      fn->name);
+        len += (size_t)PyOS_snprintf(fn->textsig + len,
+                                     sizeof fn->textsig - len, ")\n--\n\n");
+        if (len >= sizeof fn->textsig) {
+            PyErr_Format(PyExc_SystemError, "attention_c: signature of %s "
+                         "too long", fn->name);
+            return -1;
+        }
+        fn->nfields = 0;
         for (fn->nouts = 0; fn->nouts < MAX_OUTS &&
                             fn->outs[fn->nouts].shape != NULL;
              fn->nouts++) {
             OutSpec *o = &fn->outs[fn->nouts];
             fn->opos[o->id] = fn->nouts;
+            fn->nfields += !o->drop;
             if (parse_pattern(o->shape, &o->pat) < 0) {
                 return -1;
             }
@@ -1398,25 +1633,41 @@ static int init_table(void)
     return 0;
 }
 
-/* One entry point per row (CPython passes no row to a C function). */
+/* Two entry points per row (CPython passes no row to a C function): the
+ * module's function (results as plain tuples) and the public one that
+ * _publish makes (a backward's gradients as its named tuple). */
+typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
+                              PyObject *);
 #define ENTRY(i)                                                             \
-    static PyObject *entry_##i(PyObject *self, PyObject *args, PyObject *kw) \
+    static PyObject *entry_##i(PyObject *self, PyObject *const *args,       \
+                               Py_ssize_t nargs, PyObject *kwnames)          \
     {                                                                        \
         (void)self;                                                          \
-        return call_function(&funcs[i], args, kw);                           \
+        return call_function(&funcs[i], args, nargs, kwnames, NULL);         \
+    }                                                                        \
+    static PyObject *public_##i(PyObject *self, PyObject *const *args,      \
+                                Py_ssize_t nargs, PyObject *kwnames)         \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, nargs, kwnames,                \
+                             funcs[i].grads);                                \
     }
 ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
 ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
 ENTRY(15) ENTRY(16) ENTRY(17)
 #undef ENTRY
 
-static PyObject *(*const entries[])(PyObject *, PyObject *, PyObject *) = {
+static const entry_fn entries[] = {
     entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
     entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
     entry_15, entry_16, entry_17};
+static const entry_fn public_entries[] = {
+    public_0, public_1, public_2, public_3, public_4, public_5, public_6,
+    public_7, public_8, public_9, public_10, public_11, public_12, public_13,
+    public_14, public_15, public_16, public_17};
 
 /* ---------------------------------------------------------------------
- * Private: the instruction set, and the vector tanh for the tests
+ * Private: the instruction set, threads; the tests' hooks
  */
 
 static int simd_from_name(PyObject *name)
@@ -1518,6 +1769,66 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* The public functions: one method per row, made by _publish. */
+static PyMethodDef public_defs[N_FUNCS];
+static PyObject *public_docs[N_FUNCS];    /* their ml_doc, owned */
+
+/* _publish(name, doc, grads=None): the public function of row `name`
+ * (attention_c.name): the row's kernel with docstring doc after the
+ * signature the table gives (inspect.signature reads it), __module__
+ * the package, and for a backward its gradients as the named tuple
+ * grads, followed by the extra output when one is asked for. */
+static PyObject *py_publish(PyObject *self, PyObject *args)
+{
+    const char *name;
+    PyObject *doc, *grads = Py_None;
+    int f = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "sU|O:_publish", &name, &doc, &grads)) {
+        return NULL;
+    }
+    while (f < N_FUNCS && strcmp(funcs[f].name, name) != 0) {
+        f++;
+    }
+    if (f == N_FUNCS) {
+        return PyErr_Format(PyExc_ValueError, "_publish: no function %s",
+                            name);
+    }
+    if (grads != Py_None) {
+        PyObject *fields = PyObject_GetAttrString(grads, "_fields");
+        Py_ssize_t n = fields != NULL && PyTuple_Check(fields)
+                       ? PyTuple_GET_SIZE(fields) : -1;
+        Py_XDECREF(fields);
+        if (!PyType_Check(grads) ||
+            !PyType_IsSubtype((PyTypeObject *)grads, &PyTuple_Type) ||
+            n != funcs[f].nfields) {
+            PyErr_Clear();
+            return PyErr_Format(PyExc_TypeError, "_publish: grads of %s "
+                                "must be a named tuple of %d fields", name,
+                                funcs[f].nfields);
+        }
+    }
+    PyObject *text = PyUnicode_FromFormat("%s%U", funcs[f].textsig, doc);
+    const char *utf8 = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    PyObject *module = PyUnicode_FromString(PUBLIC_MODULE);
+    if (utf8 == NULL || module == NULL) {
+        Py_XDECREF(text);
+        Py_XDECREF(module);
+        return NULL;
+    }
+    public_defs[f] = (PyMethodDef){funcs[f].name,
+                                   (PyCFunction)(void (*)(void))
+                                   public_entries[f],
+                                   METH_FASTCALL | METH_KEYWORDS, utf8};
+    Py_XSETREF(public_docs[f], text);
+    Py_XSETREF(funcs[f].grads, grads != Py_None
+               ? (PyTypeObject *)Py_NewRef(grads) : NULL);
+    PyObject *func = PyCMethod_New(&public_defs[f], NULL, module, NULL);
+    Py_DECREF(module);
+    return func;
+}
+
+#ifdef ATT_TEST_HOOKS
 /* _fail_alloc_after(n, trace=False): restart counting allocation points;
  * fail point n (0-based) once, or none for n = -1; with trace, record the
  * name of every point passed (read by _alloc_trace). */
@@ -1609,6 +1920,7 @@ done:
     Py_DECREF(x);
     return y;
 }
+#endif /* ATT_TEST_HOOKS */
 
 /* ---------------------------------------------------------------------
  * The module
@@ -1627,6 +1939,10 @@ static PyMethodDef private_methods[] = {
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,
      "Set the threads the fused kernels may use (1 .. 256)."},
+    {"_publish", py_publish, METH_VARARGS,
+     "_publish(name, doc, grads=None): the public function attention_c.name "
+     "with its docstring (and, for a backward, its named tuple)."},
+#ifdef ATT_TEST_HOOKS
     {"_fail_alloc_after", (PyCFunction)(void (*)(void))py_fail_alloc_after,
      METH_VARARGS | METH_KEYWORDS,
      "_fail_alloc_after(n, trace=False): make allocation point n fail once "
@@ -1638,6 +1954,7 @@ static PyMethodDef private_methods[] = {
      "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
+#endif
 };
 
 #define N_PRIVATE ((int)(sizeof(private_methods) / sizeof(private_methods[0])))
@@ -1649,7 +1966,15 @@ static PyMethodDef methods[N_FUNCS + N_PRIVATE + 1];
 static void module_free(void *m)
 {
     (void)m;
+#ifdef ATT_TEST_HOOKS
     Py_CLEAR(fault_trace);
+#endif
+    for (int f = 0; f < N_FUNCS; f++) {
+        /* the functions may outlive the module: keep ml_doc valid */
+        public_defs[f].ml_doc = funcs[f].textsig;
+        Py_CLEAR(public_docs[f]);
+        Py_CLEAR(funcs[f].grads);
+    }
     if (!work_cache_busy) {
         PyMem_RawFree(work_cache);
         work_cache = NULL;
@@ -1668,14 +1993,14 @@ static void module_free(void *m)
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "attention_c._core",
-    .m_doc = "C kernels of attention_c; use the functions of attention_c.",
+    .m_name = MODULE_NAME,
+    .m_doc = MODULE_DOC,
     .m_size = 0,
     .m_methods = methods,
     .m_free = module_free,
 };
 
-PyMODINIT_FUNC PyInit__core(void)
+PyMODINIT_FUNC MODULE_INIT(void)
 {
     import_array();
     if ((int)(sizeof(entries) / sizeof(entries[0])) != N_FUNCS) {
@@ -1689,7 +2014,8 @@ PyMODINIT_FUNC PyInit__core(void)
     for (int f = 0; f < N_FUNCS; f++) {
         methods[f] = (PyMethodDef){funcs[f].name,
                                    (PyCFunction)(void (*)(void))entries[f],
-                                   METH_VARARGS | METH_KEYWORDS, NULL};
+                                   METH_FASTCALL | METH_KEYWORDS,
+                                   funcs[f].textsig};
     }
     for (int p = 0; p < N_PRIVATE; p++) {
         methods[N_FUNCS + p] = private_methods[p];

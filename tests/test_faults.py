@@ -2,9 +2,12 @@
 
 The binding passes an allocation point before each allocation it makes or
 asks NumPy for (converting or casting an argument, each output, the
-kernels' scratch, the thread pool).  ``_core._fail_alloc_after(n)`` makes
-point n fail once as if memory had run out.  For every function and a few
-argument variants, the tests walk n over all the points of the call: each
+kernels' scratch, the thread pool).  The tests' extension
+``attention_c._core_tests`` (the binding built with ATT_TEST_HOOKS; the
+production ``_core`` has no hooks) counts them, and its
+``_fail_alloc_after(n)`` makes point n fail once as if memory had run out.
+For every function of ``_core_tests`` and a few argument variants, the
+tests walk n over all the points of the call: each
 gives MemoryError (the thread pool instead falls back to the calling
 thread and gives the exact result), leaks nothing, leaves every argument's
 refcount as it was, and the next call gives the same result as before.
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 
 import attention_c as ac
-from attention_c import _core, reference
+from attention_c import _core, _core_tests as hooks, reference
 from attention_c.testing import Problem, record_figure
 
 FAMILY = ["additive_attention", "additive_attention_backward",
@@ -31,6 +34,20 @@ FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "context_attention", "context_attention_backward"] + FAMILY
 # the functions that run on the thread pool with kept scratch memory
 FUSED = {"context_attention", "context_attention_backward"} | set(FAMILY)
+HOOKS = {"_fail_alloc_after", "_alloc_count", "_alloc_trace", "_tanh"}
+
+# the tests' extension on the SIMD path the package uses (ATTENTION_C_SIMD)
+hooks._set_simd(_core._get_simd())
+
+
+def test_hooks_only_in_the_tests_extension():
+    """_core, the extension users get, has none of the tests' hooks;
+    _core_tests has them and the same functions as _core."""
+    assert not HOOKS & set(dir(_core)) and not HOOKS & set(dir(ac))
+    assert HOOKS <= set(dir(hooks))
+    public = {n for n in dir(_core) if not n.startswith("_")}
+    assert public == {n for n in dir(hooks) if not n.startswith("_")}
+    assert set(FUNCS) <= public
 
 
 def _family_calls(rng):
@@ -156,23 +173,23 @@ def _fresh_pool(fn):
     """Makes the next fused call create its thread pool (an allocation
     point) by dropping the current one."""
     if fn in FUSED:
-        n = ac.get_num_threads()
-        ac.set_num_threads(1 if n > 1 else 2)
-        ac.set_num_threads(max(n, 2))
+        n = hooks._get_num_threads()
+        hooks._set_num_threads(1 if n > 1 else 2)
+        hooks._set_num_threads(max(n, 2))
 
 
 def _walk(fn, kw, baseline):
     """Fails each allocation point of fn(**kw) in turn; returns the point
     names."""
-    func = getattr(ac, fn)
+    func = getattr(hooks, fn)
     _fresh_pool(fn)
-    _core._fail_alloc_after(-1, trace=True)
+    hooks._fail_alloc_after(-1, trace=True)
     _assert_same(func(**kw), baseline, f"{fn} traced")
-    names = _core._alloc_trace()
-    assert _core._alloc_count() == len(names) > 0
+    names = hooks._alloc_trace()
+    assert hooks._alloc_count() == len(names) > 0
     for k, name in enumerate(names):
         _fresh_pool(fn)
-        _core._fail_alloc_after(k)
+        hooks._fail_alloc_after(k)
         try:
             if name == "thread pool":
                 # no pool: the call runs on the calling thread, same bits
@@ -181,7 +198,7 @@ def _walk(fn, kw, baseline):
                 with pytest.raises(MemoryError, match="injected"):
                     func(**kw)
         finally:
-            _core._fail_alloc_after(-1)
+            hooks._fail_alloc_after(-1)
         # the failure left nothing behind
         _assert_same(func(**kw), baseline, f"{fn} after failing {name}")
     return names
@@ -189,10 +206,10 @@ def _walk(fn, kw, baseline):
 
 @pytest.fixture
 def threads_restored():
-    n = ac.get_num_threads()
+    n = hooks._get_num_threads()
     yield
-    _core._fail_alloc_after(-1)
-    ac.set_num_threads(n)
+    hooks._fail_alloc_after(-1)
+    hooks._set_num_threads(n)
 
 
 @pytest.mark.parametrize("fn", FUNCS)
@@ -200,10 +217,11 @@ def test_every_allocation_point_fails_cleanly(fn, rng, threads_restored):
     """Each point gives MemoryError (or, for the pool, the exact result);
     no leak (tracemalloc) and unchanged refcounts over repeated walks."""
     if fn in FUSED:
-        ac.set_num_threads(2)
+        hooks._set_num_threads(2)
     total = 0
     for label, kw in _variants(fn, rng):
-        baseline = getattr(ac, fn)(**kw)
+        baseline = getattr(hooks, fn)(**kw)
+        _assert_same(getattr(ac, fn)(**kw), baseline, f"{fn}: _core_tests")
         names = _walk(fn, kw, baseline)               # warm-up walk
         total += len(names)
         assert any(n.startswith("output") for n in names), names
@@ -234,15 +252,15 @@ def test_every_allocation_point_fails_cleanly(fn, rng, threads_restored):
 def test_fail_alloc_after_validates_and_is_one_shot(rng):
     p = Problem(rng, (2,), 3, 2, 2)
     with pytest.raises(ValueError):
-        _core._fail_alloc_after(-2)
-    _core._fail_alloc_after(0)
+        hooks._fail_alloc_after(-2)
+    hooks._fail_alloc_after(0)
     with pytest.raises(MemoryError):
-        ac.mean_context(p.h)
-    assert _core._alloc_trace() is None
-    ac.mean_context(p.h)                  # one failure only
-    _core._fail_alloc_after(-1)
-    ac.mean_context(p.h)
-    assert _core._alloc_count() == 3      # conversion, cast, output c
+        hooks.mean_context(p.h)
+    assert hooks._alloc_trace() is None
+    hooks.mean_context(p.h)               # one failure only
+    hooks._fail_alloc_after(-1)
+    hooks.mean_context(p.h)
+    assert hooks._alloc_count() == 3      # conversion, cast, output c
 
 
 # --------------------------------------------------------------------------
@@ -321,13 +339,13 @@ def _family_overflow_cases():
 @pytest.mark.parametrize("case", _overflow_cases(), ids=lambda c: c[0])
 def test_overflowing_byte_counts_refused_before_allocation(case, rng):
     fn, kw = case
-    _core._fail_alloc_after(-1, trace=True)
+    hooks._fail_alloc_after(-1, trace=True)
     try:
         with pytest.raises((MemoryError, ValueError)):
-            getattr(ac, fn)(**kw)
-        names = _core._alloc_trace()
+            getattr(hooks, fn)(**kw)
+        names = hooks._alloc_trace()
     finally:
-        _core._fail_alloc_after(-1)
+        hooks._fail_alloc_after(-1)
     made = [n for n in names if n.startswith(("output", "scratch"))]
     assert not made, f"{fn} allocated {made} before refusing the sizes"
     # and the next call is right
@@ -343,10 +361,10 @@ def test_empty_output_with_absurd_dims_is_memory_error():
     the binding's own check, before alpha (2**62 bytes) is tried."""
     h = np.zeros((2 ** 30, 2 ** 30, 0), np.float32)
     W, v = np.zeros((8, 0), np.float32), np.zeros(8, np.float32)
-    _core._fail_alloc_after(-1, trace=True)
+    hooks._fail_alloc_after(-1, trace=True)
     try:
         with pytest.raises(MemoryError, match="activations"):
-            ac.context_attention(h, W, v, keep_activations=True)
-        assert not [n for n in _core._alloc_trace() if "output" in n]
+            hooks.context_attention(h, W, v, keep_activations=True)
+        assert not [n for n in hooks._alloc_trace() if "output" in n]
     finally:
-        _core._fail_alloc_after(-1)
+        hooks._fail_alloc_after(-1)
