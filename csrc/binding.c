@@ -1934,7 +1934,7 @@ static PyMethodDef private_methods[] = {
     {"_get_simd", py_get_simd, METH_NOARGS,
      "Name of the SIMD path the fused kernels use."},
     {"_set_simd", py_set_simd, METH_O,
-     "Choose the SIMD path: 'scalar', 'avx2' or 'avx512'."},
+     "Choose the SIMD path: 'scalar', 'avx2', 'avx512' or 'neon'."},
     {"_get_num_threads", py_get_num_threads, METH_NOARGS,
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,

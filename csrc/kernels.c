@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "testhooks.h"
 #include "fast.h"
 #include "pool.h"
 
