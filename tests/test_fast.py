@@ -98,14 +98,8 @@ path_param = pytest.mark.parametrize("path", PATHS)
 simd_param = pytest.mark.parametrize("path", SIMD_PATHS)
 
 
-@pytest.fixture(autouse=True)
-def restore_settings():
-    """Every test leaves the SIMD path and the thread count as it found
-    them."""
-    simd, threads = _core._get_simd(), ac.get_num_threads()
-    yield
-    _core._set_simd(simd)
-    ac.set_num_threads(threads)
+# every test leaves the SIMD path and the thread count as it found them
+pytestmark = pytest.mark.usefixtures("restore_settings")
 
 
 def f64(x):
