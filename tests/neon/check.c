@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "attention.h"
+#include "testhooks.h"
 #include "pool.h"
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512",
