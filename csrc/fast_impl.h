@@ -206,19 +206,6 @@ static void FSFX(micro_kernel_packed)(ptrdiff_t K, const REAL *restrict Ap,
 {
 #define PACKED_AT(r, k) Ap[(k) * MR + (r)]
     MICRO_KERNEL_BODY(PACKED_AT, PANEL_AT)
-}
-
-/* The same for A packed and B read in place: row k of B is NR elements
- * at brows[k] + off (rows of h for dW_h, no packing). */
-static void FSFX(micro_kernel_packed_rows)(ptrdiff_t K,
-                                           const REAL *restrict Ap,
-                                           const REAL *const *brows,
-                                           ptrdiff_t off,
-                                           REAL *restrict tile)
-{
-#define BROWS_AT(k) (brows[k] + off)
-    MICRO_KERNEL_BODY(PACKED_AT, BROWS_AT)
-#undef BROWS_AT
 #undef PACKED_AT
 }
 
@@ -284,7 +271,7 @@ typedef struct {
     REAL *sacc;      /* (MC x VLEN) score accumulators of a block's rows */
     REAL *eps;       /* eps of a block (MC x Apad), row-major            */
     REAL *AeT;       /* eps^T as A micro-panels (Apad + MR) x MC        */
-    REAL *Bh;        /* a block's h rows, last partial panel (MC x NR)   */
+    REAL *Bh;        /* one panel of a block's h rows, packed (MCB x NR)   */
     const REAL **rows;   /* (MCB + MR) row pointers of a block           */
     ptrdiff_t *idx;      /* (T) indices of the valid items               */
 } FSFX(ws);
@@ -930,33 +917,28 @@ static void FSFX(bwd_dWh)(att_dims d, ptrdiff_t mc, FSFX(ws) *w, REAL *dW)
             }
         }
     }
-    /* B: the block's h rows, read in place; only a last, partial panel
-     * of NR columns is copied, zero-padded */
-    ptrdiff_t pfull = d.H / NR;
-    for (ptrdiff_t r = 0; pfull < w->nH && r < mc; r++) {
-        for (ptrdiff_t c = 0; c < NR; c++) {
-            w->Bh[r * NR + c] = pfull * NR + c < d.H ?
-                                w->rows[r][pfull * NR + c] : 0;
-        }
-    }
-    /* panel p of the block's h (mc x NR) stays in L1 while every
-     * micro-panel of eps^T goes by */
+    /* panel p of the block's h rows (mc x NR), packed contiguous and
+     * zero-padded past H, stays in L1 while every micro-panel of eps^T
+     * goes by.  Packed rather than read in place: at H a multiple of 1024
+     * the rows are 4 KiB apart, all in one L1 set, and the panel would
+     * not stay there. */
     for (ptrdiff_t p = 0; p < w->nH; p++) {
         ptrdiff_t nc = d.H - p * NR < NR ? d.H - p * NR : NR;
+        for (ptrdiff_t r = 0; r < mc; r++) {
+            memcpy(w->Bh + r * NR, w->rows[r] + p * NR,
+                   (size_t)nc * sizeof(REAL));
+            for (ptrdiff_t c = nc; c < NR; c++) {
+                w->Bh[r * NR + c] = 0;
+            }
+        }
         for (ptrdiff_t a0 = 0; a0 < d.A; a0 += MR) {
             REAL *dWrows[MR];
             ptrdiff_t ma = d.A - a0 < MR ? d.A - a0 : MR;
             for (ptrdiff_t x = 0; x < ma; x++) {
                 dWrows[x] = dW + (a0 + x) * 2 * d.H + p * NR;
             }
-            if (p < pfull) {
-                FSFX(micro_kernel_packed_rows)(mc, w->AeT + a0 * mc,
-                                               w->rows, p * NR, w->tile);
-            }
-            else {
-                FSFX(micro_kernel_packed)(mc, w->AeT + a0 * mc, w->Bh,
-                                          w->tile);
-            }
+            FSFX(micro_kernel_packed)(mc, w->AeT + a0 * mc, w->Bh,
+                                      w->tile);
             FSFX(epi_add)(w->tile, ma, nc, dWrows);
         }
     }
