@@ -55,10 +55,9 @@ int att_simd_supported(int simd)
         return 1;
     case ATT_SIMD_AVX2:     /* the best x86 path implies the narrower one */
     case ATT_SIMD_AVX512:
-        return ATT_HAVE_X86 && att_simd_best() >= simd &&
-               att_simd_best() != ATT_SIMD_NEON;
-    case ATT_SIMD_NEON:
-        return ATT_HAVE_NEON && att_simd_best() == ATT_SIMD_NEON;
+        return ATT_HAVE_X86 && att_simd_best() >= simd;
+    case ATT_SIMD_NEON:     /* every AArch64 CPU runs it */
+        return ATT_HAVE_NEON;
     default:
         return 0;
     }
@@ -70,14 +69,9 @@ static int dims_ok(att_dims d)
     return d.B >= 0 && d.T >= 1 && d.H >= 0 && d.A >= 0;
 }
 
-static int simd_ok(int simd)
-{
-    return att_simd_supported(simd);
-}
-
 static int exec_ok(const att_exec *ex)
 {
-    return ex != NULL && simd_ok(ex->simd) && ex->threads >= 1;
+    return ex != NULL && att_simd_supported(ex->simd) && ex->threads >= 1;
 }
 
 /* Threads a fused kernel uses: a thread costs a wake-up (~5-10 us), so

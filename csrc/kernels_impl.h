@@ -313,8 +313,7 @@ int SFX(att_additive_score_backward)(att_dims d, const REAL *grad_s,
         SFX(seq_scores_backward)(d.T, d.H, d.A, h + i * d.T * d.H, NULL, W,
                                  WT, q, v, grad_s + i * d.T, NULL, z, eps,
                                  dh + i * d.T * d.H, dW, dv, E);
-        SFX(context_backward)(d.H, d.A, W, ci, E, dW, db,
-                                  dcontext + i * d.H);
+        SFX(context_backward)(d.H, d.A, W, ci, E, dW, db, dcontext + i * d.H);
     }
     return ATT_OK;
 }
@@ -586,7 +585,7 @@ int SFX(att_context_attention_backward)(
 /* y = tanh(x) elementwise with the given path's tanh (for the tests). */
 int SFX(att_tanh)(int simd, ptrdiff_t n, const REAL *x, REAL *y)
 {
-    if (n < 0 || !simd_ok(simd)) {
+    if (n < 0 || !att_simd_supported(simd)) {
         return ATT_EINVAL;
     }
 #if ATT_HAVE_FAST
