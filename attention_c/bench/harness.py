@@ -45,16 +45,23 @@ def available_cpus():
         return os.cpu_count() or 1
 
 
-def cpu_model():
-    """CPU model name from /proc/cpuinfo (else from platform)."""
+def _cpuinfo(key):
+    """The value of the first line of /proc/cpuinfo that starts with
+    ``key``, or None (no such line, or no /proc/cpuinfo)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return None
+
+
+def cpu_model():
+    """CPU model name from /proc/cpuinfo (else from platform)."""
+    return (_cpuinfo("model name") or platform.processor()
+            or platform.machine() or "unknown")
 
 
 def load_average():
@@ -103,16 +110,12 @@ def cpu_clock():
     for line in lines:
         if line.startswith("CPU max MHz:"):
             return float(line.split(":", 1)[1]), "max MHz (lscpu)"
+    mhz = _cpuinfo("cpu MHz")
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return (float(line.split(":", 1)[1]),
-                            "cpu MHz of /proc/cpuinfo (nominal/current: "
-                            "no max MHz reported)")
-    except (OSError, ValueError):
-        pass
-    return None, "unknown"
+        return (float(mhz), "cpu MHz of /proc/cpuinfo (nominal/current: "
+                "no max MHz reported)")
+    except (TypeError, ValueError):
+        return None, "unknown"
 
 
 def peak_facts(simd):
