@@ -26,6 +26,8 @@ def execute(path):
                    resources={"metadata": {"path": str(path.parent)}},
                    record_timing=False,      # no timestamps in the diff
                    coalesce_streams=True,    # progress bars: final state
+                   iopub_timeout=60,         # late output kept, not lost
+                   raise_on_iopub_timeout=True,
                    ).execute()
     return nb
 

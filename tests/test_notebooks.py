@@ -109,7 +109,12 @@ def executed(tmp_path_factory):
             old = os.environ.get("PYTHONPATH")
             os.environ["PYTHONPATH"] = env_path   # read at kernel launch
             try:
+                # A cell's output may reach us after its reply when the
+                # machine is busy; nbclient's default wait (4 s) then
+                # drops it silently, and a test reading it fails.
                 NotebookClient(nb, kernel_name="python3", timeout=TIMEOUT,
+                               iopub_timeout=60,
+                               raise_on_iopub_timeout=True,
                                resources={"metadata": {"path": str(folder)}}
                                ).execute()
             finally:
