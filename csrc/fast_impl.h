@@ -283,15 +283,20 @@ typedef struct {
  * on the thread count.  The partials together take at most CHUNK_BYTES
  * when W is large (beyond glibc's largest mmap threshold, 32 MiB, each
  * call would fault in fresh pages), but there are always two, for two
- * threads. */
+ * threads.  The count is a power of two: the pool hands whole groups to
+ * threads, and 3 groups on 2 threads would leave one idle a third of the
+ * time. */
 #define MAX_CHUNKS 8
 #define CHUNK_BYTES ((size_t)16 << 20)
 
 static ptrdiff_t FSFX(n_partials)(att_dims d)
 {
     double bytes = (double)d.A * (double)(2 * d.H + 2) * sizeof(REAL);
-    ptrdiff_t n = (ptrdiff_t)((double)CHUNK_BYTES / (bytes + 1));
-    return n < 2 ? 2 : (n > MAX_CHUNKS ? MAX_CHUNKS : n);
+    ptrdiff_t fit = (ptrdiff_t)((double)CHUNK_BYTES / (bytes + 1)), n = 2;
+    while (2 * n <= fit && 2 * n <= MAX_CHUNKS) {
+        n *= 2;
+    }
+    return n;
 }
 
 /* Carves the workspace for `threads` threads from base (or only counts
