@@ -102,9 +102,9 @@ static void FML(sum_rows)(ptrdiff_t T, ptrdiff_t H, const REAL *h,
         ptrdiff_t nk = H - k0 < 64 ? H - k0 : 64, inblk = 0;
         double acc[64];
         REAL blk[64];
-        for (ptrdiff_t k = 0; k < nk; k++) {  /* not `= {0}`: rep stos of */
-            acc[k] = 0;                       /* all 768 bytes would cost */
-            blk[k] = 0;                       /* a third of a short call  */
+        for (ptrdiff_t k = 0; k < nk; k++) {  /* not `= {0}`: a rep stos of */
+            acc[k] = 0;                       /* all 768 bytes took a     */
+            blk[k] = 0;                       /* quarter of a short sum   */
         }
         for (ptrdiff_t t = 0; t < T; t++) {
             if (m != NULL && !m[t]) {
