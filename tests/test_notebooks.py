@@ -111,10 +111,14 @@ def executed(tmp_path_factory):
             try:
                 # A cell's output may reach us after its reply when the
                 # machine is busy; nbclient's default wait (4 s) then
-                # drops it silently, and a test reading it fails.
+                # drops it silently, and a test reading it fails.  And a
+                # busy kernel may flush one print() in two stream
+                # messages; coalesced, a cell's stdout is one text, as in
+                # the committed notebooks (run_notebooks.py).
                 NotebookClient(nb, kernel_name="python3", timeout=TIMEOUT,
                                iopub_timeout=60,
                                raise_on_iopub_timeout=True,
+                               coalesce_streams=True,
                                resources={"metadata": {"path": str(folder)}}
                                ).execute()
             finally:
