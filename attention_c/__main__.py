@@ -34,12 +34,14 @@ def check(rng, dtype):
     h, W, v, b = (x.astype(dtype) for x in (h, W, v, b))
     g = rng.standard_normal((6, 17)).astype(dtype)
     ga = rng.standard_normal((6, 19)).astype(dtype)
-    out, alpha = ac.context_attention(h, W, v, b, mask)
-    grads = ac.context_attention_backward(g, h, W, v, alpha, b, mask, ga)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=mask)
+    grads = ac.context_attention_backward(g, h, W, v, alpha, b=b, mask=mask,
+                                          grad_alpha=ga)
     f64 = [x.astype(np.float64) for x in (h, W, v, b, g, ga)]
     r_out, r_alpha = ref.context_attention(*f64[:4], mask=mask)
     r_grads = ref.context_attention_backward(
-        f64[4], f64[0], f64[1], f64[2], r_alpha, f64[3], mask, f64[5])
+        f64[4], f64[0], f64[1], f64[2], r_alpha, b=f64[3], mask=mask,
+        grad_alpha=f64[5])
     fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
     bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads))
     ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype]
@@ -101,7 +103,7 @@ def main():
 
     # 1. The demo: one batch, one sequence shown.
     h, W, v, b, mask = ragged_batch(rng, 4, 8, 6, 5, empty_row=True)
-    out, alpha = ac.context_attention(h, W, v, b, mask)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=mask)
     np.set_printoptions(precision=3, suppress=True)
     print(f"batch h {h.shape}, W {W.shape}; sequence 0 has "
           f"{mask[0].sum()} of 8 items valid")
@@ -132,14 +134,15 @@ def main():
     h, W, v, b, mask = ragged_batch(rng, B, T, H, A, empty_row=True)
     h32, W32, v32, b32 = (x.astype(np.float32) for x in (h, W, v, b))
     g = rng.standard_normal((B, H)).astype(np.float32)
-    out, alpha = ac.context_attention(h32, W32, v32, b32, mask)
-    t_c = median_time(lambda: ac.context_attention(h32, W32, v32, b32, mask))
-    t_r = median_time(lambda: ref.context_attention(h32, W32, v32, b32,
-                                                    mask))
+    out, alpha = ac.context_attention(h32, W32, v32, b=b32, mask=mask)
+    t_c = median_time(lambda: ac.context_attention(h32, W32, v32, b=b32,
+                                                   mask=mask))
+    t_r = median_time(lambda: ref.context_attention(h32, W32, v32, b=b32,
+                                                    mask=mask))
     tb_c = median_time(lambda: ac.context_attention_backward(
-        g, h32, W32, v32, alpha, b32, mask))
+        g, h32, W32, v32, alpha, b=b32, mask=mask))
     tb_r = median_time(lambda: ref.context_attention_backward(
-        g, h32, W32, v32, alpha, b32, mask))
+        g, h32, W32, v32, alpha, b=b32, mask=mask))
     print(f"\ntimes, float32, B={B} T={T} H={H} A={A} (median of 7; "
           f"SIMD path {ac._core._get_simd()}, {ac.get_num_threads()} "
           f"thread(s); python -m attention_c.bench measures more):")

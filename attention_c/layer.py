@@ -334,7 +334,7 @@ class ContextAttention(_Layer):
         h = np.asarray(h, dtype=self.dtype)
         act: list[Array]          # [activations] or []
         out, alpha, *act = context_attention(
-            h, self.W, self.v, self.b, mask,
+            h, self.W, self.v, b=self.b, mask=mask,
             keep_activations=self.keep_activations)
         self.attention_weights = alpha
         self._cache = (h, mask, act[0] if act else None, alpha)
@@ -362,7 +362,8 @@ class ContextAttention(_Layer):
         """
         h, mask, act, alpha = _last_call(self._cache)
         g = context_attention_backward(grad_out, h, self.W, self.v, alpha,
-                                       self.b, mask, grad_alpha,
+                                       b=self.b, mask=mask,
+                                       grad_alpha=grad_alpha,
                                        activations=act)
         self._store_grads(g)
         return g.h
@@ -648,8 +649,9 @@ class AdditiveAttention(_Attention):
     def _attend(self, query: Array, keys: Array, values: Array | None,
                 mask: Any, key_proj: Array | None
                 ) -> tuple[Array, Array]:
-        out, alpha = additive_attention(query, keys, self.W, self.v, self.b,
-                                        mask, values, key_proj)
+        out, alpha = additive_attention(query, keys, self.W, self.v, b=self.b,
+                                        mask=mask, values=values,
+                                        key_proj=key_proj)
         return out, alpha
 
     def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
@@ -657,8 +659,8 @@ class AdditiveAttention(_Attention):
                          key_proj: Array | None, alpha: Array,
                          grad_alpha: Array | None) -> Any:
         return additive_attention_backward(
-            grad_out, query, keys, self.W, self.v, alpha, self.b, mask,
-            values, grad_alpha, key_proj)
+            grad_out, query, keys, self.W, self.v, alpha, b=self.b, mask=mask,
+            values=values, grad_alpha=grad_alpha, key_proj=key_proj)
 
     def _config(self) -> str:
         return (f"key_size={self.key_size}, query_size={self.query_size}, "
@@ -731,15 +733,17 @@ class DotAttention(_Attention):
     def _attend(self, query: Array, keys: Array, values: Array | None,
                 mask: Any, key_proj: Array | None
                 ) -> tuple[Array, Array]:
-        out, alpha = dot_attention(query, keys, mask, values, self.scale)
+        out, alpha = dot_attention(query, keys, mask=mask, values=values,
+                                   scale=self.scale)
         return out, alpha
 
     def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
                          values: Array | None, mask: Any,
                          key_proj: Array | None, alpha: Array,
                          grad_alpha: Array | None) -> Any:
-        return dot_attention_backward(grad_out, query, keys, alpha, mask,
-                                      values, self.scale, grad_alpha)
+        return dot_attention_backward(grad_out, query, keys, alpha, mask=mask,
+                                      values=values, scale=self.scale,
+                                      grad_alpha=grad_alpha)
 
     def _config(self) -> str:
         return f"scale={self.scale}"
@@ -860,8 +864,9 @@ class GeneralAttention(_Attention):
     def _attend(self, query: Array, keys: Array, values: Array | None,
                 mask: Any, key_proj: Array | None
                 ) -> tuple[Array, Array]:
-        out, alpha = general_attention(query, keys, self.W, mask, values,
-                                       key_proj)
+        out, alpha = general_attention(query, keys, self.W, mask=mask,
+                                       values=values,
+                                       key_proj=key_proj)
         return out, alpha
 
     def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
@@ -869,8 +874,9 @@ class GeneralAttention(_Attention):
                          key_proj: Array | None, alpha: Array,
                          grad_alpha: Array | None) -> Any:
         return general_attention_backward(
-            grad_out, query, keys, self.W, alpha, mask, values, grad_alpha,
-            key_proj)
+            grad_out, query, keys, self.W, alpha, mask=mask, values=values,
+            grad_alpha=grad_alpha,
+            key_proj=key_proj)
 
     def _config(self) -> str:
         return f"query_size={self.query_size}, key_size={self.key_size}"

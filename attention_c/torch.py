@@ -256,7 +256,7 @@ class ContextAttentionFunction(_LegacyFunction):
                 keep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         act: list[np.ndarray]               # [activations] or []
         out, alpha, *act = _ac.context_attention(
-            _np(h), _np(W), _np(v), _np_opt(b), _np_opt(mask),
+            _np(h), _np(W), _np(v), b=_np_opt(b), mask=_np_opt(mask),
             keep_activations=keep)
         out_t, alpha_t = torch.from_numpy(out), torch.from_numpy(alpha)
         # Saved as tensors so that autograd reports an input or alpha
@@ -280,8 +280,8 @@ class ContextAttentionFunction(_LegacyFunction):
             go = np.zeros(h.shape[:-2] + h.shape[-1:], h.dtype)
         else:
             go = _np(grad_out)
-        g = _ac.context_attention_backward(go, h, W, v, alpha, b, mask,
-                                           _np_opt(grad_alpha),
+        g = _ac.context_attention_backward(go, h, W, v, alpha, b=b, mask=mask,
+                                           grad_alpha=_np_opt(grad_alpha),
                                            activations=ctx.act)
 
         def to_torch(x: np.ndarray | None, i: int) -> torch.Tensor | None:
@@ -422,7 +422,7 @@ class ContextAttention(torch.nn.Module):
         return_weights : bool, optional
             Also return the attention weights (..., T).
         """
-        out, alpha = context_attention(h, self.W, self.v, self.b, mask)
+        out, alpha = context_attention(h, self.W, self.v, b=self.b, mask=mask)
         return (out, alpha) if return_weights else out
 
     def extra_repr(self) -> str:
@@ -494,8 +494,9 @@ class AdditiveAttentionFunction(_LegacyFunction):
                 key_proj: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         out, alpha = _ac.additive_attention(
-            _np(query), _np(keys), _np(W), _np(v), _np_opt(b), _np_opt(mask),
-            _np_opt(values), _np_opt(key_proj))
+            _np(query), _np(keys), _np(W), _np(v), b=_np_opt(b),
+            mask=_np_opt(mask),
+            values=_np_opt(values), key_proj=_np_opt(key_proj))
         return _save(ctx, out, alpha, query, keys, W, v, b, mask, values,
                      key_proj)
 
@@ -532,8 +533,9 @@ class DotAttentionFunction(_LegacyFunction):
     def forward(ctx: Any, query: torch.Tensor, keys: torch.Tensor,
                 mask: torch.Tensor | None, values: torch.Tensor | None,
                 scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, alpha = _ac.dot_attention(_np(query), _np(keys), _np_opt(mask),
-                                       _np_opt(values), scale)
+        out, alpha = _ac.dot_attention(_np(query), _np(keys),
+                                       mask=_np_opt(mask),
+                                       values=_np_opt(values), scale=scale)
         ctx.scale = scale
         return _save(ctx, out, alpha, query, keys, mask, values)
 
@@ -546,7 +548,8 @@ class DotAttentionFunction(_LegacyFunction):
         q_t, k_t, m_t, val_t, alpha_t = ctx.saved_tensors
         g = _ac.dot_attention_backward(
             _grad_out(ctx, grad_out), _np(q_t), _np(k_t), _np(alpha_t),
-            _np_opt(m_t), _np_opt(val_t), ctx.scale, _np_opt(grad_alpha))
+            mask=_np_opt(m_t), values=_np_opt(val_t), scale=ctx.scale,
+            grad_alpha=_np_opt(grad_alpha))
         return _to_torch(ctx, g.query, g.keys, None, g.values, None)
 
 
@@ -567,8 +570,9 @@ class GeneralAttentionFunction(_LegacyFunction):
                 values: torch.Tensor | None, key_proj: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         out, alpha = _ac.general_attention(
-            _np(query), _np(keys), _np(W), _np_opt(mask), _np_opt(values),
-            _np_opt(key_proj))
+            _np(query), _np(keys), _np(W), mask=_np_opt(mask),
+            values=_np_opt(values),
+            key_proj=_np_opt(key_proj))
         return _save(ctx, out, alpha, query, keys, W, mask, values, key_proj)
 
     @staticmethod
@@ -753,7 +757,7 @@ def _context_op(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
     """``(out, alpha, act)``; ``act`` the tanh activations (..., T, A) with
     ``keep``, else an empty placeholder."""
     out, alpha, *act = _ac.context_attention(
-        _np(h), _np(W), _np(v), _np_opt(b), _np_opt(mask),
+        _np(h), _np(W), _np(v), b=_np_opt(b), mask=_np_opt(mask),
         keep_activations=keep)
     return (torch.from_numpy(out), torch.from_numpy(alpha),
             _t(act[0] if act else None, h))
@@ -785,8 +789,9 @@ def _context_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
     forward's for these inputs (its own derivative is taken as 0: the
     double backward differentiates through the recomputed forward)."""
     g = _ac.context_attention_backward(
-        _np(grad_out), _np(h), _np(W), _np(v), _np(alpha), _np_opt(b),
-        _np_opt(mask), _ga(grad_alpha), activations=_np_opt(act))
+        _np(grad_out), _np(h), _np(W), _np(v), _np(alpha), b=_np_opt(b),
+        mask=_np_opt(mask), grad_alpha=_ga(grad_alpha),
+        activations=_np_opt(act))
     return (torch.from_numpy(g.h), torch.from_numpy(g.W),
             torch.from_numpy(g.v), _t(g.b, h))
 
@@ -826,8 +831,9 @@ def _additive_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                  key_proj: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     out, alpha = _ac.additive_attention(
-        _np(query), _np(keys), _np(W), _np(v), _np_opt(b), _np_opt(mask),
-        _np_opt(values), _np_opt(key_proj))
+        _np(query), _np(keys), _np(W), _np(v), b=_np_opt(b),
+        mask=_np_opt(mask),
+        values=_np_opt(values), key_proj=_np_opt(key_proj))
     return torch.from_numpy(out), torch.from_numpy(alpha)
 
 
@@ -889,8 +895,8 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
             mask: torch.Tensor | None, values: torch.Tensor | None,
             scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, alpha = _ac.dot_attention(_np(query), _np(keys), _np_opt(mask),
-                                   _np_opt(values), scale)
+    out, alpha = _ac.dot_attention(_np(query), _np(keys), mask=_np_opt(mask),
+                                   values=_np_opt(values), scale=scale)
     return torch.from_numpy(out), torch.from_numpy(alpha)
 
 
@@ -912,8 +918,8 @@ def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                 scale: float | None) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dvalues)``."""
     g = _ac.dot_attention_backward(
-        _np(grad_out), _np(query), _np(keys), _np(alpha), _np_opt(mask),
-        _np_opt(values), scale, _ga(grad_alpha))
+        _np(grad_out), _np(query), _np(keys), _np(alpha), mask=_np_opt(mask),
+        values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha))
     return (torch.from_numpy(g.query), torch.from_numpy(g.keys),
             _t(g.values, query))
 
@@ -937,8 +943,9 @@ def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                 key_proj: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, alpha = _ac.general_attention(
-        _np(query), _np(keys), _np(W), _np_opt(mask), _np_opt(values),
-        _np_opt(key_proj))
+        _np(query), _np(keys), _np(W), mask=_np_opt(mask),
+        values=_np_opt(values),
+        key_proj=_np_opt(key_proj))
     return torch.from_numpy(out), torch.from_numpy(alpha)
 
 
@@ -1587,8 +1594,9 @@ class AdditiveAttention(torch.nn.Module):
         -------
         out : Tensor (..., Hv) or (..., Tq, Hv)
         """
-        out, alpha = additive_attention(query, keys, self.W, self.v, self.b,
-                                        mask, values, key_proj)
+        out, alpha = additive_attention(query, keys, self.W, self.v, b=self.b,
+                                        mask=mask, values=values,
+                                        key_proj=key_proj)
         return _family_forward(out, alpha, return_weights)
 
     def extra_repr(self) -> str:
@@ -1619,7 +1627,8 @@ class DotAttention(torch.nn.Module):
         """Attend from ``query`` (..., H) or (..., Tq, H) to ``keys``
         (..., T, H); arguments and results as in
         :meth:`AdditiveAttention.forward`."""
-        out, alpha = dot_attention(query, keys, mask, values, self.scale)
+        out, alpha = dot_attention(query, keys, mask=mask, values=values,
+                                   scale=self.scale)
         return _family_forward(out, alpha, return_weights)
 
     def extra_repr(self) -> str:
@@ -1683,8 +1692,9 @@ class GeneralAttention(torch.nn.Module):
         """Attend from ``query`` (..., Hq) or (..., Tq, Hq) to ``keys``
         (..., T, H); arguments and results as in
         :meth:`AdditiveAttention.forward` (``key_proj`` (..., T, Hq))."""
-        out, alpha = general_attention(query, keys, self.W, mask, values,
-                                       key_proj)
+        out, alpha = general_attention(query, keys, self.W, mask=mask,
+                                       values=values,
+                                       key_proj=key_proj)
         return _family_forward(out, alpha, return_weights)
 
     def extra_repr(self) -> str:

@@ -160,7 +160,7 @@ def test_reference_softmax_floors_valid_weights():
     s = np.array([[0.0, -1e4, 5.0, -1e4]])
     m = np.array([[True, True, False, False]])
     for dtype in DTYPES:
-        a = reference.masked_softmax(s.astype(dtype), m)
+        a = reference.masked_softmax(s.astype(dtype), mask=m)
         assert a.dtype == dtype
         assert a[0, 1] == np.finfo(dtype).tiny
         assert a[0, 0] == 1 and a[0, 2] == a[0, 3] == 0

@@ -94,7 +94,7 @@ def test_keyword_names_made_at_run_time(rng):
         pass
 
     p = Problem(rng, (2,), 5, 4, 3)
-    want = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    want = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     kw = {"".join(["h"]): p.h, Name("W"): p.W, "v": p.v,
           "".join(["ma", "sk"]): p.mask, Name("b"): p.b}
     for f in (ac.context_attention, _core.context_attention):

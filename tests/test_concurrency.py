@@ -38,7 +38,7 @@ def _calls(rng):
     for lead, T, H, A in [((3,), 5, 4, 6), ((2, 2), 33, 17, 9),
                           ((8,), 96, 32, 48), ((4,), 130, 70, 33)]:
         p = Problem(rng, lead, T, H, A)
-        alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+        alpha = reference.masked_softmax(p.grad_s * 2, mask=p.mask)
         h32 = p.h.astype(np.float32)
         calls += [
             (ac.mean_context, dict(h=p.h, mask=p.mask)),

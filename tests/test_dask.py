@@ -230,9 +230,9 @@ def test_weights_are_one_key_shared_by_every_chunk():
     H, A = 32, 64             # W: 32 KiB, which no task may carry
     h = da.from_array(rng.standard_normal((12, 5, H)), chunks=(3, 5, H))
     W, v, b = (rng.standard_normal(s) for s in [(A, 2 * H), (A,), (A,)])
-    out, alpha = acd.context_attention(h, W, v, b)
+    out, alpha = acd.context_attention(h, W, v, b=b)
     grads = acd.context_attention_backward(da.ones_like(out), h, W, v,
-                                           alpha, b)
+                                           alpha, b=b)
     graph = HighLevelGraph.merge(*[x.__dask_graph__()
                                    for x in (out, alpha, *grads)])
     deps = graph.get_all_dependencies()
@@ -385,15 +385,15 @@ def test_killed_worker_is_retried_and_the_result_is_right(client, tmp_path):
 
     hd = da.from_array(h, chunks=(2, 6, 4)).map_blocks(
         die_once, meta=np.empty((0, 0, 0), h.dtype))
-    out, alpha = acd.context_attention(hd, W, v, b, mask=mask)
+    out, alpha = acd.context_attention(hd, W, v, b=b, mask=mask)
     grads = acd.context_attention_backward(da.ones_like(out), hd, W, v,
-                                           alpha, b, mask=mask)
+                                           alpha, b=b, mask=mask)
     before = set(client.scheduler_info()["workers"])
     got = on_cluster(client, [out, grads.h, grads.W])
     assert os.path.exists(marker)
-    ref = ac.context_attention(h, W, v, b, mask=mask)
+    ref = ac.context_attention(h, W, v, b=b, mask=mask)
     ref_g = ac.context_attention_backward(np.ones_like(ref[0]), h, W, v,
-                                          ref[1], b, mask=mask)
+                                          ref[1], b=b, mask=mask)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref_g.h)
     assert rel_err(got[2], ref_g.W) <= TOL[np.float64]

@@ -756,8 +756,9 @@ def test_dot_scale_zero_gives_uniform_weights(dtype, rng):
     """scale = 0: every valid key gets the same weight 1/n."""
     p = FamilyProblem(rng, "dot", (2,), 3, 5, 4, 4, 2, 1, mask="query")
     x = p.cast(dtype)
-    _, alpha = ac.dot_attention(x["query"], x["keys"], p.mask, x["values"],
-                                0.0)
+    _, alpha = ac.dot_attention(x["query"], x["keys"], mask=p.mask,
+                                values=x["values"],
+                                scale=0.0)
     m = p.full_mask()
     n = m.sum(axis=-1, keepdims=True)
     want = np.where(m, 1 / np.maximum(n, 1), 0)
@@ -856,9 +857,9 @@ def test_context_attention_is_additive_attention_on_the_mean(
     p = Problem(rng, lead, 7, 4, 5, bias=bias, mask=mask_kind)
     x = p.cast(dtype)
     h, W, v, b, mask = x["h"], x["W"], x["v"], x["b"], x["mask"]
-    c = mod.mean_context(h, mask)
-    out, alpha = mod.additive_attention(c, h, W, v, b, mask)
-    out2, alpha2 = mod.context_attention(h, W, v, b, mask)
+    c = mod.mean_context(h, mask=mask)
+    out, alpha = mod.additive_attention(c, h, W, v, b=b, mask=mask)
+    out2, alpha2 = mod.context_attention(h, W, v, b=b, mask=mask)
     w64 = ref.context_attention(*[None if a is None else a.astype(np.float64)
                                   for a in (h, W, v, b)], mask)
     tol = TOL[np.dtype(dtype).type]
@@ -868,17 +869,17 @@ def test_context_attention_is_additive_attention_on_the_mean(
         assert rel_err(got, lay) <= 2 * tol, name
     for ga in (None, x["grad_alpha"]):
         g = mod.additive_attention_backward(x["grad_out"], c, h, W, v, alpha,
-                                            b, mask, grad_alpha=ga)
-        gl = mod.context_attention_backward(x["grad_out"], h, W, v, alpha, b,
-                                            mask, grad_alpha=ga)
+                                            b=b, mask=mask, grad_alpha=ga)
+        gl = mod.context_attention_backward(x["grad_out"], h, W, v, alpha, b=b,
+                                            mask=mask, grad_alpha=ga)
         assert g[2] is None                          # no values given
-        dh = g[1] + mod.mean_context_backward(g[0], h, mask)
+        dh = g[1] + mod.mean_context_backward(g[0], h, mask=mask)
         want = ref.context_attention_backward(
             *[None if a is None else a.astype(np.float64) for a in
               (x["grad_out"], h, W, v, alpha, b)], mask,
             None if ga is None else ga.astype(np.float64))
         same = ref.context_attention_backward(x["grad_out"], h, W, v, alpha,
-                                              b, mask, ga)
+                                              b=b, mask=mask, grad_alpha=ga)
         for name, got, lay, w, s in [("dh", dh, gl[0], want[0], same[0]),
                                      ("dW", g[3], gl[1], want[1], same[1]),
                                      ("dv", g[4], gl[2], want[2], same[2]),

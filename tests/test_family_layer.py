@@ -58,19 +58,23 @@ def functions(kind, layer, args, grad_out, grad_alpha):
     parameters."""
     q, k, m, vals = args["query"], args["keys"], args["mask"], args["values"]
     if kind == "additive":
-        out, alpha = ac.additive_attention(q, k, layer.W, layer.v, layer.b,
-                                           m, vals)
+        out, alpha = ac.additive_attention(q, k, layer.W, layer.v, b=layer.b,
+                                           mask=m, values=vals)
         g = ac.additive_attention_backward(grad_out, q, k, layer.W, layer.v,
-                                           alpha, layer.b, m, vals,
-                                           grad_alpha)
+                                           alpha, b=layer.b, mask=m,
+                                           values=vals,
+                                           grad_alpha=grad_alpha)
     elif kind == "general":
-        out, alpha = ac.general_attention(q, k, layer.W, m, vals)
-        g = ac.general_attention_backward(grad_out, q, k, layer.W, alpha, m,
-                                          vals, grad_alpha)
+        out, alpha = ac.general_attention(q, k, layer.W, mask=m, values=vals)
+        g = ac.general_attention_backward(grad_out, q, k, layer.W, alpha,
+                                          mask=m,
+                                          values=vals, grad_alpha=grad_alpha)
     else:
-        out, alpha = ac.dot_attention(q, k, m, vals, layer.scale)
-        g = ac.dot_attention_backward(grad_out, q, k, alpha, m, vals,
-                                      layer.scale, grad_alpha)
+        out, alpha = ac.dot_attention(q, k, mask=m, values=vals,
+                                      scale=layer.scale)
+        g = ac.dot_attention_backward(grad_out, q, k, alpha, mask=m,
+                                      values=vals,
+                                      scale=layer.scale, grad_alpha=grad_alpha)
     return out, alpha, g
 
 

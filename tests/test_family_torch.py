@@ -87,7 +87,7 @@ def test_gradcheck_additive_without_bias_and_scaled_dot():
     assert torch.autograd.gradcheck(f, inputs)
     args = make("dot", mask="causal")
     assert torch.autograd.gradcheck(
-        lambda q, k: act.dot_attention(q, k, args["mask"], scale=0.3),
+        lambda q, k: act.dot_attention(q, k, mask=args["mask"], scale=0.3),
         (args["query"], args["keys"]))
 
 
@@ -103,7 +103,9 @@ def test_gradcheck_leading_batch_axes():
     W = make("additive")["W"]
     v, b = make("additive")["v"], make("additive")["b"]
     assert torch.autograd.gradcheck(
-        lambda q, k, W: act.additive_attention(q, k, W, v, b, m), (q, k, W))
+        lambda q, k, W: act.additive_attention(q, k, W, v, b=b, mask=m), (q,
+                                                                          k,
+                                                                          W))
 
 
 @pytest.mark.parametrize("values", [False, True], ids=["keys", "values"])

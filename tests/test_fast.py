@@ -18,7 +18,8 @@ What these tests prove:
 3. The vector tanh of each path (``_core_tests._tanh``: the tests'
    extension) is within 3 ulp of the correctly rounded float32 value over
    sweeps of the whole float32 range (with exhaustive windows where it is
-   hardest), within 5 ulp in float64, and exact at +-0 (sign kept), +-inf (+-1), NaN and subnormals.
+   hardest), within 5 ulp in float64, and exact at +-0 (sign kept),
+   +-inf (+-1), NaN and subnormals.
 4. Results are bitwise identical for 1, 2, 3 and 8 threads, on problems
    big enough that the pool really runs them; the pool's workers exist
    while needed and go when the count drops; bad thread counts raise.
@@ -131,7 +132,8 @@ def assert_masked_zero(x, mask, what):
 def forward(path, x, keep=False):
     """context_attention of the cast problem x on the given path."""
     _core._set_simd(path)
-    return ac.context_attention(x["h"], x["W"], x["v"], x["b"], x["mask"],
+    return ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                mask=x["mask"],
                                 keep_activations=keep)
 
 
@@ -146,7 +148,7 @@ def backward(path, x, alpha, ga=None, act=None):
 def reference_activations(x):
     """tanh(z) in float64 from the reference's own steps; 0 when masked."""
     h, mask = f64(x["h"]), x["mask"]
-    c = ref.mean_context(h, mask)
+    c = ref.mean_context(h, mask=mask)
     u = np.tanh(ref._preactivation(h, c, f64(x["W"]), f64(x["b"])))
     return u if mask is None else np.where(mask[..., None], u, 0)
 
@@ -216,7 +218,8 @@ def test_forward_simd_equals_scalar(path, dtype, size):
         out_s, alpha_s = forward("scalar", x)
         out, alpha = forward(path, x)
         w_out, w_alpha = ref.context_attention(
-            f64(x["h"]), f64(x["W"]), f64(x["v"]), f64(x["b"]), x["mask"])
+            f64(x["h"]), f64(x["W"]), f64(x["v"]), b=f64(x["b"]),
+            mask=x["mask"])
         tol = TOL[np.dtype(dtype).type]
         for name, got, scal, want in [("out", out, out_s, w_out),
                                       ("alpha", alpha, alpha_s, w_alpha)]:
@@ -342,7 +345,7 @@ def test_activations_wrong_shape_raises(rng, shape):
     """activations of any shape but (..., T, A) = (2, 5, 3): ValueError
     naming 'activations' (leading axes are not broadcast)."""
     p = Problem(rng, (2,), 5, 4, 3)
-    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     with pytest.raises(ValueError, match="activations"):
         ac.context_attention_backward(out, p.h, p.W, p.v, alpha, b=p.b,
                                       mask=p.mask,
@@ -631,8 +634,9 @@ def _thread_cases():
 
 def _layer_results(x, ga):
     """Forward (with activations) and backward (with and without them)."""
-    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                           x["mask"], keep_activations=True)
+    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                           mask=x["mask"],
+                                           keep_activations=True)
     res = {"out": out, "alpha": alpha, "act": act}
     for tag, a in [("", None), ("_act", act)]:
         g = ac.context_attention_backward(
@@ -677,8 +681,8 @@ def test_bitwise_identical_for_any_thread_count(dtype, path, spec):
     # done in double: float32 sums item by item were off by 1e-5 at
     # T = 9000)
     w_out, w_alpha = ref.context_attention(f64(x["h"]), f64(x["W"]),
-                                           f64(x["v"]), f64(x["b"]),
-                                           x["mask"])
+                                           f64(x["v"]), b=f64(x["b"]),
+                                           mask=x["mask"])
     tol = TOL[np.dtype(dtype).type]
     assert_rel(base["out"], w_out, tol, "out")
     assert_rel(base["alpha"], w_alpha, tol, "alpha")
@@ -692,10 +696,10 @@ def test_pool_workers_come_and_go():
     _core._set_simd(BEST)
     x = _thread_problem(THREAD_SIZES[0], np.float32)
     ac.set_num_threads(1)
-    ac.context_attention(x["h"], x["W"], x["v"], x["b"], x["mask"])
+    ac.context_attention(x["h"], x["W"], x["v"], b=x["b"], mask=x["mask"])
     before = count_threads()
     ac.set_num_threads(3)
-    ac.context_attention(x["h"], x["W"], x["v"], x["b"], x["mask"])
+    ac.context_attention(x["h"], x["W"], x["v"], b=x["b"], mask=x["mask"])
     assert count_threads() == before + 2
     ac.set_num_threads(1)
     assert count_threads() == before
@@ -804,8 +808,9 @@ def test_torch_import_order(order, tmp_path):
     got = np.load(tmp_path / "results.npz")
     _core._set_simd(BEST)
     ac.set_num_threads(3)
-    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                           x["mask"], keep_activations=True)
+    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                           mask=x["mask"],
+                                           keep_activations=True)
     g = ac.context_attention_backward(x["grad_out"], x["h"], x["W"], x["v"],
                                       alpha, b=x["b"], mask=x["mask"],
                                       grad_alpha=x["grad_alpha"])

@@ -99,7 +99,7 @@ def _variants(fn, rng):
     if fn in FAMILY:
         return _family_variants(fn, rng)
     p = Problem(rng, (3,), 5, 4, 6)
-    alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+    alpha = reference.masked_softmax(p.grad_s * 2, mask=p.mask)
     full = {
         "mean_context": dict(h=p.h, mask=p.mask),
         "mean_context_backward": dict(grad_c=p.grad_out, h=p.h, mask=p.mask),
@@ -119,7 +119,7 @@ def _variants(fn, rng):
         "context_attention_backward": dict(
             grad_out=p.grad_out, h=p.h, W=p.W, v=p.v, alpha=alpha, b=p.b,
             mask=p.mask, grad_alpha=p.grad_alpha,
-            activations=ac.context_attention(p.h, p.W, p.v, p.b, p.mask,
+            activations=ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask,
                                              keep_activations=True)[2]),
     }[fn]
     optional = {"mask", "b", "activations", "keep_activations"}
@@ -350,8 +350,9 @@ def test_overflowing_byte_counts_refused_before_allocation(case, rng):
     assert not made, f"{fn} allocated {made} before refusing the sizes"
     # and the next call is right
     p = Problem(rng, (2,), 3, 4, 5)
-    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
-    r_out, r_alpha = reference.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
+    r_out, r_alpha = reference.context_attention(p.h, p.W, p.v, b=p.b,
+                                                 mask=p.mask)
     np.testing.assert_allclose(out, r_out, rtol=1e-12, atol=1e-14)
 
 

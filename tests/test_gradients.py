@@ -62,8 +62,8 @@ def layer_problem(seed, mask_name, bias=True):
 
 def layer_loss(mod, p, with_ga):
     """L = sum(out * G) [+ sum(alpha * Ga)] with mod's forward."""
-    out, alpha = mod.context_attention(p["h"], p["W"], p["v"], p["b"],
-                                       p["mask"])
+    out, alpha = mod.context_attention(p["h"], p["W"], p["v"], b=p["b"],
+                                       mask=p["mask"])
     loss = np.sum(out * p["G"])
     if with_ga:
         loss += np.sum(alpha * p["Ga"])
@@ -72,8 +72,8 @@ def layer_loss(mod, p, with_ga):
 
 def layer_grads(mod, p, with_ga):
     """(dh, dW, dv, db) from mod's context_attention_backward."""
-    _, alpha = mod.context_attention(p["h"], p["W"], p["v"], p["b"],
-                                     p["mask"])
+    _, alpha = mod.context_attention(p["h"], p["W"], p["v"], b=p["b"],
+                                     mask=p["mask"])
     return tuple(mod.context_attention_backward(
         p["G"], p["h"], p["W"], p["v"], alpha, b=p["b"], mask=p["mask"],
         grad_alpha=p["Ga"] if with_ga else None))
@@ -136,8 +136,9 @@ def test_mean_context_backward_fd(impl, mask_name):
     h = rng.standard_normal((B, T, H))
     Gc = rng.standard_normal((B, H))
     mask = MASKS[mask_name]
-    num = numerical_grad(lambda: np.sum(mod.mean_context(h, mask) * Gc), h)
-    assert_fd(mod.mean_context_backward(Gc, h, mask), num, "dh")
+    num = numerical_grad(lambda: np.sum(mod.mean_context(h, mask=mask) * Gc),
+                         h)
+    assert_fd(mod.mean_context_backward(Gc, h, mask=mask), num, "dh")
 
 
 @impl_param
@@ -156,10 +157,10 @@ def test_additive_score_backward_fd(impl, bias):
 
     def loss():
         return np.sum(mod.additive_score(x["h"], x["context"], x["W"],
-                                         x["v"], x["b"]) * Gs)
+                                         x["v"], b=x["b"]) * Gs)
 
     got = mod.additive_score_backward(Gs, x["h"], x["context"], x["W"],
-                                      x["v"], x["b"])
+                                      x["v"], b=x["b"])
     for name, g in zip(["h", "context", "W", "v", "b"], got):
         if x[name] is None:
             assert g is None, "db should be None without a bias"
@@ -177,8 +178,9 @@ def test_masked_softmax_backward_fd(impl, mask_name):
     s = rng.standard_normal((B, T)) * 2
     Ga = rng.standard_normal((B, T))
     mask = MASKS[mask_name]
-    num = numerical_grad(lambda: np.sum(mod.masked_softmax(s, mask) * Ga), s)
-    got = mod.masked_softmax_backward(Ga, mod.masked_softmax(s, mask))
+    num = numerical_grad(lambda: np.sum(mod.masked_softmax(s,
+                                                           mask=mask) * Ga), s)
+    got = mod.masked_softmax_backward(Ga, mod.masked_softmax(s, mask=mask))
     assert_fd(got, num, "dscores")
     if mask is not None:
         assert np.all(got[~mask] == 0)
@@ -232,8 +234,8 @@ def mean_context_term(p, with_ga):
 def frozen_context_loss(p, c0, with_ga):
     """The layer's loss with the context frozen at c0 (no path through c),
     from the reference building blocks."""
-    s = ref.additive_score(p["h"], c0, p["W"], p["v"], p["b"])
-    alpha = ref.masked_softmax(s, p["mask"])
+    s = ref.additive_score(p["h"], c0, p["W"], p["v"], b=p["b"])
+    alpha = ref.masked_softmax(s, mask=p["mask"])
     loss = np.sum(ref.weighted_sum(alpha, p["h"]) * p["G"])
     if with_ga:
         loss += np.sum(alpha * p["Ga"])
@@ -256,7 +258,7 @@ def test_mean_context_path_of_dh(impl, mask_name, with_ga):
     p = layer_problem(11, mask_name)
     p["W"][:, H:] *= 3.0                     # make the context path strong
     dh = layer_grads(mod, p, with_ga)[0]
-    c0 = ref.mean_context(p["h"], p["mask"])
+    c0 = ref.mean_context(p["h"], mask=p["mask"])
     fd_full = numerical_grad(lambda: layer_loss(mod, p, with_ga), p["h"])
     fd_frozen = numerical_grad(lambda: frozen_context_loss(p, c0, with_ga),
                                p["h"])
@@ -286,7 +288,7 @@ def test_masked_items_have_exactly_zero_gradient(impl, mask_name):
     grads = layer_grads(mod, p, True)
     assert np.all(grads[0][~mask] == 0)
     assert np.any(grads[0][mask] != 0)
-    mc = mod.mean_context_backward(p["G"], p["h"], mask)
+    mc = mod.mean_context_backward(p["G"], p["h"], mask=mask)
     assert np.all(mc[~mask] == 0)
     p2 = dict(p, Ga=np.where(mask, p["Ga"], 1e6))
     for name, g1, g2 in zip("hWvb", grads, layer_grads(mod, p2, True)):

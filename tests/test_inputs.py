@@ -73,7 +73,7 @@ def make_args(fn, rng, lead=(3,), T=5, H=4, A=6, dtype=np.float64):
     """Keyword arguments of fn for a random Problem (float args in dtype)."""
     if T > 0:
         p = Problem(rng, lead, T, H, A)
-        alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+        alpha = reference.masked_softmax(p.grad_s * 2, mask=p.mask)
     else:
         # make_mask cannot build a random mask with no items
         p = Problem(rng, lead, T, H, A, mask="none")

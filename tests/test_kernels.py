@@ -102,7 +102,7 @@ def check_tol(got, want, dtype, tol, what):
 
 def softmax_input(p, dtype):
     """(alpha, mask) with alpha a masked softmax in dtype (0 on padding)."""
-    alpha = ref.masked_softmax(p.grad_s, p.mask).astype(dtype)
+    alpha = ref.masked_softmax(p.grad_s, mask=p.mask).astype(dtype)
     return alpha, p.mask
 
 
@@ -117,8 +117,8 @@ def test_mean_context(rng, dtype, mask_kind, size):
     """mean_context matches the reference; dtype is preserved."""
     p = Problem(rng, *size, mask=mask_kind)
     x = p.cast(dtype)
-    got = ac.mean_context(x["h"], x["mask"])
-    check(got, ref.mean_context(f64(x["h"]), x["mask"]), dtype, "c")
+    got = ac.mean_context(x["h"], mask=x["mask"])
+    check(got, ref.mean_context(f64(x["h"]), mask=x["mask"]), dtype, "c")
     assert got.shape == p.lead + (p.H,)
 
 
@@ -129,9 +129,9 @@ def test_mean_context_backward(rng, dtype, mask_kind, size):
     """mean_context_backward matches the reference; padding rows are 0."""
     p = Problem(rng, *size, mask=mask_kind)
     x = p.cast(dtype)
-    got = ac.mean_context_backward(x["grad_out"], x["h"], x["mask"])
+    got = ac.mean_context_backward(x["grad_out"], x["h"], mask=x["mask"])
     want = ref.mean_context_backward(f64(x["grad_out"]), f64(x["h"]),
-                                     x["mask"])
+                                     mask=x["mask"])
     check(got, want, dtype, "dh")
     assert_masked_zero(got, x["mask"], "dh")
 
@@ -143,9 +143,9 @@ def test_additive_score(rng, dtype, bias, size):
     """additive_score matches the reference, with and without bias."""
     p = Problem(rng, *size, bias=bias)
     x = p.cast(dtype)
-    got = ac.additive_score(x["h"], x["context"], x["W"], x["v"], x["b"])
+    got = ac.additive_score(x["h"], x["context"], x["W"], x["v"], b=x["b"])
     want = ref.additive_score(f64(x["h"]), f64(x["context"]), f64(x["W"]),
-                              f64(x["v"]), f64(x["b"]))
+                              f64(x["v"]), b=f64(x["b"]))
     check(got, want, dtype, "s")
     assert got.shape == p.lead + (p.T,)
 
@@ -158,10 +158,10 @@ def test_additive_score_backward(rng, dtype, bias, size):
     p = Problem(rng, *size, bias=bias)
     x = p.cast(dtype)
     got = ac.additive_score_backward(x["grad_s"], x["h"], x["context"],
-                                     x["W"], x["v"], x["b"])
+                                     x["W"], x["v"], b=x["b"])
     want = ref.additive_score_backward(
         f64(x["grad_s"]), f64(x["h"]), f64(x["context"]), f64(x["W"]),
-        f64(x["v"]), f64(x["b"]))
+        f64(x["v"]), b=f64(x["b"]))
     assert len(got) == 5
     for name, g, w in zip(["dh", "dcontext", "dW", "dv"], got, want):
         check(g, w, dtype, name)
@@ -178,8 +178,8 @@ def test_masked_softmax(rng, dtype, mask_kind, size):
     """masked_softmax matches the reference; masked items get exactly 0."""
     p = Problem(rng, *size, mask=mask_kind)
     scores = (p.grad_s * 3).astype(dtype)
-    got = ac.masked_softmax(scores, p.mask)
-    check(got, ref.masked_softmax(f64(scores), p.mask), dtype, "alpha")
+    got = ac.masked_softmax(scores, mask=p.mask)
+    check(got, ref.masked_softmax(f64(scores), mask=p.mask), dtype, "alpha")
     assert_masked_zero(got, p.mask, "alpha")
 
 
@@ -236,11 +236,11 @@ def test_context_attention(rng, dtype, mask_kind, bias, size):
     """context_attention matches the reference; padding gets exactly 0."""
     p = Problem(rng, *size, bias=bias, mask=mask_kind)
     x = p.cast(dtype)
-    out, alpha = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                      x["mask"])
+    out, alpha = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                      mask=x["mask"])
     w_out, w_alpha = ref.context_attention(f64(x["h"]), f64(x["W"]),
-                                           f64(x["v"]), f64(x["b"]),
-                                           x["mask"])
+                                           f64(x["v"]), b=f64(x["b"]),
+                                           mask=x["mask"])
     check(out, w_out, dtype, "out")
     check(alpha, w_alpha, dtype, "alpha")
     assert_masked_zero(alpha, x["mask"], "alpha")
@@ -260,8 +260,8 @@ def test_context_attention_backward(rng, dtype, mask_kind, bias, with_ga,
     p = Problem(rng, *size, bias=bias, mask=mask_kind)
     x = p.cast(dtype)
     ga = x["grad_alpha"] if with_ga else None
-    _, alpha = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                    x["mask"])
+    _, alpha = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                    mask=x["mask"])
     got = ac.context_attention_backward(x["grad_out"], x["h"], x["W"],
                                         x["v"], alpha, b=x["b"],
                                         mask=x["mask"], grad_alpha=ga)
@@ -304,12 +304,12 @@ def test_fully_masked_rows_are_exact_zeros(rng, dtype):
     x = p.cast(dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        c = ac.mean_context(x["h"], mask)
-        dc = ac.mean_context_backward(x["grad_out"], x["h"], mask)
-        alpha_s = ac.masked_softmax(x["grad_s"], mask)
+        c = ac.mean_context(x["h"], mask=mask)
+        dc = ac.mean_context_backward(x["grad_out"], x["h"], mask=mask)
+        alpha_s = ac.masked_softmax(x["grad_s"], mask=mask)
         ds = ac.masked_softmax_backward(x["grad_alpha"], alpha_s)
-        out, alpha = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                          mask)
+        out, alpha = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                          mask=mask)
         g = ac.context_attention_backward(x["grad_out"], x["h"], x["W"],
                                           x["v"], alpha, b=x["b"], mask=mask,
                                           grad_alpha=x["grad_alpha"])
@@ -334,12 +334,12 @@ def test_all_masked_single_sequence(rng, dtype):
     mask = np.zeros(4, dtype=bool)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out, alpha = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                          mask)
+        out, alpha = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                          mask=mask)
         g = ac.context_attention_backward(x["grad_out"], x["h"], x["W"],
                                           x["v"], alpha, b=x["b"], mask=mask,
                                           grad_alpha=x["grad_alpha"])
-        c = ac.mean_context(x["h"], mask)
+        c = ac.mean_context(x["h"], mask=mask)
     for name, arr in [("out", out), ("alpha", alpha), ("c", c),
                       ("dh", g.h), ("dW", g.W), ("dv", g.v), ("db", g.b)]:
         assert arr.dtype == np.dtype(dtype), name
@@ -367,12 +367,13 @@ def test_nonfinite_padding_is_ignored(rng, dtype, mask_kind, fill):
     sbad[~mask] = fill
 
     def run(h, s):
-        out, alpha = ac.context_attention(h, x["W"], x["v"], x["b"], mask)
+        out, alpha = ac.context_attention(h, x["W"], x["v"], b=x["b"],
+                                          mask=mask)
         g = ac.context_attention_backward(x["grad_out"], h, x["W"], x["v"],
                                           alpha, b=x["b"], mask=mask,
                                           grad_alpha=x["grad_alpha"])
-        return {"c": ac.mean_context(h, mask),
-                "softmax": ac.masked_softmax(s, mask),
+        return {"c": ac.mean_context(h, mask=mask),
+                "softmax": ac.masked_softmax(s, mask=mask),
                 "out": out, "alpha": alpha, "dh": g.h, "dW": g.W,
                 "dv": g.v, "db": g.b}
 
@@ -394,10 +395,10 @@ def test_masked_softmax_large_scores(rng, dtype, mask_kind):
     scores[:, 1] += 0.25                # close competitors stay
     scores = scores.astype(dtype)
     mask = make_mask(rng, lead, T, mask_kind)
-    alpha = ac.masked_softmax(scores, mask)
+    alpha = ac.masked_softmax(scores, mask=mask)
     assert alpha.dtype == np.dtype(dtype)
     assert np.all(np.isfinite(alpha))
-    check(alpha, ref.masked_softmax(f64(scores), mask), dtype, "alpha")
+    check(alpha, ref.masked_softmax(f64(scores), mask=mask), dtype, "alpha")
     valid = np.ones(scores.shape, bool) if mask is None else mask
     live = valid.any(axis=-1)
     sums = alpha.astype(np.float64).sum(axis=-1)
@@ -414,8 +415,8 @@ def test_context_attention_large_scores_finite(rng, dtype):
     p = Problem(rng, (3,), 7, 5, 6, mask="none", scale=3.0)
     x = p.cast(dtype)
     v = (p.v * 1e3).astype(dtype)
-    out, alpha = ac.context_attention(x["h"], x["W"], v, x["b"])
-    s = ref.additive_score(p.h, ref.mean_context(p.h), p.W, p.v * 1e3, p.b)
+    out, alpha = ac.context_attention(x["h"], x["W"], v, b=x["b"])
+    s = ref.additive_score(p.h, ref.mean_context(p.h), p.W, p.v * 1e3, b=p.b)
     assert np.ptp(s, axis=-1).max() > 100    # the regime we meant to test
     g = ac.context_attention_backward(x["grad_out"], x["h"], x["W"], v,
                                       alpha, b=x["b"],
@@ -442,10 +443,10 @@ def test_fused_forward_equals_composition(rng, mask_kind, bias, size):
     """context_attention == weighted_sum(masked_softmax(additive_score(h,
     mean_context(h))), h) of the C building blocks."""
     p = Problem(rng, *size, bias=bias, mask=mask_kind)
-    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
-    c = ac.mean_context(p.h, p.mask)
-    s = ac.additive_score(p.h, c, p.W, p.v, p.b)
-    a2 = ac.masked_softmax(s, p.mask)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
+    c = ac.mean_context(p.h, mask=p.mask)
+    s = ac.additive_score(p.h, c, p.W, p.v, b=p.b)
+    a2 = ac.masked_softmax(s, mask=p.mask)
     o2 = ac.weighted_sum(a2, p.h)
     assert rel_err_le(alpha, a2, FUSED_TOL), "alpha"
     assert rel_err_le(out, o2, FUSED_TOL), "out"
@@ -463,16 +464,16 @@ def test_fused_backward_equals_composition(rng, mask_kind, bias, with_ga,
     p = Problem(rng, *size, bias=bias, mask=mask_kind)
     ga = p.grad_alpha if with_ga else None
     g = p.grad_out
-    _, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    _, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     got = ac.context_attention_backward(g, p.h, p.W, p.v, alpha, b=p.b,
                                         mask=p.mask, grad_alpha=ga)
-    c = ac.mean_context(p.h, p.mask)
+    c = ac.mean_context(p.h, mask=p.mask)
     dalpha, dh1 = ac.weighted_sum_backward(g, alpha, p.h)
     ds = ac.masked_softmax_backward(dalpha if ga is None else dalpha + ga,
                                     alpha)
     dh2, dc, dW, dv, db = ac.additive_score_backward(ds, p.h, c, p.W, p.v,
-                                                     p.b)
-    dh3 = ac.mean_context_backward(dc, p.h, p.mask)
+                                                     b=p.b)
+    dh3 = ac.mean_context_backward(dc, p.h, mask=p.mask)
     assert rel_err_le(got.h, dh1 + dh2 + dh3, FUSED_TOL), "dh"
     assert rel_err_le(got.W, dW, FUSED_TOL), "dW"
     assert rel_err_le(got.v, dv, FUSED_TOL), "dv"
@@ -502,20 +503,21 @@ def test_leading_axes(rng, lead, mask_kind):
     h, W, v, b, m = p.h, p.W, p.v, p.b, p.mask
     T, H = 4, 3
     pairs = []
-    pairs.append(("mean_context", ac.mean_context(h, m),
-                  ref.mean_context(h, m)))
+    pairs.append(("mean_context", ac.mean_context(h, mask=m),
+                  ref.mean_context(h, mask=m)))
     pairs.append(("mean_context_backward",
-                  ac.mean_context_backward(p.grad_out, h, m),
-                  ref.mean_context_backward(p.grad_out, h, m)))
+                  ac.mean_context_backward(p.grad_out, h, mask=m),
+                  ref.mean_context_backward(p.grad_out, h, mask=m)))
     pairs.append(("additive_score",
-                  ac.additive_score(h, p.context, W, v, b),
-                  ref.additive_score(h, p.context, W, v, b)))
+                  ac.additive_score(h, p.context, W, v, b=b),
+                  ref.additive_score(h, p.context, W, v, b=b)))
     for i, (x, y) in enumerate(zip(
-            ac.additive_score_backward(p.grad_s, h, p.context, W, v, b),
-            ref.additive_score_backward(p.grad_s, h, p.context, W, v, b))):
+            ac.additive_score_backward(p.grad_s, h, p.context, W, v, b=b),
+            ref.additive_score_backward(p.grad_s, h, p.context, W, v, b=b))):
         pairs.append((f"additive_score_backward[{i}]", x, y))
-    alpha_s = ac.masked_softmax(p.grad_s, m)
-    pairs.append(("masked_softmax", alpha_s, ref.masked_softmax(p.grad_s, m)))
+    alpha_s = ac.masked_softmax(p.grad_s, mask=m)
+    pairs.append(("masked_softmax", alpha_s, ref.masked_softmax(p.grad_s,
+                                                                mask=m)))
     pairs.append(("masked_softmax_backward",
                   ac.masked_softmax_backward(p.grad_alpha, alpha_s),
                   ref.masked_softmax_backward(p.grad_alpha, alpha_s)))
@@ -525,8 +527,8 @@ def test_leading_axes(rng, lead, mask_kind):
             ac.weighted_sum_backward(p.grad_out, alpha_s, h),
             ref.weighted_sum_backward(p.grad_out, alpha_s, h))):
         pairs.append((f"weighted_sum_backward[{i}]", x, y))
-    out, alpha = ac.context_attention(h, W, v, b, m)
-    w_out, w_alpha = ref.context_attention(h, W, v, b, m)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=m)
+    w_out, w_alpha = ref.context_attention(h, W, v, b=b, mask=m)
     pairs += [("out", out, w_out), ("alpha", alpha, w_alpha)]
     got = ac.context_attention_backward(p.grad_out, h, W, v, alpha, b=b,
                                         mask=m, grad_alpha=p.grad_alpha)
@@ -564,22 +566,22 @@ def test_empty_batch(dtype, lead):
         expect(arr, shape, what)
         assert np.all(arr == 0), f"{what}: not zero"
 
-    expect(ac.mean_context(h, mask), lead + (H,), "c")
-    expect(ac.mean_context_backward(g_h, h, mask), lead + (T, H), "dh")
-    expect(ac.additive_score(h, g_h, W, v, b), lead + (T,), "s")
-    dh, dctx, dW, dv, db = ac.additive_score_backward(g_t, h, g_h, W, v, b)
+    expect(ac.mean_context(h, mask=mask), lead + (H,), "c")
+    expect(ac.mean_context_backward(g_h, h, mask=mask), lead + (T, H), "dh")
+    expect(ac.additive_score(h, g_h, W, v, b=b), lead + (T,), "s")
+    dh, dctx, dW, dv, db = ac.additive_score_backward(g_t, h, g_h, W, v, b=b)
     expect(dh, lead + (T, H), "dh")
     expect(dctx, lead + (H,), "dcontext")
     expect_zero(dW, (A, 2 * H), "dW")
     expect_zero(dv, (A,), "dv")
     expect_zero(db, (A,), "db")
-    expect(ac.masked_softmax(g_t, mask), lead + (T,), "alpha")
+    expect(ac.masked_softmax(g_t, mask=mask), lead + (T,), "alpha")
     expect(ac.masked_softmax_backward(g_t, g_t), lead + (T,), "ds")
     expect(ac.weighted_sum(g_t, h), lead + (H,), "out")
     dalpha, dh = ac.weighted_sum_backward(g_h, g_t, h)
     expect(dalpha, lead + (T,), "dalpha")
     expect(dh, lead + (T, H), "dh")
-    out, alpha = ac.context_attention(h, W, v, b, mask)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=mask)
     expect(out, lead + (H,), "out")
     expect(alpha, lead + (T,), "alpha")
     g = ac.context_attention_backward(g_h, h, W, v, alpha, b=b, mask=mask,

@@ -123,9 +123,10 @@ def test_layer_equals_functional_api_and_reference(dtype, bias, kind, keep):
     grads = layer.grads()
     assert out.dtype == dtype and dh.dtype == dtype
 
-    f_out, f_alpha = ac.context_attention(h, layer.W, layer.v, layer.b, mask)
+    f_out, f_alpha = ac.context_attention(h, layer.W, layer.v, b=layer.b,
+                                          mask=mask)
     f_g = ac.context_attention_backward(g, h, layer.W, layer.v, f_alpha,
-                                        layer.b, mask, ga)
+                                        b=layer.b, mask=mask, grad_alpha=ga)
     # Saved activations may round differently from recomputed ones.
     tight = dict(rtol=TOL[dtype], atol=0)
     np.testing.assert_allclose(out, f_out, **tight)
@@ -137,7 +138,8 @@ def test_layer_equals_functional_api_and_reference(dtype, bias, kind, keep):
            for x in (h, layer.W, layer.v, layer.b, g, ga)]
     r_out, r_alpha = ref.context_attention(*f64[:4], mask=mask)
     r_dh, r_dW, r_dv, r_db = ref.context_attention_backward(
-        f64[4], f64[0], f64[1], f64[2], r_alpha, f64[3], mask, f64[5])
+        f64[4], f64[0], f64[1], f64[2], r_alpha, b=f64[3], mask=mask,
+        grad_alpha=f64[5])
     assert_close(out, r_out, dtype, "out")
     assert_close(layer.attention_weights, r_alpha, dtype, "alpha")
     assert_close(dh, r_dh, dtype, "dh")

@@ -115,7 +115,7 @@ def test_nonfinite_stays_in_its_sequence(fn, dtype, rng, restore):
         p = Problem(rng, (4,), 37, 19, 23, mask="none")
         p.mask = np.ones((4, 37), bool)
         p.mask[3, 5:] = False
-        alpha = reference.masked_softmax(p.grad_s, p.mask)
+        alpha = reference.masked_softmax(p.grad_s, mask=p.mask)
         args = _args(fn, p, alpha)
     base = {k: (v.astype(dtype) if isinstance(v, np.ndarray) and k != "mask"
                 else v) for k, v in args.items()}
@@ -169,18 +169,19 @@ def test_nonfinite_shared_gradients_do_not_hang(rng, restore):
     promptly (the test has a process-level timeout in CI via the whole
     suite) and the next clean call is exact."""
     p = Problem(rng, (3,), 64, 33, 17)
-    _, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    _, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     want = ac.context_attention_backward(p.grad_out, p.h, p.W, p.v, alpha,
-                                         p.b, p.mask)
+                                         b=p.b, mask=p.mask)
     for bad in BAD:
         for name in ("h", "W", "v", "b"):
             kw = dict(h=p.h, W=p.W, v=p.v, b=p.b)
             kw[name] = np.full_like(kw[name], bad)
             ac.context_attention(**kw, mask=p.mask)
             ac.context_attention_backward(p.grad_out, kw["h"], kw["W"],
-                                          kw["v"], alpha, kw["b"], p.mask)
+                                          kw["v"], alpha, b=kw["b"],
+                                          mask=p.mask)
     got = ac.context_attention_backward(p.grad_out, p.h, p.W, p.v, alpha,
-                                        p.b, p.mask)
+                                        b=p.b, mask=p.mask)
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
 

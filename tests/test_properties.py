@@ -112,7 +112,7 @@ def problems(draw, fn):
     scores = rng.standard_normal(lead + (T,)) * (1500.0 if large else 3.0)
     if large:
         scores += rng.choice([-3000.0, 0.0, 3000.0], size=lead + (1,))
-    alpha = reference.masked_softmax(scores, mask)
+    alpha = reference.masked_softmax(scores, mask=mask)
     values = dict(
         h=h, W=W, v=v, b=b, mask=mask, scores=scores, alpha=alpha,
         context=rng.standard_normal(lead + (H,)),
@@ -209,14 +209,14 @@ def _shifted_layer_backward(kw):
     mask = kw.get("mask")
     m = np.ones(h.shape[:-1], bool) if mask is None else np.asarray(mask)
     hm = np.where(m[..., None], h, 0)
-    c = reference.mean_context(h, mask)
+    c = reference.mean_context(h, mask=mask)
     dalpha, dh = reference.weighted_sum_backward(kw["grad_out"], alpha, hm)
     ga = kw.get("grad_alpha")
     gamma = dalpha if ga is None else dalpha + ga
     ds = np.where(m, _stable_ds(alpha, gamma), 0)
     dh_s, dctx, dW, dv, db = reference.additive_score_backward(
-        ds, hm, c, W, v, b)
-    dh = dh + dh_s + reference.mean_context_backward(dctx, h, mask)
+        ds, hm, c, W, v, b=b)
+    dh = dh + dh_s + reference.mean_context_backward(dctx, h, mask=mask)
     return np.where(m[..., None], dh, 0), dW, dv, db
 
 
@@ -288,8 +288,8 @@ def _run(case, path):
         res = ac.context_attention(**kw, keep_activations=case["keep"])
     elif fn == "context_attention_backward" and case["use_act"]:
         c = case["kw"]
-        act = ac.context_attention(c["h"], c["W"], c["v"], c["b"],
-                                   c["mask"], keep_activations=True)[2]
+        act = ac.context_attention(c["h"], c["W"], c["v"], b=c["b"],
+                                   mask=c["mask"], keep_activations=True)[2]
         res = ac.context_attention_backward(**kw, activations=act)
     else:
         res = getattr(ac, fn)(**kw)

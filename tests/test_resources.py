@@ -58,7 +58,7 @@ class ArrayBomb:
 def _problem(rng, lead, T, H, A):
     """A random Problem and a valid alpha for it."""
     p = Problem(rng, lead, T, H, A)
-    alpha = reference.masked_softmax(p.grad_s * 2, p.mask)
+    alpha = reference.masked_softmax(p.grad_s * 2, mask=p.mask)
     return p, alpha
 
 
@@ -290,8 +290,9 @@ def _layer_inputs(rng, lead, T_, H_):
 
 def _layer(h, W, v, b, mask, g, ga):
     """All outputs of the layer forward and backward."""
-    out, alpha = ac.context_attention(h, W, v, b, mask)
-    grads = ac.context_attention_backward(g, h, W, v, alpha, b, mask, ga)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=mask)
+    grads = ac.context_attention_backward(g, h, W, v, alpha, b=b, mask=mask,
+                                          grad_alpha=ga)
     return (out, alpha) + tuple(grads)
 
 
@@ -332,7 +333,7 @@ def test_threads_get_serial_results(rng):
                 assert np.array_equal(got, want), f"thread {i} output {k}"
     # and the serial results are right
     h, m, g, ga = inputs[0]
-    out, alpha = reference.context_attention(h, W, v, b, m)
+    out, alpha = reference.context_attention(h, W, v, b=b, mask=m)
     assert_close(serial[0][0], out, np.float64, "out")
     assert_close(serial[0][1], alpha, np.float64, "alpha")
 
@@ -350,14 +351,14 @@ def test_gil_released_during_kernel(direction, rng):
     however long the call, so this is not a timing assertion.
     """
     p = Problem(rng, (48,), 256, 64, 64)
-    out, alpha = ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+    out, alpha = ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     if direction == "forward":
         def kernel():
-            ac.context_attention(p.h, p.W, p.v, p.b, p.mask)
+            ac.context_attention(p.h, p.W, p.v, b=p.b, mask=p.mask)
     else:
         def kernel():
             ac.context_attention_backward(p.grad_out, p.h, p.W, p.v, alpha,
-                                          p.b, p.mask)
+                                          b=p.b, mask=p.mask)
 
     ticks = []
     ready, go, stop = (threading.Event() for _ in range(3))

@@ -81,8 +81,9 @@ def test_backward_bitwise_for_any_thread_count(spec, dtype, path):
     if spec[4] == "random" and spec[0] == 2:
         assert not x["mask"][1].any()             # a fully masked sequence
     ac.set_num_threads(1)
-    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                           x["mask"], keep_activations=True)
+    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                           mask=x["mask"],
+                                           keep_activations=True)
     results = {}
     for n in THREAD_COUNTS:
         ac.set_num_threads(n)

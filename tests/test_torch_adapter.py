@@ -39,10 +39,11 @@ def test_gradcheck_some_inputs_only():
     h, W, v, b, m = torch_layer_problem(mask="partial")
     hc = h.detach()
     assert torch.autograd.gradcheck(
-        lambda W, v, b: act.context_attention(hc, W, v, b, m), (W, v, b))
+        lambda W, v, b: act.context_attention(hc, W, v, b=b, mask=m), (W, v,
+                                                                       b))
     Wc, vc, bc = W.detach(), v.detach(), b.detach()
     assert torch.autograd.gradcheck(
-        lambda h: act.context_attention(h, Wc, vc, bc, m)[0], (h,))
+        lambda h: act.context_attention(h, Wc, vc, b=bc, mask=m)[0], (h,))
 
 
 def test_gradcheck_leading_batch_axes():
@@ -89,7 +90,7 @@ def test_float32_equals_pure_pytorch(bias, mask, use):
 
 def test_fully_masked_row_gives_zeros_and_zero_gradients():
     h, W, v, b, m = torch_layer_problem(mask="edge")
-    out, alpha = act.context_attention(h, W, v, b, m)
+    out, alpha = act.context_attention(h, W, v, b=b, mask=m)
     (out.sum() + alpha.sum()).backward()
     assert torch.all(out[1] == 0) and torch.all(alpha[1] == 0)
     assert torch.all(h.grad[1] == 0)
@@ -128,25 +129,26 @@ def test_mask_that_requires_grad_is_refused():
     h, W, v, b, _ = torch_layer_problem()
     m = torch.ones(B, T, requires_grad=True)
     with pytest.raises(ValueError, match="mask requires grad"):
-        act.context_attention(h, W, v, b, m)
+        act.context_attention(h, W, v, b=b, mask=m)
     with pytest.raises(TypeError, match="mask has dtype torch.float32"):
-        act.context_attention(h, W, v, b, m.detach())
+        act.context_attention(h, W, v, b=b, mask=m.detach())
 
 
 def test_bad_dtypes_are_refused():
     h, W, v, b, m = torch_layer_problem(grad=False)
     with pytest.raises(TypeError, match="W has dtype torch.float32 but h "
                                         "has torch.float64"):
-        act.context_attention(h, W.float(), v, b, m)
+        act.context_attention(h, W.float(), v, b=b, mask=m)
     # float16 and bfloat16 are accepted now (computed in float32, see
     # test_torch_op.py); an integer or complex dtype is named.
     with pytest.raises(TypeError, match="h has dtype torch.int32; "
                                         "attention_c.torch supports"):
-        act.context_attention(h.int(), W.int(), v.int(), None, m)
+        act.context_attention(h.int(), W.int(), v.int(), b=None, mask=m)
     with pytest.raises(TypeError, match="h has dtype torch.complex128"):
-        act.context_attention(h.cdouble(), W.cdouble(), v.cdouble(), None, m)
+        act.context_attention(h.cdouble(), W.cdouble(), v.cdouble(), b=None,
+                              mask=m)
     with pytest.raises(TypeError, match="v must be a torch.Tensor"):
-        act.context_attention(h, W, v.numpy(), b, m)
+        act.context_attention(h, W, v.numpy(), b=b, mask=m)
     with pytest.raises(TypeError, match="dtype must be"):
         act.ContextAttention(H, A, dtype=torch.int32)
 
@@ -154,13 +156,13 @@ def test_bad_dtypes_are_refused():
 def test_shape_errors_come_from_the_kernels():
     h, W, v, b, m = torch_layer_problem(grad=False)
     with pytest.raises(ValueError, match="mask"):
-        act.context_attention(h, W, v, b, m[:, :2])
+        act.context_attention(h, W, v, b=b, mask=m[:, :2])
 
 
 def test_alpha_modified_in_place_is_detected():
     """alpha is saved for the backward; autograd reports its modification."""
     h, W, v, b, m = torch_layer_problem()
-    out, alpha = act.context_attention(h, W, v, b, m)
+    out, alpha = act.context_attention(h, W, v, b=b, mask=m)
     loss = (alpha * 2).sum() + out.sum()
     alpha.mul_(0)
     with pytest.raises(RuntimeError, match="modified by an inplace"):
@@ -181,10 +183,10 @@ def test_non_contiguous_inputs():
                         requires_grad=True)
     W_view = W_big[::2]
     assert not h_view.is_contiguous() and not W_view.is_contiguous()
-    out, alpha = act.context_attention(h_view, W_view, v, b, m)
+    out, alpha = act.context_attention(h_view, W_view, v, b=b, mask=m)
     h_c, W_c = (h_view.detach().contiguous().requires_grad_(),
                 W_view.detach().contiguous().requires_grad_())
-    out_c, alpha_c = act.context_attention(h_c, W_c, v, b, m)
+    out_c, alpha_c = act.context_attention(h_c, W_c, v, b=b, mask=m)
     torch.testing.assert_close(out, out_c, rtol=1e-14, atol=0)
     (out.sum() + alpha[:, 0].sum()).backward()
     (out_c.sum() + alpha_c[:, 0].sum()).backward()
@@ -218,7 +220,8 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
     monkeypatch.setattr(attention_c, "context_attention_backward", bwd)
     h, W, v, b, m = torch_layer_problem(mask="partial")
     h_view = h.detach().transpose(0, 1).requires_grad_()   # strided too
-    out, alpha = act.context_attention(h_view.transpose(0, 1), W, v, b, m)
+    out, alpha = act.context_attention(h_view.transpose(0, 1), W, v, b=b,
+                                       mask=m)
     for t, arr in zip([h_view.transpose(0, 1), W, v, b, m],
                       seen["fwd_in"]):
         assert arr.__array_interface__["data"][0] == t.data_ptr()
@@ -234,9 +237,9 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
 def test_no_grad_mode():
     h, W, v, b, m = torch_layer_problem()
     with torch.no_grad():
-        out, alpha = act.context_attention(h, W, v, b, m)
+        out, alpha = act.context_attention(h, W, v, b=b, mask=m)
     assert not out.requires_grad and not alpha.requires_grad
-    out2, _ = act.context_attention(h, W, v, b, m)
+    out2, _ = act.context_attention(h, W, v, b=b, mask=m)
     torch.testing.assert_close(out, out2.detach(), rtol=1e-13, atol=0)
 
 

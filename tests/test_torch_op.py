@@ -285,10 +285,10 @@ def test_vmap_over_batched_weights_loops():
     _, _, a = problem("general", grad=False)
     Ws = torch.stack([a["W"], 2 * a["W"]])
     out = torch.func.vmap(lambda W: act.general_attention(
-        a["query"], a["keys"], W, a["mask"])[0])(Ws)
+        a["query"], a["keys"], W, mask=a["mask"])[0])(Ws)
     for i in range(2):
         ref, _ = act.general_attention(a["query"], a["keys"], Ws[i],
-                                       a["mask"])
+                                       mask=a["mask"])
         assert rel_err(out[i], ref) < 1e-15
 
 
@@ -526,7 +526,7 @@ def test_functionalize():
     _, _, a = problem("dot", grad=False)
 
     def loss(q):
-        return act.dot_attention(q, a["keys"], a["mask"])[0].sum()
+        return act.dot_attention(q, a["keys"], mask=a["mask"])[0].sum()
 
     with pytest.raises(RuntimeError, match="functionalize together with a "
                                            "gradient transform.*dot_attent"):

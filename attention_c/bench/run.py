@@ -132,7 +132,7 @@ def numpy_functions(p, extras=True):
         _, alpha = ref.context_attention(*args)
         funcs["ref_fwd"] = lambda: ref.context_attention(*args)
         funcs["ref_bwd"] = lambda: ref.context_attention_backward(
-            G, h, W, v, alpha, b, mask)
+            G, h, W, v, alpha, b=b, mask=mask)
     return funcs
 
 
@@ -143,11 +143,11 @@ def ours_result(p, saved=False):
     """(out, alpha, dh, dW, dv, db) from ours."""
     (h, W, v, b, mask), G = layer_args(p)
     if saved:
-        out, alpha, act = ac.context_attention(h, W, v, b, mask,
+        out, alpha, act = ac.context_attention(h, W, v, b=b, mask=mask,
                                                keep_activations=True)
     else:
-        (out, alpha), act = ac.context_attention(h, W, v, b, mask), None
-    grads = ac.context_attention_backward(G, h, W, v, alpha, b, mask,
+        (out, alpha), act = ac.context_attention(h, W, v, b=b, mask=mask), None
+    grads = ac.context_attention_backward(G, h, W, v, alpha, b=b, mask=mask,
                                           activations=act)
     return (out, alpha, *grads)
 
@@ -158,7 +158,7 @@ def ref_result(p):
     h, W, v, b, mask = args
     out, alpha = ref.context_attention(*args)
     return (out, alpha,
-            *ref.context_attention_backward(G, h, W, v, alpha, b, mask))
+            *ref.context_attention_backward(G, h, W, v, alpha, b=b, mask=mask))
 
 
 def exact_result(p):

@@ -42,12 +42,12 @@ def torch_forms(torch):
 
     def best(h, W, v, b, mask):
         H = h.shape[-1]
-        c = mean_context(h, mask)
+        c = mean_context(h, mask=mask)
         z = linear(h, W[:, :H], b) + linear(c, W[:, H:]).unsqueeze(1)
         return softmax_and_sum(z, v, h, mask)
 
     def seed(h, W, v, b, mask):
-        c = mean_context(h, mask).unsqueeze(1).expand_as(h)
+        c = mean_context(h, mask=mask).unsqueeze(1).expand_as(h)
         return softmax_and_sum(linear(torch.cat([h, c], -1), W, b), v, h,
                                mask)
 

@@ -290,7 +290,7 @@ def canary():
         fam += [o, a, *[x for x in bwd(o, q, h, alpha=a, mask=mask,
                                        **params) if x is not None]]
     fam.append(ac.project_keys(h, W))
-    return [out, alpha, *g[:3], ac.mean_context(h, mask)] + fam
+    return [out, alpha, *g[:3], ac.mean_context(h, mask=mask)] + fam
 
 
 def TestOneInput(data):

@@ -12,7 +12,7 @@ from attention_c.torch import (AdditiveAttention, ContextAttention,
 pool = ContextAttention(4, 3)
 h = torch.randn(2, 5, 4)
 mask = torch.ones(2, 5, dtype=torch.bool)
-out, alpha = context_attention(h, pool.W, pool.v, pool.b, mask)
+out, alpha = context_attention(h, pool.W, pool.v, b=pool.b, mask=mask)
 assert_type(out, torch.Tensor)
 assert_type(alpha, torch.Tensor)
 pooled = pool(h, mask)
@@ -27,7 +27,7 @@ kp = attn.project_keys(keys)
 assert_type(kp, torch.Tensor)
 assert_type(attn.forward(query, keys, mask=mask, key_proj=kp),
             torch.Tensor | tuple[torch.Tensor, torch.Tensor])
-out, alpha = additive_attention(query, keys, attn.W, attn.v, attn.b,
+out, alpha = additive_attention(query, keys, attn.W, attn.v, b=attn.b,
                                 key_proj=project_keys(keys, attn.W))
 assert_type(alpha, torch.Tensor)
 loaded = AdditiveAttention.from_linear(torch.nn.Linear(7, 6),
