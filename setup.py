@@ -63,8 +63,9 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_objects = objects
             # a rebuilt kernel object relinks the extension; binding_tests.c
-            # is binding.c
-            ext.depends = HEADERS + objects + ["csrc/binding.c"]
+            # is binding.c, which includes binding_driver.h
+            ext.depends = HEADERS + objects + ["csrc/binding.c",
+                                               "csrc/binding_driver.h"]
         super().build_extensions()
 
 

@@ -172,7 +172,7 @@ def test_layers_pass_their_masks(rng):
     h = rng.standard_normal((B, T, H))
     mask = _mask(rng, (B, T))
     layer = ContextAttention(H, A, seed=0)
-    out = layer(h, mask)
+    out = layer(h, mask=mask)
     assert np.all(np.isfinite(layer.backward(np.ones_like(out))))
     dot = DotAttention()
     q = rng.standard_normal((B, TQ, H))

@@ -42,15 +42,18 @@ GRADS = {
 @pytest.mark.parametrize("fn", ALL)
 def test_signature(fn):
     """inspect.signature: the contract's names in order, required ones
-    without a default, optional ones None (flags False), every one
-    positional or keyword; _core's and _core_tests' functions the same."""
+    without a default and positional or keyword, optional ones None (flags
+    False) and keyword-only; _core's and _core_tests' functions the
+    same."""
     req, opt = SIGNATURES[fn]
     want = ([(n, inspect.Parameter.empty) for n in req]
             + [(n, None) for n in opt] + EXTRA.get(fn, []))
     sig = inspect.signature(getattr(ac, fn))
     assert [(p.name, p.default) for p in sig.parameters.values()] == want
-    assert {p.kind for p in sig.parameters.values()} == {
-        inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    kinds = [p.kind for p in sig.parameters.values()]
+    assert kinds == ([inspect.Parameter.POSITIONAL_OR_KEYWORD] * len(req)
+                     + [inspect.Parameter.KEYWORD_ONLY]
+                     * (len(want) - len(req)))
     assert sig.return_annotation is inspect.Signature.empty
     for core in (_core, _core_tests):
         assert inspect.signature(getattr(core, fn)) == sig

@@ -860,8 +860,8 @@ def test_context_attention_is_additive_attention_on_the_mean(
     c = mod.mean_context(h, mask=mask)
     out, alpha = mod.additive_attention(c, h, W, v, b=b, mask=mask)
     out2, alpha2 = mod.context_attention(h, W, v, b=b, mask=mask)
-    w64 = ref.context_attention(*[None if a is None else a.astype(np.float64)
-                                  for a in (h, W, v, b)], mask)
+    f64 = [None if a is None else a.astype(np.float64) for a in (h, W, v, b)]
+    w64 = ref.context_attention(*f64[:3], b=f64[3], mask=mask)
     tol = TOL[np.dtype(dtype).type]
     for name, got, lay, want in [("out", out, out2, w64[0]),
                                  ("alpha", alpha, alpha2, w64[1])]:
@@ -875,9 +875,9 @@ def test_context_attention_is_additive_attention_on_the_mean(
         assert g[2] is None                          # no values given
         dh = g[1] + mod.mean_context_backward(g[0], h, mask=mask)
         want = ref.context_attention_backward(
-            *[None if a is None else a.astype(np.float64) for a in
-              (x["grad_out"], h, W, v, alpha, b)], mask,
-            None if ga is None else ga.astype(np.float64))
+            *[a.astype(np.float64) for a in (x["grad_out"], h, W, v, alpha)],
+            b=f64[3], mask=mask,
+            grad_alpha=None if ga is None else ga.astype(np.float64))
         same = ref.context_attention_backward(x["grad_out"], h, W, v, alpha,
                                               b=b, mask=mask, grad_alpha=ga)
         for name, got, lay, w, s in [("dh", dh, gl[0], want[0], same[0]),
@@ -1435,10 +1435,11 @@ def test_keywords_match_positional(fn, rng):
     grad_out has the values' width; a backward's mask kept: its alpha is
     the forward's for that mask, which the backward checks)."""
     args = make_args(fn, rng, key_proj=True)
-    positional = getattr(ac, fn)(*[args.get(n) for n in params_of(fn)])
+    req, opt = SIGNATURES[fn]
+    positional = getattr(ac, fn)(*[args[n] for n in req],
+                                 **{n: args.get(n) for n in opt})
     shuffled = dict(reversed(list(args.items())))
     assert_all_identical(call(fn, shuffled), positional, fn)
-    req, opt = SIGNATURES[fn]
     keep = {"values", "mask"} if "alpha" in args else {"values"}
     short = {n: a for n, a in args.items() if n in req or n in keep}
     left_out = [n for n in opt if n not in keep]

@@ -775,8 +775,9 @@ _TORCH_SCRIPT = textwrap.dedent("""
     ac.set_num_threads(3)
     data = np.load(folder + "/inputs.npz")
     x = {k: data[k] for k in data.files}
-    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], x["b"],
-                                           x["mask"], keep_activations=True)
+    out, alpha, act = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+                                           mask=x["mask"],
+                                           keep_activations=True)
     g = ac.context_attention_backward(x["grad_out"], x["h"], x["W"],
                                       x["v"], alpha, b=x["b"],
                                       mask=x["mask"],
@@ -844,7 +845,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     mask[1] = False
     g = rng.standard_normal((B, H), dtype=np.float32)
     # warm-up: first-call allocations, the thread pool
-    o, a = ac.context_attention(h[:2, :40], W, v, b, mask[:2, :40])
+    o, a = ac.context_attention(h[:2, :40], W, v, b=b, mask=mask[:2, :40])
     ac.context_attention_backward(g[:2], h[:2, :40], W, v, a, b=b,
                                   mask=mask[:2, :40])
 
@@ -852,7 +853,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     p0 = peak()
-    out, alpha = ac.context_attention(h, W, v, b, mask)
+    out, alpha = ac.context_attention(h, W, v, b=b, mask=mask)
     p1 = peak()
     grads = ac.context_attention_backward(g, h, W, v, alpha, b=b, mask=mask)
     p2 = peak()

@@ -739,9 +739,12 @@ def test_bad_call_leaves_no_state(fn, kind, rng):
 
 @pytest.mark.parametrize("fn", FUNCS)
 def test_keywords_match_positional(fn, rng):
-    """SPEC keyword names work, in any order, like the positional call."""
+    """SPEC keyword names work, in any order, like the call that gives the
+    required arguments by position (the optional ones are keyword-only)."""
     args = make_args(fn, rng)
-    positional = getattr(ac, fn)(*[args[n] for n in params(fn)])
+    req, opt = SIGNATURES[fn]
+    positional = getattr(ac, fn)(*[args[n] for n in req],
+                                 **{n: args[n] for n in opt})
     shuffled = dict(reversed(list(args.items())))
     assert_identical(call(fn, shuffled), positional, fn)
     core = getattr(ac._core, fn)(**shuffled)
@@ -794,21 +797,45 @@ def test_missing_required_argument_raises_type_error(fn_arg, rng):
 
 @pytest.mark.parametrize("fn", FUNCS)
 def test_too_many_or_duplicate_arguments_raise_type_error(fn, rng):
-    """An extra positional argument or one given twice raises TypeError."""
+    """An extra positional argument or one given twice raises TypeError;
+    the message names the keyword-only arguments."""
     args = make_args(fn, rng)
-    pos = [args[n] for n in params(fn)] + [None] * len(EXTRA_PARAMS.get(fn,
-                                                                        []))
-    req = len(SIGNATURES[fn][0])
-    takes = f"{req}" if req == len(pos) else f"from {req} to {len(pos)}"
+    req, opt = SIGNATURES[fn]
+    pos = [args[n] for n in req]
+    kw_only = opt + EXTRA_PARAMS.get(fn, [])
     first = params(fn)[0]
+    tail = "$"
+    if kw_only:
+        tail = (rf"; {', '.join(kw_only)} (is|are) keyword-only \(pass "
+                rf"(it|them) by name, e\.g\. {kw_only[0]}=\.\.\.\)$")
     for target in TARGETS:
-        with pytest.raises(TypeError, match=rf"^{fn}\(\) takes {takes} "
-                           rf"positional arguments? but {len(pos) + 1} "
-                           "were given$"):
+        with pytest.raises(TypeError, match=rf"^{fn}\(\) takes {len(req)} "
+                           rf"positional arguments? but {len(req) + 1} "
+                           "were given" + tail):
             getattr(target, fn)(*pos, None)
         with pytest.raises(TypeError, match=rf"^{fn}\(\) got multiple "
                            f"values for argument '{first}'$"):
             getattr(target, fn)(pos[0], **args)
+
+
+@pytest.mark.parametrize("fn", [f for f in FUNCS
+                                if "mask" in SIGNATURES[f][1]])
+def test_positional_mask_asks_for_mask_keyword(fn, rng):
+    """A boolean mask passed by position, where an optional float argument
+    (b) used to be read from it, is refused with 'did you mean mask=...?';
+    passed by name as b, its dtype error asks the same."""
+    args = make_args(fn, rng)
+    req, opt = SIGNATURES[fn]
+    pos = [args[n] for n in req] + [args["mask"]]
+    for target in TARGETS:
+        with pytest.raises(TypeError, match=rf"keyword-only .*Argument "
+                           rf"{len(pos)} is a boolean array: did you mean "
+                           r"mask=\.\.\.\?$"):
+            getattr(target, fn)(*pos)
+    if "b" in opt:
+        with pytest.raises(TypeError, match=r"^b has dtype bool.*did you "
+                           r"mean mask=\.\.\.\?\)$"):
+            getattr(ac, fn)(*pos[:-1], b=args["mask"])
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
