@@ -42,17 +42,17 @@ class AttentionGrads(NamedTuple):
     v: _Array
     b: _Array | None
 
-def mean_context(h: npt.ArrayLike, mask: _Mask = None) -> _Array: ...
+def mean_context(h: npt.ArrayLike, *, mask: _Mask = None) -> _Array: ...
 def mean_context_backward(grad_c: npt.ArrayLike, h: npt.ArrayLike,
-                          mask: _Mask = None) -> _Array: ...
+                          *, mask: _Mask = None) -> _Array: ...
 def additive_score(h: npt.ArrayLike, context: npt.ArrayLike,
                    W: npt.ArrayLike, v: npt.ArrayLike,
-                   b: npt.ArrayLike | None = None) -> _Array: ...
+                   *, b: npt.ArrayLike | None = None) -> _Array: ...
 def additive_score_backward(
     grad_s: npt.ArrayLike, h: npt.ArrayLike, context: npt.ArrayLike,
-    W: npt.ArrayLike, v: npt.ArrayLike, b: npt.ArrayLike | None = None,
+    W: npt.ArrayLike, v: npt.ArrayLike, *, b: npt.ArrayLike | None = None,
 ) -> tuple[_Array, _Array, _Array, _Array, _Array | None]: ...
-def masked_softmax(scores: npt.ArrayLike, mask: _Mask = None) -> _Array: ...
+def masked_softmax(scores: npt.ArrayLike, *, mask: _Mask = None) -> _Array: ...
 def masked_softmax_backward(grad_alpha: npt.ArrayLike,
                             alpha: npt.ArrayLike) -> _Array: ...
 def weighted_sum(alpha: npt.ArrayLike, h: npt.ArrayLike) -> _Array: ...
@@ -60,24 +60,24 @@ def weighted_sum_backward(grad_out: npt.ArrayLike, alpha: npt.ArrayLike,
                           h: npt.ArrayLike) -> tuple[_Array, _Array]: ...
 @overload
 def context_attention(h: npt.ArrayLike, W: npt.ArrayLike, v: npt.ArrayLike,
-                      b: npt.ArrayLike | None = None,
+                      *, b: npt.ArrayLike | None = None,
                       mask: _Mask = None,
                       keep_activations: Literal[False] = False,
                       ) -> tuple[_Array, _Array]: ...
 @overload
 def context_attention(h: npt.ArrayLike, W: npt.ArrayLike, v: npt.ArrayLike,
-                      b: npt.ArrayLike | None = None,
-                      mask: _Mask = None, *,
+                      *, b: npt.ArrayLike | None = None,
+                      mask: _Mask = None,
                       keep_activations: Literal[True],
                       ) -> tuple[_Array, _Array, _Array]: ...
 @overload
 def context_attention(h: npt.ArrayLike, W: npt.ArrayLike, v: npt.ArrayLike,
-                      b: npt.ArrayLike | None = None,
+                      *, b: npt.ArrayLike | None = None,
                       mask: _Mask = None, keep_activations: bool = ...,
                       ) -> tuple[_Array, ...]: ...
 def context_attention_backward(
     grad_out: npt.ArrayLike, h: npt.ArrayLike, W: npt.ArrayLike,
-    v: npt.ArrayLike, alpha: npt.ArrayLike, b: npt.ArrayLike | None = None,
+    v: npt.ArrayLike, alpha: npt.ArrayLike, *, b: npt.ArrayLike | None = None,
     mask: _Mask = None, grad_alpha: npt.ArrayLike | None = None,
     activations: npt.ArrayLike | None = None,
 ) -> AttentionGrads: ...
@@ -108,7 +108,7 @@ class GeneralAttentionGrads(NamedTuple):
 
 def additive_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
-    v: npt.ArrayLike, b: npt.ArrayLike | None = None, mask: _Mask = None,
+    v: npt.ArrayLike, *, b: npt.ArrayLike | None = None, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,
 ) -> tuple[_Array, _Array]: ...
@@ -116,7 +116,7 @@ def additive_attention(
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,
@@ -126,41 +126,41 @@ def additive_attention_backward(
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None, *,
+    key_proj: npt.ArrayLike | None = None,
     stop_at_key_proj: Literal[True],
 ) -> tuple[AdditiveAttentionGrads, _Array]: ...
 @overload
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    b: npt.ArrayLike | None = None, mask: _Mask = None,
+    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,
     stop_at_key_proj: bool = ...,
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, _Array]: ...
 def dot_attention(
-    query: npt.ArrayLike, keys: npt.ArrayLike, mask: _Mask = None,
+    query: npt.ArrayLike, keys: npt.ArrayLike, *, mask: _Mask = None,
     values: npt.ArrayLike | None = None, scale: float | None = None,
 ) -> tuple[_Array, _Array]: ...
 def dot_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    alpha: npt.ArrayLike, mask: _Mask = None,
+    alpha: npt.ArrayLike, *, mask: _Mask = None,
     values: npt.ArrayLike | None = None, scale: float | None = None,
     grad_alpha: npt.ArrayLike | None = None,
 ) -> DotAttentionGrads: ...
 def general_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
-    mask: _Mask = None, values: npt.ArrayLike | None = None,
+    *, mask: _Mask = None, values: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,
 ) -> tuple[_Array, _Array]: ...
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,
@@ -169,16 +169,16 @@ def general_attention_backward(
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None, *,
+    key_proj: npt.ArrayLike | None = None,
     stop_at_key_proj: Literal[True],
 ) -> tuple[GeneralAttentionGrads, _Array]: ...
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, mask: _Mask = None,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
     values: npt.ArrayLike | None = None,
     grad_alpha: npt.ArrayLike | None = None,
     key_proj: npt.ArrayLike | None = None,

@@ -7,6 +7,7 @@ NumPy reference in float32 and float64, and times the fused C layer against
 the reference.  Exits with status 1 if a check fails.
 """
 
+import argparse
 import sys
 import time
 
@@ -65,8 +66,8 @@ def check_family(rng, dtype):
     mask[0, 2] = False                             # a query with no key
     go, ga = rng.standard_normal((B, Tq, Hv)), rng.standard_normal((B, Tq, T))
     calls = {
-        "additive": ((q, k, Wadd, v, b), "additive_attention",
-                     lambda a, x: (x[5], x[0], x[1], x[2], x[3], a, x[4])),
+        "additive": ((q, k, Wadd, v), "additive_attention",
+                     lambda a, x: (x[4], x[0], x[1], x[2], x[3], a)),
         "dot": ((qd, k), "dot_attention",
                 lambda a, x: (x[2], x[0], x[1], a)),
         "general": ((q, k, Wgen), "general_attention",
@@ -76,16 +77,19 @@ def check_family(rng, dtype):
     for score, (args, fn, bwd_args) in calls.items():
         cast = tuple(x.astype(dtype) for x in args)
         extra = dict(mask=mask, values=vals.astype(dtype))
+        if score == "additive":
+            extra["b"] = b.astype(dtype)
         out, alpha = getattr(ac, fn)(*cast, **extra)
         grads = getattr(ac, fn + "_backward")(
             *bwd_args(alpha, cast + (go.astype(dtype),)),
             grad_alpha=ga.astype(dtype), **extra)
         f64 = tuple(x.astype(np.float64) for x in cast)
-        r_out, r_alpha = getattr(ref, fn)(*f64, mask=mask, values=vals)
+        r_extra = {name: x.astype(np.float64) if name != "mask" else x
+                   for name, x in extra.items()}
+        r_out, r_alpha = getattr(ref, fn)(*f64, **r_extra)
         r_grads = getattr(ref, fn + "_backward")(
             *bwd_args(r_alpha, f64 + (go.astype(dtype).astype(np.float64),)),
-            grad_alpha=ga.astype(dtype).astype(np.float64), mask=mask,
-            values=vals.astype(dtype).astype(np.float64))
+            grad_alpha=ga.astype(dtype).astype(np.float64), **r_extra)
         fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
         bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads))
         ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype] and out.dtype == dtype
@@ -94,8 +98,35 @@ def check_family(rng, dtype):
     return errors
 
 
-def main():
-    rng = np.random.default_rng(0)
+def parse_args(argv=None):
+    """The command line of ``python -m attention_c``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_c",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        epilog="More: python -m attention_c.bench (speed against PyTorch), "
+               "pytest (the tests), notebooks/ (Jupyter).  Environment: "
+               "ATTENTION_C_SIMD=scalar|avx2|avx512|neon forces a SIMD "
+               "path, ATTENTION_C_NUM_THREADS the threads.")
+    parser.add_argument("--version", action="version",
+                        version=f"attention_c {ac.__version__}")
+    parser.add_argument("--config", action="store_true",
+                        help="print the build and run-time configuration "
+                             "(version, compiler, SIMD path, threads) and "
+                             "exit")
+    parser.add_argument("--no-timing", action="store_true",
+                        help="run the demo and the self-check only, "
+                             "without timing the layer")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random problems (default 0)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.config:
+        ac.show_config()
+        return 0
+    rng = np.random.default_rng(args.seed)
     print(f"attention_c {ac.__version__}: context-pooled additive attention "
           f"and the attention family")
     print("  c = mean(h_t),  s_t = v . tanh(W [h_t; c] + b),  "
@@ -128,6 +159,10 @@ def main():
             print(f"  {score:8s} {np.dtype(dtype).name:8s} forward "
                   f"{fwd:.1e}  gradients {bwd:.1e}  "
                   f"{'ok' if ok else 'FAILED'}")
+
+    if args.no_timing:
+        print("\nall checks passed" if all_ok else "\nSELF-CHECK FAILED")
+        return 0 if all_ok else 1
 
     # 3. Call times, median of repeated runs in this process.
     B, T, H, A = 32, 128, 128, 128

@@ -59,7 +59,7 @@ def _split(W, H):
 # --------------------------------------------------------------------------
 # 1. Mean context: c = (1/n) sum_t m_t h_t
 
-def mean_context(h, mask=None):
+def mean_context(h, *, mask=None):
     """c (..., H) = mean of the valid rows of h (..., T, H); 0 when none."""
     h = np.asarray(h)
     m = _valid(mask, h.shape[:-1])                     # (..., T)
@@ -69,7 +69,7 @@ def mean_context(h, mask=None):
     return h_valid.sum(axis=-2) / np.maximum(n, 1).astype(h.dtype)
 
 
-def mean_context_backward(grad_c, h, mask=None):
+def mean_context_backward(grad_c, h, *, mask=None):
     """dL/dh_t = (m_t / n) dL/dc: every valid item gets an equal share."""
     grad_c = np.asarray(grad_c)
     h = np.asarray(h)
@@ -92,14 +92,14 @@ def _preactivation(h, context, W, b):
     return z
 
 
-def additive_score(h, context, W, v, b=None):
+def additive_score(h, context, W, v, *, b=None):
     """s (..., T): one score per item, given its row's context (..., H)."""
     h, context, v = np.asarray(h), np.asarray(context), np.asarray(v)
     u = np.tanh(_preactivation(h, context, W, b))      # (..., T, A)
     return u @ v                                       # (..., T)
 
 
-def additive_score_backward(grad_s, h, context, W, v, b=None):
+def additive_score_backward(grad_s, h, context, W, v, *, b=None):
     """Gradients of additive_score: (dh, dcontext, dW, dv, db).
 
     Parameter gradients are summed over the batch.  db is None when b is.
@@ -126,7 +126,7 @@ def additive_score_backward(grad_s, h, context, W, v, b=None):
 # --------------------------------------------------------------------------
 # 3. Masked softmax over T
 
-def masked_softmax(scores, mask=None):
+def masked_softmax(scores, *, mask=None):
     """alpha (..., T): softmax over the valid items, exactly 0 elsewhere
     (and never exactly 0 on a valid item).
 
@@ -175,7 +175,7 @@ def weighted_sum_backward(grad_out, alpha, h):
 #    1 and 2 (independently of the building blocks above, so each checks the
 #    other).
 
-def context_attention(h, W, v, b=None, mask=None):
+def context_attention(h, W, v, *, b=None, mask=None):
     """(out (..., H), alpha (..., T)) of context-pooled additive attention."""
     h, W, v = np.asarray(h), np.asarray(W), np.asarray(v)
     T, H = h.shape[-2:]
@@ -195,8 +195,8 @@ def context_attention(h, W, v, b=None, mask=None):
     return out, alpha
 
 
-def context_attention_backward(grad_out, h, W, v, alpha, b=None, mask=None,
-                               grad_alpha=None):
+def context_attention_backward(grad_out, h, W, v, alpha, *, b=None,
+                               mask=None, grad_alpha=None):
     """Gradients (dh, dW, dv, db) of the layer (docs/contract.md section 2).
 
     ``alpha`` is the forward's output; parameter gradients are summed over
@@ -340,7 +340,7 @@ def _additive_parts(query, keys, W, b, key_proj):
     return np.tanh(kp[..., None, :, :] + qp[..., :, None, :])
 
 
-def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
+def additive_attention(query, keys, W, v, *, b=None, mask=None, values=None,
                        key_proj=None):
     """(out, alpha) with s_it = v . tanh(W_k k_t + W_q q_i + b)."""
     q, single = _queries(query, keys)
@@ -354,8 +354,8 @@ def additive_attention(query, keys, W, v, b=None, mask=None, values=None,
     return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
 
 
-def additive_attention_backward(grad_out, query, keys, W, v, alpha, b=None,
-                                mask=None, values=None, grad_alpha=None,
+def additive_attention_backward(grad_out, query, keys, W, v, alpha, *,
+                                b=None, mask=None, values=None, grad_alpha=None,
                                 key_proj=None):
     """(dquery, dkeys, dvalues, dW, dv, db) of additive_attention.
 
@@ -392,7 +392,7 @@ def _default_scale(keys):
     return 1 / float(np.sqrt(max(keys.shape[-1], 1)))
 
 
-def dot_attention(query, keys, mask=None, values=None, scale=None):
+def dot_attention(query, keys, *, mask=None, values=None, scale=None):
     """(out, alpha) with s_it = scale q_i . k_t, scale None = 1/sqrt(H)."""
     q, single = _queries(query, keys)
     keys = np.asarray(keys)
@@ -405,7 +405,7 @@ def dot_attention(query, keys, mask=None, values=None, scale=None):
     return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
 
 
-def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
+def dot_attention_backward(grad_out, query, keys, alpha, *, mask=None,
                            values=None, scale=None, grad_alpha=None):
     """(dquery, dkeys, dvalues) of dot_attention; dvalues None as above."""
     q, single = _queries(query, keys)
@@ -422,7 +422,7 @@ def dot_attention_backward(grad_out, query, keys, alpha, mask=None,
     return _family_grads(single, dq, dk, dvals, values is None)
 
 
-def general_attention(query, keys, W, mask=None, values=None,
+def general_attention(query, keys, W, *, mask=None, values=None,
                       key_proj=None):
     """(out, alpha) with s_it = q_i . (W_a k_t), W_a = W (Hq, H)."""
     keys = np.asarray(keys)
@@ -432,11 +432,12 @@ def general_attention(query, keys, W, mask=None, values=None,
         (keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
     kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     # the general score is the dot score (scale 1) on the projected keys
-    return dot_attention(query, kp, mask, vals, scale=1.0)
+    return dot_attention(query, kp, mask=mask, values=vals, scale=1.0)
 
 
-def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
-                               values=None, grad_alpha=None, key_proj=None):
+def general_attention_backward(grad_out, query, keys, W, alpha, *,
+                               mask=None, values=None, grad_alpha=None,
+                               key_proj=None):
     """(dquery, dkeys, dvalues, dW) of general_attention."""
     keys, W = np.asarray(keys), np.asarray(W)
     vals = keys if values is None else values
@@ -444,8 +445,9 @@ def general_attention_backward(grad_out, query, keys, W, alpha, mask=None,
     (live_keys,) = _drop_padding(_family_mask(mask, q, keys), ("k", keys))
     kp = (project_keys(live_keys, W) if key_proj is None
           else np.asarray(key_proj))
-    dq, dkp, dvals = dot_attention_backward(grad_out, query, kp, alpha, mask,
-                                            vals, 1.0, grad_alpha)
+    dq, dkp, dvals = dot_attention_backward(grad_out, query, kp, alpha,
+                                            mask=mask, values=vals,
+                                            scale=1.0, grad_alpha=grad_alpha)
     # k_t -> W_a k_t:  dk_t = W_a^T dkp_t,  dW_a = sum_t dkp_t k_t^T
     dk, dW = project_keys_backward(dkp, live_keys, W)
     if values is None:

@@ -25,10 +25,11 @@ Examples
 >>> from attention_c import reference, testing
 >>> p = testing.Problem(np.random.default_rng(0), (3,), 5, 4, 6)
 >>> x = p.cast(np.float32)
->>> out, _ = ac.context_attention(x["h"], x["W"], x["v"], x["b"], p.mask)
+>>> out, _ = ac.context_attention(x["h"], x["W"], x["v"], b=x["b"],
+...                               mask=p.mask)
 >>> f64 = {k: v.astype(np.float64) for k, v in x.items() if k != "mask"}
 >>> want, _ = reference.context_attention(f64["h"], f64["W"], f64["v"],
-...                                       f64["b"], p.mask)
+...                                       b=f64["b"], mask=p.mask)
 >>> testing.assert_close(out, want, np.float32, "out")
 """
 

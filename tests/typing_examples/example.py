@@ -39,7 +39,7 @@ assert_type(grads.b, Array | None)
 assert_type(ac.__version__, str)
 
 layer = ac.ContextAttention(4, 3, dtype=np.float32, seed=0)
-y = layer(h, mask)
+y = layer(h, mask=mask)
 assert_type(y, Array)
 assert_type(layer.backward(np.ones_like(y)), Array)
 assert_type(layer.attention_weights, Array | None)
@@ -77,7 +77,8 @@ assert_type(gg.W, Array)
 
 additive = ac.AdditiveAttention(4, 3, 7, bias=False, dtype=np.float32,
                                 seed=0)
-y = additive(query, keys, values, mask, key_proj=additive.project_keys(keys))
+y = additive(query, keys, values=values, mask=mask,
+             key_proj=additive.project_keys(keys))
 grads_in = additive.backward(np.ones_like(y))
 assert_type(grads_in, ac.AttentionInputGrads)
 assert_type(grads_in.query, Array)

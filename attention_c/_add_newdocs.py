@@ -1,0 +1,793 @@
+"""The docstrings of attention_c's C functions, attached at import.
+
+The public functions are the C functions of ``attention_c._core`` themselves,
+so that a call (thousands per epoch in a decoder) goes through no Python
+frame.  Their signatures come from the binding's table (inspect.signature
+reads them); their docstrings from here, as NumPy attaches its C functions'
+docstrings in ``numpy/_core/_add_newdocs.py``.  A backward returns its named
+tuple of gradients, defined here with its docstring, from C.
+
+``attention_c/__init__.py`` imports every name defined here.
+"""
+
+from collections import namedtuple
+
+from . import _core  # type: ignore[attr-defined]
+
+AttentionGrads = namedtuple("AttentionGrads", ["h", "W", "v", "b"])
+AttentionGrads.__doc__ = """Gradients of the loss with respect to the layer's
+inputs, returned by :func:`context_attention_backward`.
+
+Attributes
+----------
+h : ndarray (..., T, H)
+W : ndarray (A, 2H), summed over the batch
+v : ndarray (A,), summed over the batch
+b : ndarray (A,) summed over the batch, or None when no bias was given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> h = rng.standard_normal((2, 5, 4))
+>>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+>>> out, alpha = ac.context_attention(h, W, v)
+>>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha)
+>>> g.h.shape, g.W.shape, g.v.shape, g.b
+((2, 5, 4), (3, 8), (3,), None)
+"""
+
+
+def add_newdoc(name, doc, grads=None, shapes=False):
+    """attention_c.<name>: _core's function with docstring ``doc`` (with
+    the family's shapes for ``{shapes}``) and, for a backward, its
+    gradients as the named tuple ``grads``."""
+    if shapes:
+        doc = doc.replace("{shapes}", _FAMILY_SHAPES)
+    return _core._publish(name, doc, grads)
+
+
+mean_context = add_newdoc("mean_context", """\
+Mean of the valid items of each sequence.
+
+    ``c = (1/n) sum_t m_t h_t`` with ``n = sum_t m_t``; ``c = 0`` when n = 0.
+    Masked items are left out of the sum (a NaN in padding does not matter).
+
+    Parameters
+    ----------
+    h : array_like (..., T, H)
+        States, one row per item.
+    mask : array_like of bool (..., T), optional
+        True marks a valid item.  Default: all items valid.
+
+    Returns
+    -------
+    c : ndarray (..., H)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.arange(12.0).reshape(2, 3, 2)          # B=2, T=3, H=2
+    >>> mask = np.array([[True, True, False], [False, False, False]])
+    >>> ac.mean_context(h, mask=mask)                      # row 1: no valid item
+    array([[1., 2.],
+           [0., 0.]])
+    """)
+
+
+mean_context_backward = add_newdoc("mean_context_backward", """\
+Backward of :func:`mean_context`: ``dh_t = (m_t / n) grad_c``.
+
+    Parameters
+    ----------
+    grad_c : array_like (..., H)
+        Gradient of the loss with respect to ``c``.
+    h : array_like (..., T, H)
+        The states given to the forward (only their shape and dtype are used).
+    mask : array_like of bool (..., T), optional
+
+    Returns
+    -------
+    dh : ndarray (..., T, H)
+        Zero for masked items and for rows with no valid item.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.zeros((3, 2))                          # T=3, H=2
+    >>> mask = np.array([True, True, False])
+    >>> ac.mean_context_backward(np.array([1.0, -2.0]), h, mask=mask)
+    array([[ 0.5, -1. ],
+           [ 0.5, -1. ],
+           [ 0. ,  0. ]])
+    """)
+
+
+additive_score = add_newdoc("additive_score", """\
+Additive score of each item given its sequence's context.
+
+    ``s_t = v . tanh(W_h h_t + W_c c + b)`` where ``W = [W_h | W_c]``.
+    ``W_c c + b`` is computed once per sequence.
+
+    Parameters
+    ----------
+    h : array_like (..., T, H)
+    context : array_like (..., H)
+        One context vector per sequence (e.g. :func:`mean_context`).
+    W : array_like (A, 2H)
+        Layout of ``torch.nn.Linear(2H, A).weight``: ``W[:, :H]`` multiplies
+        the item, ``W[:, H:]`` the context.
+    v : array_like (A,)
+    b : array_like (A,), optional
+        Bias of the hidden layer.  Default: none.
+
+    Returns
+    -------
+    s : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
+    >>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    >>> s = ac.additive_score(h, ac.mean_context(h), W, v)
+    >>> s.shape
+    (2, 5)
+    """)
+
+
+additive_score_backward = add_newdoc("additive_score_backward", """\
+Backward of :func:`additive_score`.
+
+    With ``u_t = tanh(z_t)`` and ``eps_t = grad_s_t v (1 - u_t^2)``:
+    ``dv = sum_t grad_s_t u_t``, ``db = sum_t eps_t``,
+    ``dW_h = sum_t eps_t h_t^T``, ``dW_c = (sum_t eps_t) c^T``,
+    ``dh_t = W_h^T eps_t``, ``dcontext = W_c^T sum_t eps_t``.
+
+    Parameters
+    ----------
+    grad_s : array_like (..., T)
+        Gradient of the loss with respect to the scores.
+    h, context, W, v, b
+        As given to :func:`additive_score`.
+
+    Returns
+    -------
+    dh : ndarray (..., T, H)
+    dcontext : ndarray (..., H)
+    dW : ndarray (A, 2H), summed over the batch
+    dv : ndarray (A,), summed over the batch
+    db : ndarray (A,) summed over the batch, or None when ``b`` is None
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4)); c = ac.mean_context(h)
+    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
+    ...            np.zeros(3))
+    >>> grad_s = np.ones((2, 5))
+    >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v, b=b)
+    >>> dh.shape, dc.shape, dW.shape, dv.shape, db.shape
+    ((2, 5, 4), (2, 4), (3, 8), (3,), (3,))
+    """)
+
+
+masked_softmax = add_newdoc("masked_softmax", """\
+Softmax over the last axis, restricted to the valid items.
+
+    ``alpha_t = m_t exp(s_t - M) / sum_j m_j exp(s_j - M)`` with ``M`` the
+    largest valid score, so no exponential overflows.  Masked items get
+    exactly 0; a row with no valid item is all zeros.
+
+    Parameters
+    ----------
+    scores : array_like (..., T)
+    mask : array_like of bool (..., T), optional
+
+    Returns
+    -------
+    alpha : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> scores = np.array([[1000.0, 1000.0, 5.0], [1.0, 2.0, 3.0]])
+    >>> mask = np.array([[True, True, False], [False, False, False]])
+    >>> ac.masked_softmax(scores, mask=mask)               # no overflow, no NaN
+    array([[0.5, 0.5, 0. ],
+           [0. , 0. , 0. ]])
+    """)
+
+
+masked_softmax_backward = add_newdoc("masked_softmax_backward", """\
+Backward of :func:`masked_softmax`.
+
+    ``ds_t = alpha_t (g_t - sum_j alpha_j g_j)``; masked items (alpha = 0)
+    get 0.  Evaluated as ``alpha_t ((g_t - g_k) - sum_j alpha_j (g_j -
+    g_k))`` with k the item of largest weight, which is the same value
+    because the weights sum to 1, and stays accurate when one weight is
+    near 1.
+
+    Parameters
+    ----------
+    grad_alpha : array_like (..., T)
+    alpha : array_like (..., T)
+        The forward's output (weights summing to 1 over the valid items,
+        or all 0).
+
+    Returns
+    -------
+    dscores : ndarray (..., T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> alpha = ac.masked_softmax(np.zeros(4), mask=np.array([1, 1, 0, 0], bool))
+    >>> ac.masked_softmax_backward(np.array([1.0, 3.0, 5.0, 7.0]), alpha)
+    array([-0.5,  0.5,  0. ,  0. ])
+    """)
+
+
+weighted_sum = add_newdoc("weighted_sum", """\
+``out = sum_t alpha_t h_t``.
+
+    Parameters
+    ----------
+    alpha : array_like (..., T)
+    h : array_like (..., T, H)
+
+    Returns
+    -------
+    out : ndarray (..., H)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
+    >>> ac.weighted_sum(np.array([0.25, 0.75, 0.0]), h)
+    array([0.25, 0.75])
+    """)
+
+
+weighted_sum_backward = add_newdoc("weighted_sum_backward", """\
+Backward of :func:`weighted_sum`.
+
+    Parameters
+    ----------
+    grad_out : array_like (..., H)
+    alpha : array_like (..., T)
+    h : array_like (..., T, H)
+
+    Returns
+    -------
+    dalpha : ndarray (..., T)
+        ``dalpha_t = grad_out . h_t``.
+    dh : ndarray (..., T, H)
+        ``dh_t = alpha_t grad_out``.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
+    >>> alpha = np.array([0.25, 0.75, 0.0])
+    >>> dalpha, dh = ac.weighted_sum_backward(np.array([1.0, 2.0]), alpha, h)
+    >>> dalpha
+    array([ 1.,  2., 12.])
+    >>> dh
+    array([[0.25, 0.5 ],
+           [0.75, 1.5 ],
+           [0.  , 0.  ]])
+    """)
+
+
+context_attention = add_newdoc("context_attention", """\
+The whole layer: mean context, additive score, masked softmax, sum.
+
+    ``c = mean of valid h_t``; ``s_t = v . tanh(W_h h_t + W_c c + b)``;
+    ``alpha = masked softmax(s)``; ``out = sum_t alpha_t h_t``.  One pass
+    over the data; the (T, A) activations are never stored.
+
+    Parameters
+    ----------
+    h : array_like (..., T, H)
+    W : array_like (A, 2H)
+        Layout of ``torch.nn.Linear(2H, A).weight``.
+    v : array_like (A,)
+    b : array_like (A,), optional
+    mask : array_like of bool (..., T), optional
+        True marks a valid item.  Masked items never influence any output.
+    keep_activations : bool, optional
+        Also return the activations ``u_t = tanh(z_t)``, which
+        :func:`context_attention_backward` then uses instead of recomputing
+        them: memory (..., T, A) for a faster backward.
+
+    Returns
+    -------
+    out : ndarray (..., H)
+        Zero for a row with no valid item.
+    alpha : ndarray (..., T)
+        Attention weights; exactly 0 for masked items.
+    activations : ndarray (..., T, A)
+        Only with ``keep_activations=True``: ``tanh(z_t)``, 0 for masked
+        items.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4))          # B=2, T=5, H=4
+    >>> W = rng.standard_normal((3, 8)); v = rng.standard_normal(3)
+    >>> out, alpha = attention_c.context_attention(h, W, v)
+    >>> out.shape, alpha.shape
+    ((2, 4), (2, 5))
+    >>> np.allclose(alpha.sum(axis=-1), 1)
+    True
+    """)
+
+
+context_attention_backward = add_newdoc("context_attention_backward", """\
+Gradients of the whole layer (docs/contract.md section 2) in one call.
+
+    Parameters
+    ----------
+    grad_out : array_like (..., H)
+        Gradient of the loss with respect to ``out``.
+    h, W, v, b, mask
+        As given to :func:`context_attention`.
+    alpha : array_like (..., T)
+        The attention weights returned by :func:`context_attention`.
+    grad_alpha : array_like (..., T), optional
+        Gradient of the loss with respect to ``alpha``, if the loss uses it.
+    activations : array_like (..., T, A), optional
+        The activations returned by ``context_attention(...,
+        keep_activations=True)`` for the same inputs; they spare
+        recomputing ``tanh(W_h h_t + W_c c + b)`` (the backward's largest
+        product).  Results are the same within rounding.
+
+    Returns
+    -------
+    AttentionGrads
+        Named tuple ``(h, W, v, b)``: ``h`` is (..., T, H) and zero for
+        masked items; ``W``, ``v``, ``b`` are summed over the batch; ``b``
+        is None when no bias was given.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
+    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
+    ...            np.zeros(3))
+    >>> mask = np.arange(5) < np.array([[5], [2]])    # lengths 5 and 2
+    >>> out, alpha, act = ac.context_attention(h, W, v, b=b, mask=mask,
+    ...                                        keep_activations=True)
+    >>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha,
+    ...                                   b=b, mask=mask, activations=act)
+    >>> g.h.shape, g.W.shape, g.b.shape
+    ((2, 5, 4), (3, 8), (3,))
+    >>> bool((g.h[1, 2:] == 0).all())                 # masked items: 0
+    True
+    """, AttentionGrads)
+
+
+# --------------------------------------------------------------------------
+# The attention family (docs/contract.md section 4): a query scored against
+# keys, masked softmax, weighted sum of values.
+
+AdditiveAttentionGrads = namedtuple(
+    "AdditiveAttentionGrads", ["query", "keys", "values", "W", "v", "b"])
+AdditiveAttentionGrads.__doc__ = """Gradients returned by
+:func:`additive_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+W : ndarray (A, H + Hq), summed over the batch and the queries
+v : ndarray (A,), summed likewise
+b : ndarray (A,) summed likewise, or None when no bias was given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+>>> W, v = rng.standard_normal((5, 7)), rng.standard_normal(5)
+>>> out, alpha = ac.additive_attention(q, k, W, v)
+>>> g = ac.additive_attention_backward(np.ones_like(out), q, k, W, v, alpha)
+>>> g._fields
+('query', 'keys', 'values', 'W', 'v', 'b')
+>>> g.query.shape, g.keys.shape, g.values, g.W.shape, g.b
+((2, 3), (2, 7, 4), None, (5, 7), None)
+"""
+
+DotAttentionGrads = namedtuple("DotAttentionGrads",
+                               ["query", "keys", "values"])
+DotAttentionGrads.__doc__ = """Gradients returned by
+:func:`dot_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 7, 4))
+>>> vals = rng.standard_normal((2, 7, 5))
+>>> out, alpha = ac.dot_attention(q, k, values=vals)
+>>> g = ac.dot_attention_backward(np.ones_like(out), q, k, alpha,
+...                               values=vals)
+>>> g.query.shape, g.keys.shape, g.values.shape
+((2, 3, 4), (2, 7, 4), (2, 7, 5))
+"""
+
+GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
+                                   ["query", "keys", "values", "W"])
+GeneralAttentionGrads.__doc__ = """Gradients returned by
+:func:`general_attention_backward`.
+
+Attributes
+----------
+query : ndarray, the shape of ``query``
+keys : ndarray (..., T, H)
+    Includes the values' share when the keys are the values.
+values : ndarray (..., T, Hv), or None when no values were given
+W : ndarray (Hq, H), summed over the batch and the queries
+
+Examples
+--------
+>>> import numpy as np, attention_c as ac
+>>> rng = np.random.default_rng(0)
+>>> q, k = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+>>> W = rng.standard_normal((3, 4))
+>>> out, alpha = ac.general_attention(q, k, W)
+>>> g = ac.general_attention_backward(np.ones_like(out), q, k, W, alpha)
+>>> g.query.shape, g.keys.shape, g.values, g.W.shape
+((2, 3), (2, 7, 4), None, (3, 4))
+"""
+
+_FAMILY_SHAPES = """
+    Shapes (any leading batch axes ``...``; heads are one more of them):
+
+    - ``query``: (..., Hq) for one query per sequence, or (..., Tq, Hq) for
+      several (when ``query.ndim == keys.ndim``);
+    - ``keys``: (..., T, H); ``values``: (..., T, Hv), default the keys;
+    - ``mask``: bool, True = valid key; (..., T) for every query, or
+      (..., Tq, T) per query, only with several queries (it is per query
+      when ``mask.ndim == keys.ndim``).  Its leading axes may be 1 and
+      broadcast, e.g. a causal mask ``np.tril(np.ones((1, Tq, T), bool))``
+      for keys (B, T, H);
+    - ``alpha``: (..., T) or (..., Tq, T); ``out``: (..., Hv) or
+      (..., Tq, Hv).
+
+    Masked keys get exactly 0 weight and 0 gradient; a query with no valid
+    key gets ``alpha = 0``, ``out = 0`` and zero gradients (never NaN).
+    Keys masked for every query, and queries with no valid key, are
+    padding: a NaN there reaches no result.
+"""
+
+
+additive_attention = add_newdoc("additive_attention", """\
+Additive (Bahdanau, Luong "concat") attention of queries over keys.
+
+    ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i = masked
+    softmax of s_i``, ``out_i = sum_t alpha_it val_t``, with
+    ``W = [W_k | W_q]``.  ``W_k k_t`` is computed once per key and
+    ``W_q q_i + b`` once per query; the (..., Tq, T, A) activations are
+    streamed, never stored.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., Hq) or (..., Tq, Hq)
+    keys : array_like (..., T, H)
+    W : array_like (A, H + Hq)
+        Layout of ``torch.nn.Linear(H + Hq, A).weight`` applied to
+        ``[k_t; q_i]``: ``W[:, :H]`` multiplies the key, ``W[:, H:]`` the
+        query.
+    v : array_like (A,)
+    b : array_like (A,), optional
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    key_proj : array_like (..., T, A), optional
+        ``project_keys(keys, W)``, computed once per sequence: a decoder
+        that attends to the same keys at every output step passes it to
+        skip projecting them again.  Results are the same as without it.
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4))        # B=2, T=7, H=4
+    >>> query = rng.standard_normal((2, 3))          # one query, Hq=3
+    >>> W = rng.standard_normal((5, 4 + 3)); v = rng.standard_normal(5)
+    >>> out, alpha = ac.additive_attention(query, keys, W, v)
+    >>> out.shape, alpha.shape
+    ((2, 4), (2, 7))
+    """, shapes=True)
+
+
+additive_attention_backward = add_newdoc("additive_attention_backward", """\
+Gradients of :func:`additive_attention` in one call.
+
+    ``delta_it = alpha_it (gamma_it - sum_j alpha_ij gamma_ij)`` with
+    ``gamma_it = g_i . val_t + ga_it``; ``eps_it = delta_it v (1 -
+    u_it^2)``; then ``dv = sum delta_it u_it``, ``db = sum eps_it``,
+    ``dW_k = sum_t (sum_i eps_it) k_t^T``, ``dW_q = sum_i (sum_t eps_it)
+    q_i^T``, ``dk_t = W_k^T sum_i eps_it (+ sum_i alpha_it g_i)``,
+    ``dq_i = W_q^T sum_t eps_it``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, W, v, b, mask, values, key_proj
+        As given to :func:`additive_attention`.
+    alpha : array_like, the shape of the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+        Gradient of the loss with respect to ``alpha``, if it uses it.
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: stop the gradient there (see Notes).
+
+    Returns
+    -------
+    AdditiveAttentionGrads
+        ``(query, keys, values, W, v, b)``; ``values`` is None when no
+        values were given, ``b`` when no bias was.
+    grad_key_proj : ndarray (..., T, A)
+        Only with ``stop_at_key_proj=True``: the gradient of ``key_proj``.
+
+    Notes
+    -----
+    A decoder loop attends to the same keys at every step.  With
+    ``stop_at_key_proj=True`` each step's backward stops at ``key_proj``:
+    it returns ``(grads, grad_key_proj)``, and ``grads.keys`` and
+    ``grads.W`` leave out the projection's share (``keys`` keeps only the
+    values' share, ``W[:, :H]`` is 0).  Sum ``grad_key_proj`` over the
+    steps and call :func:`project_keys_backward` once per sequence: the
+    keys' products then run once per sequence in both directions, as
+    autograd does them in PyTorch.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4))        # B=2, T=7, H=4
+    >>> W, v = rng.standard_normal((5, 4 + 3)), rng.standard_normal(5)
+    >>> kp = ac.project_keys(keys, W)                # once per sequence
+    >>> total = np.zeros_like(kp)
+    >>> grad_q = []
+    >>> for step in range(3):                        # a decoder loop
+    ...     state = rng.standard_normal((2, 3))
+    ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
+    ...     grads, gkp = ac.additive_attention_backward(
+    ...         np.ones_like(out), state, keys, W, v, alpha, key_proj=kp,
+    ...         stop_at_key_proj=True)
+    ...     total += gkp
+    ...     grad_q.append(grads.query)
+    >>> dkeys, dW = ac.project_keys_backward(total, keys, W)   # once
+    >>> dkeys.shape, dW.shape, grad_q[0].shape
+    ((2, 7, 4), (5, 7), (2, 3))
+    """, AdditiveAttentionGrads)
+
+
+dot_attention = add_newdoc("dot_attention", """\
+Dot-product (Luong "dot", scaled dot) attention.
+
+    ``s_it = scale q_i . k_t`` (Hq = H), ``alpha_i = masked softmax of
+    s_i``, ``out_i = sum_t alpha_it val_t``.  With several queries the
+    scores and the weighted sum are matrix products (``Q K^T``,
+    ``alpha V``) on the blocked product core.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., H) or (..., Tq, H)
+    keys : array_like (..., T, H)
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    scale : float, optional
+        Default ``1/sqrt(H)``, as ``torch.nn.functional.
+        scaled_dot_product_attention``; 1 gives Luong's "dot".
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
+    >>> causal = np.tril(np.ones((1, 6, 6), bool))         # (1, Tq, T)
+    >>> out, alpha = ac.dot_attention(x, x, mask=causal)   # self-attention
+    >>> out.shape, bool(alpha[0, 0, 1] == 0)
+    ((4, 6, 8), True)
+    """, shapes=True)
+
+
+dot_attention_backward = add_newdoc("dot_attention_backward", """\
+Gradients of :func:`dot_attention` in one call.
+
+    ``dq_i = scale sum_t delta_it k_t``, ``dk_t = scale sum_i delta_it
+    q_i (+ sum_i alpha_it g_i)``, ``dval_t = sum_i alpha_it g_i``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, mask, values, scale
+        As given to :func:`dot_attention`.
+    alpha : array_like, the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+
+    Returns
+    -------
+    DotAttentionGrads
+        ``(query, keys, values)``; ``values`` is None when no values were
+        given.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
+    >>> causal = np.tril(np.ones((1, 6, 6), bool))
+    >>> out, alpha = ac.dot_attention(x, x, mask=causal)
+    >>> g = ac.dot_attention_backward(np.ones_like(out), x, x, alpha,
+    ...                               mask=causal)
+    >>> g.query.shape, g.keys.shape, g.values
+    ((4, 6, 8), (4, 6, 8), None)
+    """, DotAttentionGrads)
+
+
+general_attention = add_newdoc("general_attention", """\
+General (Luong "general", bilinear) attention.
+
+    ``s_it = q_i . (W_a k_t)``, ``alpha_i = masked softmax of s_i``,
+    ``out_i = sum_t alpha_it val_t``.  ``W_a k_t`` is computed once per
+    key; the scores and the weighted sum are matrix products.
+    {shapes}
+    Parameters
+    ----------
+    query : array_like (..., Hq) or (..., Tq, Hq)
+    keys : array_like (..., T, H)
+    W : array_like (Hq, H)
+        ``W_a``, the layout of ``torch.nn.Linear(H, Hq, bias=False)
+        .weight`` applied to the keys.
+    mask : array_like of bool (..., T) or (..., Tq, T), optional
+    values : array_like (..., T, Hv), optional
+        Default: the keys.
+    key_proj : array_like (..., T, Hq), optional
+        ``project_keys(keys, W)``, computed once per sequence (see
+        :func:`additive_attention`).  Results are the same as without it.
+
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> query = rng.standard_normal((2, 5, 3))      # B=2, Tq=5 queries, Hq=3
+    >>> keys = rng.standard_normal((2, 7, 4))       # T=7 keys, H=4
+    >>> W = rng.standard_normal((3, 4))             # W_a (Hq, H)
+    >>> mask = np.arange(7) < np.array([[7], [4]])  # keys per sequence
+    >>> out, alpha = ac.general_attention(query, keys, W, mask=mask)
+    >>> out.shape, alpha.shape, bool((alpha[1, :, 4:] == 0).all())
+    ((2, 5, 4), (2, 5, 7), True)
+    """, shapes=True)
+
+
+general_attention_backward = add_newdoc("general_attention_backward", """\
+Gradients of :func:`general_attention` in one call.
+
+    ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
+    (+ sum_i alpha_it g_i)``, ``dW_a = sum_it delta_it q_i k_t^T``.
+
+    Parameters
+    ----------
+    grad_out : array_like, the shape of ``out``
+    query, keys, W, mask, values, key_proj
+        As given to :func:`general_attention`.
+    alpha : array_like, the forward's ``alpha``
+    grad_alpha : array_like, the shape of ``alpha``, optional
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: stop the gradient there and also return it, as
+        in :func:`additive_attention_backward`.
+
+    Returns
+    -------
+    GeneralAttentionGrads
+        ``(query, keys, values, W)``; ``values`` is None when no values
+        were given.
+    grad_key_proj : ndarray (..., T, Hq)
+        Only with ``stop_at_key_proj=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> query, keys = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+    >>> W = rng.standard_normal((3, 4))
+    >>> out, alpha = ac.general_attention(query, keys, W)
+    >>> g = ac.general_attention_backward(np.ones_like(out), query, keys, W,
+    ...                                   alpha)
+    >>> g.query.shape, g.keys.shape, g.W.shape
+    ((2, 3), (2, 7, 4), (3, 4))
+    """, GeneralAttentionGrads)
+
+
+project_keys = add_newdoc("project_keys", """\
+The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
+
+    For the additive score (``W = [W_k | W_q]``, (A, H + Hq)) this is
+    ``W_k k_t`` (..., T, A); for the general score (``W = W_a``, (Hq, H))
+    it is ``W_a k_t`` (..., T, Hq).  A decoder loop that attends to the
+    same keys at every step computes it once per sequence and passes it as
+    ``key_proj=``.
+
+    Parameters
+    ----------
+    keys : array_like (..., T, H)
+    W : array_like (P, L), L >= H
+        Only its first H columns are used.
+
+    Returns
+    -------
+    key_proj : ndarray (..., T, P)
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((2, 7, 4)); W = rng.standard_normal((5, 7))
+    >>> v = rng.standard_normal(5)
+    >>> kp = ac.project_keys(keys, W)                 # once per sequence
+    >>> for step in range(3):                         # a decoder loop
+    ...     state = rng.standard_normal((2, 3))
+    ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
+    >>> out.shape
+    (2, 4)
+    """)
+
+
+project_keys_backward = add_newdoc("project_keys_backward", """\
+Backward of :func:`project_keys`.
+
+    Parameters
+    ----------
+    grad_proj : array_like (..., T, P)
+    keys : array_like (..., T, H)
+    W : array_like (P, L)
+
+    Returns
+    -------
+    dkeys : ndarray (..., T, H)
+        ``grad_proj @ W[:, :H]``.
+    dW : ndarray (P, L)
+        ``sum_t grad_t k_t^T`` in the first H columns, 0 in the others.
+
+    Examples
+    --------
+    >>> import numpy as np, attention_c as ac
+    >>> rng = np.random.default_rng(0)
+    >>> keys, W = rng.standard_normal((2, 7, 4)), rng.standard_normal((5, 7))
+    >>> kp = ac.project_keys(keys, W)                 # (2, 7, 5)
+    >>> dkeys, dW = ac.project_keys_backward(np.ones_like(kp), keys, W)
+    >>> dkeys.shape, dW.shape, bool((dW[:, 4:] == 0).all())
+    ((2, 7, 4), (5, 7), True)
+    """)
