@@ -50,7 +50,7 @@ def model_and_data():
 
         def forward(self, x, mask):
             h = torch.tanh(self.embed(x))
-            pooled = self.pool(h, mask)
+            pooled = self.pool(h, mask=mask)
             context = self.attn(pooled, h, mask=mask)
             return self.head(torch.cat([pooled, context], -1)).squeeze(-1)
 

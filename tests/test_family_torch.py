@@ -289,17 +289,16 @@ def test_modules_equal_their_functions(kind):
     with torch.no_grad():
         for name, p in module.named_parameters():
             p.copy_(args[name])
-    out, alpha = module(args["query"], args["keys"], args["values"],
-                        args["mask"], return_weights=True)
+    q, k = args["query"], args["keys"]
+    opts = {"values": args["values"], "mask": args["mask"]}
+    out, alpha = module(q, k, **opts, return_weights=True)
     f_out, f_alpha = ours(kind, **args)
     assert torch.equal(out, f_out) and torch.equal(alpha, f_alpha)
-    assert torch.equal(module(args["query"], args["keys"], args["values"],
-                              args["mask"]), f_out)
+    assert torch.equal(module(q, k, **opts), f_out)
     if kind != "dot":
-        kp = module.project_keys(args["keys"])
-        torch.testing.assert_close(
-            module(args["query"], args["keys"], args["values"],
-                   args["mask"], key_proj=kp), f_out, rtol=1e-13, atol=0)
+        kp = module.project_keys(k)
+        torch.testing.assert_close(module(q, k, **opts, key_proj=kp), f_out,
+                                   rtol=1e-13, atol=0)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
@@ -357,8 +356,8 @@ def test_additive_from_d2l():
     args = make("additive", values=True, dtype=torch.float32, grad=False)
     valid_lens = torch.tensor([5, 1, 3])
     mask = torch.arange(T) < valid_lens[:, None]
-    out, alpha = module(args["query"], args["keys"], args["values"], mask,
-                        return_weights=True)
+    out, alpha = module(args["query"], args["keys"], values=args["values"],
+                        mask=mask, return_weights=True)
     r_out = d2l(args["query"], args["keys"], args["values"], valid_lens)
     assert rel_err(out.detach(), r_out.detach()) < 1e-6
     assert rel_err(alpha.detach(), d2l.attention_weights.detach()) < 1e-6
@@ -468,6 +467,65 @@ def test_mask_that_requires_grad_is_refused(kind):
         ours(kind, **dict(args, mask=m.detach()))
 
 
+REQUIRED = {"additive": ["query", "keys", "W", "v"],
+            "dot": ["query", "keys"], "general": ["query", "keys", "W"]}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_optional_arguments_are_keyword_only(kind):
+    """Every optional argument of a function (b, mask, values, key_proj,
+    scale) and of a module's forward (values, mask, key_proj,
+    return_weights), given by position after the required ones, raises
+    TypeError; the same call by keyword works."""
+    args = make(kind, values=True, grad=False)
+    if kind == "dot":
+        args["scale"] = 0.5
+    else:
+        args["key_proj"] = act.project_keys(args["keys"], args["W"])
+    pos = [args[n] for n in REQUIRED[kind]]
+    opts = {n: x for n, x in args.items() if n not in REQUIRED[kind]}
+    f = getattr(act, f"{kind}_attention")
+    for name, x in opts.items():
+        with pytest.raises(TypeError, match=f"takes {len(pos)} positional "
+                                            f"arguments but {len(pos) + 1}"):
+            f(*pos, x)
+    out, alpha = f(*pos, **opts)
+    module = {"additive": act.AdditiveAttention(H, HQ, A),
+              "dot": act.DotAttention(scale=0.5),
+              "general": act.GeneralAttention(HQ, H)}[kind].double()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(args[name])
+    q, k = args["query"], args["keys"]
+    for extra in [(args["values"],), (None, args["mask"]),
+                  (None, None, True)]:
+        with pytest.raises(TypeError, match="takes 3 positional arguments"):
+            module(q, k, *extra)
+    opts = {"values": args["values"], "mask": args["mask"]}
+    if kind != "dot":
+        opts["key_proj"] = args["key_proj"]
+    m_out, m_alpha = module(q, k, **opts, return_weights=True)
+    torch.testing.assert_close(m_out, out, rtol=1e-13, atol=0)
+    torch.testing.assert_close(m_alpha, alpha, rtol=1e-13, atol=0)
+
+
+def test_signatures_follow_the_argument_convention():
+    """Functions and forwards: whatever has a default is keyword-only, and
+    what comes by position has none (docs/conventions.md)."""
+    import inspect
+    callables = [getattr(act, n) for n in act.__all__ if n[0].islower()]
+    callables += [getattr(act, n).forward for n in act.__all__
+                  if n[0].isupper()]
+    for fn in callables:
+        params = list(inspect.signature(fn).parameters.values())
+        for p in params:
+            if p.name == "self":
+                continue
+            optional = p.default is not inspect.Parameter.empty
+            assert optional == (p.kind == p.KEYWORD_ONLY), (
+                fn.__qualname__, p.name)
+
+
 def test_shape_errors_come_from_the_kernels():
     """ValueErrors of the NumPy functions, naming the argument."""
     args = make("additive", values=True, grad=False)
@@ -505,7 +563,9 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
     real = attention_c.additive_attention
 
     def spy(*args, **kwargs):
-        seen["in"], seen["out"] = args, real(*args, **kwargs)
+        # What the adapter passes by position, then b and mask by keyword.
+        seen["in"] = [*args, kwargs["b"], kwargs["mask"]]
+        seen["out"] = real(*args, **kwargs)
         return seen["out"]
 
     monkeypatch.setattr(attention_c, "additive_attention", spy)
@@ -513,8 +573,9 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
     keys_t = args["keys"].detach().transpose(0, 1).requires_grad_()
     args["keys"] = keys_t.transpose(0, 1)
     out, alpha = act.additive_attention(**args)
-    for name, arr in zip(["query", "keys", "W", "v", "b", "mask"],
-                         seen["in"]):
+    names = ["query", "keys", "W", "v", "b", "mask"]
+    assert len(seen["in"]) == len(names)
+    for name, arr in zip(names, seen["in"]):
         t = args[name]
         assert arr.__array_interface__["data"][0] == t.data_ptr(), name
         assert arr.strides == tuple(s * t.element_size()
@@ -577,7 +638,8 @@ def test_module_trains(kind):
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
 
     def loss_fn():
-        out = model["attention"](model["proj"](query), keys, values, mask)
+        out = model["attention"](model["proj"](query), keys, values=values,
+                                 mask=mask)
         return F.mse_loss(out, target)
 
     first = loss_fn().item()

@@ -3,8 +3,9 @@
 Gradients are checked with torch.autograd.gradcheck in float64 (masks with
 fully masked rows, with and without the bias, both outputs); float32
 results against the pure-PyTorch implementation of SPEC section 1 in
-attention_c.testing and its autograd gradients; the errors for non-CPU tensors, a mask that requires
-grad and bad dtypes; strided inputs; that nothing is copied on the way in;
+attention_c.testing and its autograd gradients; the errors for non-CPU
+tensors, a mask that requires grad, bad dtypes and optional arguments
+given by position; strided inputs; that nothing is copied on the way in;
 and that the nn.Module trains inside a small model.
 """
 
@@ -22,6 +23,12 @@ from attention_c.testing import (  # noqa: E402
 B, T, H, A = TORCH_LAYER_SIZES
 
 
+def context(h, W, v, b=None, mask=None):
+    """act.context_attention with every argument by position, for
+    gradcheck (which passes its inputs so)."""
+    return act.context_attention(h, W, v, b=b, mask=mask)
+
+
 # --------------------------------------------------------------------------
 # Gradients
 
@@ -31,7 +38,7 @@ B, T, H, A = TORCH_LAYER_SIZES
 def test_gradcheck_float64(bias, mask):
     """gradcheck of both outputs (out and alpha) for h, W, v and b."""
     inputs = torch_layer_problem(torch.float64, bias, mask)
-    assert torch.autograd.gradcheck(act.context_attention, inputs)
+    assert torch.autograd.gradcheck(context, inputs)
 
 
 def test_gradcheck_some_inputs_only():
@@ -53,7 +60,7 @@ def test_gradcheck_leading_batch_axes():
     m = torch.rand(2, 2, T, generator=g) < 0.7
     m[0, 1] = False
     _, W, v, b, _ = torch_layer_problem()
-    assert torch.autograd.gradcheck(act.context_attention, (h, W, v, b, m))
+    assert torch.autograd.gradcheck(context, (h, W, v, b, m))
 
 
 @pytest.mark.parametrize("use", ["out", "alpha", "both"])
@@ -73,8 +80,9 @@ def test_float32_equals_pure_pytorch(bias, mask, use):
         terms = {"out": (out * Go).sum(), "alpha": (alpha * Ga).sum()}
         return sum(terms.values()) if use == "both" else terms[use]
 
-    out, alpha = act.context_attention(*ours)
-    r_out, r_alpha = torch_context_attention(*theirs)
+    out, alpha = context(*ours)
+    h, W, v, b, m = theirs
+    r_out, r_alpha = torch_context_attention(h, W, v, b=b, mask=m)
     assert out.dtype == torch.float32 and alpha.dtype == torch.float32
     assert rel_err(out.detach(), r_out.detach()) < 1e-6
     assert rel_err(alpha.detach(), r_alpha.detach()) < 1e-6
@@ -110,7 +118,7 @@ def test_non_cpu_tensors_are_refused():
         args[i] = args[i].to("meta")
         with pytest.raises(ValueError,
                            match=f"CPU only, but {name} is on device 'meta'"):
-            act.context_attention(*args)
+            context(*args)
     module = act.ContextAttention(H, A).to("meta")
     with pytest.raises(ValueError, match="CPU only.*move the module"):
         module(torch.zeros(B, T, H))
@@ -122,7 +130,7 @@ def test_cuda_tensors_are_refused():
     args[0] = args[0].cuda()
     with pytest.raises(ValueError, match="CPU only, but h is on device "
                                          "'cuda:0'"):
-        act.context_attention(*args)
+        context(*args)
 
 
 def test_mask_that_requires_grad_is_refused():
@@ -151,6 +159,27 @@ def test_bad_dtypes_are_refused():
         act.context_attention(h, W, v.numpy(), b=b, mask=m)
     with pytest.raises(TypeError, match="dtype must be"):
         act.ContextAttention(H, A, dtype=torch.int32)
+
+
+def test_optional_arguments_are_keyword_only():
+    """b and mask of the function, mask and return_weights of the
+    module's forward: by position they raise TypeError (a mask read as
+    the bias is the silent misreading this prevents); by keyword they
+    work."""
+    h, W, v, b, m = torch_layer_problem(grad=False)
+    with pytest.raises(TypeError, match="takes 3 positional arguments but "
+                                        "4 were given"):
+        act.context_attention(h, W, v, b)
+    with pytest.raises(TypeError, match="takes 3 positional arguments but "
+                                        "5 were given"):
+        act.context_attention(h, W, v, None, m)
+    module = act.ContextAttention(H, A, dtype=torch.float64)
+    for extra in [(m,), (None, True)]:
+        with pytest.raises(TypeError, match="takes 2 positional arguments"):
+            module(h, *extra)
+    out, alpha = module(h, mask=m, return_weights=True)
+    ref = act.context_attention(h, module.W, module.v, b=module.b, mask=m)
+    assert torch.equal(out, ref[0]) and torch.equal(alpha, ref[1])
 
 
 def test_shape_errors_come_from_the_kernels():
@@ -195,8 +224,7 @@ def test_non_contiguous_inputs():
     torch.testing.assert_close(W_big.grad[::2], W_c.grad, rtol=1e-14,
                                atol=0)
     assert torch.all(h_big.grad[:, :, 1::2] == 0)
-    assert torch.autograd.gradcheck(act.context_attention,
-                                    (h_view, W_view, v, b, m))
+    assert torch.autograd.gradcheck(context, (h_view, W_view, v, b, m))
 
 
 def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
@@ -207,7 +235,8 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
     real_bwd = attention_c.context_attention_backward
 
     def fwd(*args, **kwargs):
-        seen["fwd_in"] = args
+        # What the adapter passes by position, then b and mask by keyword.
+        seen["fwd_in"] = [*args, kwargs["b"], kwargs["mask"]]
         seen["fwd_out"] = real_fwd(*args, **kwargs)
         return seen["fwd_out"]
 
@@ -222,8 +251,9 @@ def test_tensors_reach_the_kernels_without_a_copy(monkeypatch):
     h_view = h.detach().transpose(0, 1).requires_grad_()   # strided too
     out, alpha = act.context_attention(h_view.transpose(0, 1), W, v, b=b,
                                        mask=m)
-    for t, arr in zip([h_view.transpose(0, 1), W, v, b, m],
-                      seen["fwd_in"]):
+    tensors = [h_view.transpose(0, 1), W, v, b, m]
+    assert len(seen["fwd_in"]) == len(tensors)
+    for t, arr in zip(tensors, seen["fwd_in"]):
         assert arr.__array_interface__["data"][0] == t.data_ptr()
         assert arr.strides == tuple(s * t.element_size() for s in t.stride())
     assert out.data_ptr() == seen["fwd_out"][0].ctypes.data
@@ -271,7 +301,7 @@ def test_module_from_linear_equals_the_linear_pair(bias):
     out_lin = torch.nn.Linear(A, 1, dtype=torch.float64)
     module = act.ContextAttention.from_linear(score, out_lin)
     h, _, _, _, m = torch_layer_problem(mask="partial", grad=False)
-    out, alpha = module(h, m, return_weights=True)
+    out, alpha = module(h, mask=m, return_weights=True)
     n = m.sum(-1, keepdim=True).to(h.dtype)
     c = (h * m[..., None]).sum(-2) / n
     s = out_lin(torch.tanh(score(torch.cat(
@@ -307,7 +337,8 @@ def test_module_trains_inside_a_model():
     opt = torch.optim.Adam(model.parameters(), lr=0.03)
 
     def loss_fn():
-        pooled = model["pool"](torch.tanh(model["embed"](tokens)), mask)
+        pooled = model["pool"](torch.tanh(model["embed"](tokens)),
+                               mask=mask)
         logits = model["head"](pooled)[:, 0]
         return torch.nn.functional.binary_cross_entropy_with_logits(
             logits, y.to(logits.dtype))

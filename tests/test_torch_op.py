@@ -71,7 +71,7 @@ def modules(dtype=torch.float64):
 def call(kind, module, query, keys, mask):
     """A module on (query, keys); the context module pools the keys."""
     if kind == "context":
-        return module(keys, mask)
+        return module(keys, mask=mask)
     return module(query, keys, mask=mask)
 
 
@@ -209,25 +209,6 @@ def test_gradient_penalty_equals_pure_pytorch(kind):
     assert rt.norm() > 0 and rel_err(t, rt) < 1e-10
 
 
-def test_legacy_function_refuses_double_backward():
-    """The autograd.Function classes (kept for old code) are first-order
-    only: create_graph=True raises, a Hessian is never silently zero."""
-    _, _, a = problem("context")
-    out, _ = act.ContextAttentionFunction.apply(a["h"], a["W"], a["v"],
-                                                a["b"], a["mask"], False)
-    with pytest.raises(RuntimeError, match="first-order only"):
-        torch.autograd.grad(out.sum(), a["h"], create_graph=True)
-    out, _ = act.ContextAttentionFunction.apply(a["h"], a["W"], a["v"],
-                                                a["b"], a["mask"], False)
-    g, = torch.autograd.grad(out.sum(), a["h"])      # first order: fine
-    assert g.norm() > 0
-    _, _, a = problem("dot")
-    out, _ = act.DotAttentionFunction.apply(a["query"], a["keys"], a["mask"],
-                                            None, None)
-    with pytest.raises(RuntimeError, match="first-order only"):
-        torch.autograd.grad(out.sum(), a["query"], create_graph=True)
-
-
 # --------------------------------------------------------------------------
 # torch.func
 
@@ -246,8 +227,9 @@ def test_func_grad_jacrev_vmap(kind):
     params = {n: p.detach() for n, p in live.items()}
 
     def loss(p, q, k, m):
-        a = (k, m) if kind == "context" else (q, k, None, m)
-        return (torch.func.functional_call(module, p, a) ** 2).sum()
+        a = (k,) if kind == "context" else (q, k)
+        out = torch.func.functional_call(module, p, a, {"mask": m})
+        return (out ** 2).sum()
 
     # grad w.r.t. the parameters and the keys, against autograd
     k = keys.detach().requires_grad_()
@@ -309,7 +291,7 @@ class AllFour(torch.nn.Module):
     def forward(self, query, keys, mask):
         k = torch.tanh(self.inp(keys))
         q_dot = k[:, :TQ]
-        pooled = self.att["context"](k, mask)
+        pooled = self.att["context"](k, mask=mask)
         out = (self.att["additive"](query, k, mask=mask).mean(-2)
                + self.att["dot"](q_dot, k, mask=mask).mean(-2)
                + self.att["general"](query, k, mask=mask).mean(-2))
@@ -402,7 +384,7 @@ def test_autocast_bfloat16():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         k = torch.tanh(model.inp(keys))
         assert k.dtype == torch.bfloat16
-        pooled = model.att["context"](k, mask)
+        pooled = model.att["context"](k, mask=mask)
         y = model(query, keys, mask)
     assert pooled.dtype == torch.float32
     y.float().sum().backward()
@@ -531,25 +513,6 @@ def test_functionalize():
     with pytest.raises(RuntimeError, match="functionalize together with a "
                                            "gradient transform.*dot_attent"):
         torch.func.functionalize(torch.func.grad(loss))(a["query"])
-
-
-def test_legacy_functions_refuse_func_transforms_clearly():
-    """The legacy *AttentionFunction classes under torch.func: an error
-    naming the class and what to use instead (not PyTorch's message about
-    setup_context)."""
-    _, _, a = problem("context", grad=False)
-
-    def f(h):
-        return act.ContextAttentionFunction.apply(
-            h, a["W"], a["v"], a["b"], a["mask"], False)[0].sum()
-
-    with pytest.raises(RuntimeError, match="ContextAttentionFunction does "
-                                           "not support the torch.func"):
-        torch.func.grad(f)(a["h"])
-    _, _, a = problem("dot", grad=False)
-    with pytest.raises(RuntimeError, match="DotAttentionFunction does not"):
-        torch.func.vmap(lambda q: act.DotAttentionFunction.apply(
-            q, a["keys"], None, None, None)[0])(a["query"][None])
 
 
 def test_sparse_and_nested_tensors_are_refused_clearly():

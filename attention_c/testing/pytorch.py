@@ -13,18 +13,19 @@ import math
 # --------------------------------------------------------------------------
 # The layer and the family (gradients from autograd, to any order)
 
-def torch_context_attention(h, W, v, b=None, mask=None):
+def torch_context_attention(h, W, v, *, b=None, mask=None):
     """Contract section 1, context-pooled additive attention, in PyTorch.
 
-    Same arguments as ``attention_c.torch.context_attention``; returns
-    ``(out, alpha)``.  Masked items get exactly 0 weight and a fully
-    masked row gives zeros and zero gradients.
+    Same arguments as ``attention_c.torch.context_attention`` (the
+    optional ones keyword-only); returns ``(out, alpha)``.  Masked items
+    get exactly 0 weight and a fully masked row gives zeros and zero
+    gradients.
 
     Examples
     --------
     >>> import torch
     >>> h, W, v, b, mask = torch_layer_problem(grad=False)
-    >>> out, alpha = torch_context_attention(h, W, v, b, mask)
+    >>> out, alpha = torch_context_attention(h, W, v, b=b, mask=mask)
     >>> out.shape, bool(alpha[1].eq(0).all())
     (torch.Size([3, 3]), True)
     """
@@ -93,7 +94,7 @@ def torch_attend(s, mask, vals, single):
     return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
 
 
-def torch_additive_attention(query, keys, W, v, b=None, mask=None,
+def torch_additive_attention(query, keys, W, v, *, b=None, mask=None,
                              values=None):
     """d2l.ai's AdditiveAttention: W_q(q) and W_k(k) broadcast-added, tanh,
     then w_v; the arguments of ``attention_c.torch.additive_attention``.
@@ -117,7 +118,7 @@ def torch_additive_attention(query, keys, W, v, b=None, mask=None,
                         single)
 
 
-def torch_general_attention(query, keys, W, mask=None, values=None):
+def torch_general_attention(query, keys, W, *, mask=None, values=None):
     """q_i . (W_a k_t): matmul, softmax, matmul; the arguments of
     ``attention_c.torch.general_attention``.
 
@@ -133,7 +134,8 @@ def torch_general_attention(query, keys, W, mask=None, values=None):
     return torch_attend(s, mask, keys if values is None else values, single)
 
 
-def torch_dot_attention(query, keys, mask=None, values=None, scale=None):
+def torch_dot_attention(query, keys, *, mask=None, values=None,
+                        scale=None):
     """out from ``F.scaled_dot_product_attention`` (same scale and mask
     conventions; a query with no valid key gives 0 in torch 2.13), alpha
     from matmul-softmax; the arguments of

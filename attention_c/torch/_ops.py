@@ -1,0 +1,640 @@
+"""The kernels as PyTorch custom operators (``torch.ops.attention_c.*``,
+registered with ``torch.library.custom_op``), which torch.compile
+(fullgraph), torch.export and torch.func see as opaque ops with a fake
+(shape-only) implementation, an autograd formula and a vmap rule:
+
+- the forward ops run one C call each; their backward is a backward op,
+  one C call too, so first-order gradients stay on the fused kernels;
+- a backward op's own backward (double backward, Hessians, jacrev of a
+  grad) differentiates a pure-PyTorch transcription of the contract's
+  forward (attention_c.torch._pure) twice with torch.func.vjp: exact, and
+  differentiable again;
+- optional tensor arguments are "Tensor?"; a gradient an op cannot have
+  (db without b, ...) comes back as an empty placeholder tensor.
+
+The functional API (attention_c.torch.functional) checks the arguments
+and calls :func:`_call`.  The ops' schemas take every argument by
+position: they are internal, and what torch.export and torch.jit.trace
+record, so they stay as they are.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+import attention_c as _ac
+
+from . import _pure
+from ._utils import _np, _np_opt, _tracing
+
+# The C extension itself, for the backward's private stop_at_key_proj=True
+# (it has no type stub: the public functions' are in __init__.pyi).
+_core: Any = importlib.import_module("attention_c._core")
+
+_NS = "attention_c"
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder for a gradient that does not exist."""
+    return like.new_empty(0)
+
+
+def _t(x: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
+    return _empty(like) if x is None else torch.from_numpy(x)
+
+
+def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:
+    return None if grad_alpha is None else _np(grad_alpha)
+
+
+# ---- vmap: leading batch axes are native, so a vmapped data argument just
+# moves its batched dimension to the front (unbatched data is expanded).
+# Batched weights, and every backward op (whose parameter gradients are
+# summed over the batch axes, but must stay per-example under vmap), loop.
+
+def _vmap_loop(op: Any, info: Any, in_dims: tuple[Any, ...],
+               *args: Any) -> tuple[Any, Any]:
+    outs = []
+    for i in range(info.batch_size):
+        outs.append(op(*[a.select(d, i) if d is not None else a
+                         for a, d in zip(args, in_dims)]))
+    stacked = tuple(torch.stack(o) for o in zip(*outs))
+    return stacked, (0,) * len(stacked)
+
+
+def _vmap_native(op: Any, data: tuple[int, ...]) -> Any:
+    """A vmap rule for a forward op whose arguments at positions ``data``
+    take leading batch axes (the others are weights or flags)."""
+
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
+             ) -> tuple[Any, Any]:
+        if any(d is not None for i, d in enumerate(in_dims)
+               if i not in data):
+            return _vmap_loop(op, info, in_dims, *args)
+        new = list(args)
+        for i in data:
+            a, d = args[i], in_dims[i]
+            if a is None:
+                continue
+            new[i] = (a.movedim(d, 0) if d is not None
+                      else a.expand(info.batch_size, *a.shape))
+        outs = op(*new)
+        # An empty placeholder (no activations kept) is not batched.
+        return outs, tuple(0 if o.numel() or o.ndim > 1 else None
+                           for o in outs)
+
+    return rule
+
+
+def _loop_rule(op: Any) -> Any:
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
+             ) -> tuple[Any, Any]:
+        return _vmap_loop(op, info, in_dims, *args)
+    return rule
+
+
+# ---- context_attention
+
+@torch.library.custom_op(
+    f"{_NS}::context_attention", mutates_args=(),
+    schema="(Tensor h, Tensor W, Tensor v, Tensor? b, Tensor? mask, "
+           "bool keep) -> (Tensor, Tensor, Tensor)")
+def _context_op(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                b: torch.Tensor | None, mask: torch.Tensor | None,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                     torch.Tensor]:
+    """``(out, alpha, act)``; ``act`` the tanh activations (..., T, A) with
+    ``keep``, else an empty placeholder."""
+    out, alpha, *act = _ac.context_attention(
+        _np(h), _np(W), _np(v), b=_np_opt(b), mask=_np_opt(mask),
+        keep_activations=keep)
+    return (torch.from_numpy(out), torch.from_numpy(alpha),
+            _t(act[0] if act else None, h))
+
+
+@_context_op.register_fake
+def _context_fake(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                  b: torch.Tensor | None, mask: torch.Tensor | None,
+                  keep: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                       torch.Tensor]:
+    lead = h.shape[:-2]
+    act = (h.new_empty(*h.shape[:-1], W.shape[0]) if keep
+           else _empty(h))
+    return (h.new_empty(*lead, h.shape[-1]), h.new_empty(*h.shape[:-1]),
+            act)
+
+
+@torch.library.custom_op(
+    f"{_NS}::context_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor h, Tensor W, "
+           "Tensor v, Tensor alpha, Tensor? b, Tensor? mask, Tensor? act) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+def _context_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                    h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                    alpha: torch.Tensor, b: torch.Tensor | None,
+                    mask: torch.Tensor | None, act: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, ...]:
+    """``(dh, dW, dv, db)``, db empty without b.  ``alpha`` must be the
+    forward's for these inputs (its own derivative is taken as 0: the
+    double backward differentiates through the recomputed forward)."""
+    g = _ac.context_attention_backward(
+        _np(grad_out), _np(h), _np(W), _np(v), _np(alpha), b=_np_opt(b),
+        mask=_np_opt(mask), grad_alpha=_ga(grad_alpha),
+        activations=_np_opt(act))
+    return (torch.from_numpy(g.h), torch.from_numpy(g.W),
+            torch.from_numpy(g.v), _t(g.b, h))
+
+
+@_context_bwd_op.register_fake
+def _context_bwd_fake(grad_out: torch.Tensor,
+                      grad_alpha: torch.Tensor | None, h: torch.Tensor,
+                      W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
+                      b: torch.Tensor | None, mask: torch.Tensor | None,
+                      act: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(h), torch.empty_like(W), torch.empty_like(v),
+            _empty(h) if b is None else torch.empty_like(b))
+
+
+# ---- the family: additive, dot, general
+
+def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
+                     values: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    lead = query.shape[:-1]
+    hv = (keys if values is None else values).shape[-1]
+    return query.new_empty(*lead, hv), query.new_empty(*lead, keys.shape[-2])
+
+
+def _like(x: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
+    return _empty(ref) if x is None else torch.empty_like(x)
+
+
+@torch.library.custom_op(
+    f"{_NS}::additive_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor W, Tensor v, Tensor? b, "
+           "Tensor? mask, Tensor? values, Tensor? key_proj) "
+           "-> (Tensor, Tensor)")
+def _additive_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                 v: torch.Tensor, b: torch.Tensor | None,
+                 mask: torch.Tensor | None, values: torch.Tensor | None,
+                 key_proj: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.additive_attention(
+        _np(query), _np(keys), _np(W), _np(v), b=_np_opt(b),
+        mask=_np_opt(mask),
+        values=_np_opt(values), key_proj=_np_opt(key_proj))
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_additive_op.register_fake
+def _additive_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                   v: torch.Tensor, b: torch.Tensor | None,
+                   mask: torch.Tensor | None, values: torch.Tensor | None,
+                   key_proj: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::additive_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor W, Tensor v, Tensor alpha, Tensor? b, "
+           "Tensor? mask, Tensor? values, Tensor? key_proj, bool stop) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _additive_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                     query: torch.Tensor, keys: torch.Tensor,
+                     W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
+                     b: torch.Tensor | None, mask: torch.Tensor | None,
+                     values: torch.Tensor | None,
+                     key_proj: torch.Tensor | None, stop: bool
+                     ) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dW, dv, db, dvalues, dkey_proj)``; with ``stop`` the
+    gradient stops at ``key_proj`` (contract section 4.6)."""
+    args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(v),
+            _np(alpha))
+    b_, m_, val_, ga_ = (_np_opt(b), _np_opt(mask), _np_opt(values),
+                         _ga(grad_alpha))
+    if stop:
+        assert key_proj is not None
+        dq, dk, dval, dW, dv, db, dkp = _core.additive_attention_backward(
+            *args, b=b_, mask=m_, values=val_, grad_alpha=ga_,
+            key_proj=_np(key_proj), stop_at_key_proj=True)
+    else:
+        dq, dk, dval, dW, dv, db = _ac.additive_attention_backward(
+            *args, b=b_, mask=m_, values=val_, grad_alpha=ga_,
+            key_proj=_np_opt(key_proj))
+        dkp = None
+    return tuple(_t(x, query) for x in (dq, dk, dW, dv, db, dval, dkp))
+
+
+@_additive_bwd_op.register_fake
+def _additive_bwd_fake(grad_out: torch.Tensor,
+                       grad_alpha: torch.Tensor | None, query: torch.Tensor,
+                       keys: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                       alpha: torch.Tensor, b: torch.Tensor | None,
+                       mask: torch.Tensor | None, values: torch.Tensor | None,
+                       key_proj: torch.Tensor | None, stop: bool
+                       ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            torch.empty_like(W), torch.empty_like(v), _like(b, query),
+            _like(values, query), _like(key_proj if stop else None, query))
+
+
+@torch.library.custom_op(
+    f"{_NS}::dot_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? values, "
+           "float? scale) -> (Tensor, Tensor)")
+def _dot_op(query: torch.Tensor, keys: torch.Tensor,
+            mask: torch.Tensor | None, values: torch.Tensor | None,
+            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.dot_attention(_np(query), _np(keys), mask=_np_opt(mask),
+                                   values=_np_opt(values), scale=scale)
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_dot_op.register_fake
+def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
+              mask: torch.Tensor | None, values: torch.Tensor | None,
+              scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::dot_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor alpha, Tensor? mask, Tensor? values, "
+           "float? scale) -> (Tensor, Tensor, Tensor)")
+def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
+                mask: torch.Tensor | None, values: torch.Tensor | None,
+                scale: float | None) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dvalues)``."""
+    g = _ac.dot_attention_backward(
+        _np(grad_out), _np(query), _np(keys), _np(alpha), mask=_np_opt(mask),
+        values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha))
+    return (torch.from_numpy(g.query), torch.from_numpy(g.keys),
+            _t(g.values, query))
+
+
+@_dot_bwd_op.register_fake
+def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                  query: torch.Tensor, keys: torch.Tensor,
+                  alpha: torch.Tensor, mask: torch.Tensor | None,
+                  values: torch.Tensor | None, scale: float | None
+                  ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            _like(values, query))
+
+
+@torch.library.custom_op(
+    f"{_NS}::general_attention", mutates_args=(),
+    schema="(Tensor query, Tensor keys, Tensor W, Tensor? mask, "
+           "Tensor? values, Tensor? key_proj) -> (Tensor, Tensor)")
+def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                mask: torch.Tensor | None, values: torch.Tensor | None,
+                key_proj: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, alpha = _ac.general_attention(
+        _np(query), _np(keys), _np(W), mask=_np_opt(mask),
+        values=_np_opt(values),
+        key_proj=_np_opt(key_proj))
+    return torch.from_numpy(out), torch.from_numpy(alpha)
+
+
+@_general_op.register_fake
+def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                  mask: torch.Tensor | None, values: torch.Tensor | None,
+                  key_proj: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values)
+
+
+@torch.library.custom_op(
+    f"{_NS}::general_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
+           "Tensor keys, Tensor W, Tensor alpha, Tensor? mask, "
+           "Tensor? values, Tensor? key_proj, bool stop) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+                    query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
+                    alpha: torch.Tensor, mask: torch.Tensor | None,
+                    values: torch.Tensor | None,
+                    key_proj: torch.Tensor | None, stop: bool
+                    ) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dW, dvalues, dkey_proj)``; with ``stop`` dW is 0 (W
+    only acts through key_proj)."""
+    args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(alpha))
+    m_, val_, ga_ = _np_opt(mask), _np_opt(values), _ga(grad_alpha)
+    if stop:
+        assert key_proj is not None
+        dq, dk, dval, _, dkp = _core.general_attention_backward(
+            *args, mask=m_, values=val_, grad_alpha=ga_,
+            key_proj=_np(key_proj), stop_at_key_proj=True)
+        dW = np.zeros(W.shape, _np(W).dtype)
+    else:
+        dq, dk, dval, dW = _ac.general_attention_backward(
+            *args, mask=m_, values=val_, grad_alpha=ga_,
+            key_proj=_np_opt(key_proj))
+        dkp = None
+    return tuple(_t(x, query) for x in (dq, dk, dW, dval, dkp))
+
+
+@_general_bwd_op.register_fake
+def _general_bwd_fake(grad_out: torch.Tensor,
+                      grad_alpha: torch.Tensor | None, query: torch.Tensor,
+                      keys: torch.Tensor, W: torch.Tensor,
+                      alpha: torch.Tensor, mask: torch.Tensor | None,
+                      values: torch.Tensor | None,
+                      key_proj: torch.Tensor | None, stop: bool
+                      ) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(query), torch.empty_like(keys),
+            torch.empty_like(W), _like(values, query),
+            _like(key_proj if stop else None, query))
+
+
+# ---- autograd: first order on the backward ops, higher orders in PyTorch
+#
+# Each op gets its formulas twice: registered on the op itself
+# (register_autograd, for direct calls and torch.compile), and as an
+# autograd.Function with setup_context, jvp and generate_vmap_rule, which
+# the public functions use in eager mode: the Function generated by
+# register_autograd has no setup_context, so torch.func.grad, jacrev and
+# vmap of a grad refuse it (pytorch/pytorch#168393, #179652).
+
+# torch.func.vjp and jvp, typed loosely (their stubs do not fit
+# tuple-valued functions).
+_func_vjp: Any = torch.func.vjp
+
+
+def _func_jvp(f: Any, primals: tuple[Any, ...],
+              tangents: tuple[Any, ...]) -> Any:
+    """The tangents of ``f``'s outputs."""
+    return torch.func.jvp(f, primals, tangents)[1]
+
+
+class _Spec(NamedTuple):
+    """How an op and its backward op take their arguments (by name)."""
+
+    kind: str
+    op: Any
+    bwd_op: Any
+    inputs: tuple[str, ...]         # the forward op's arguments
+    bwd_inputs: tuple[str, ...]     # the backward op's arguments
+    grads: tuple[str, ...]          # the backward op's results, by input
+
+
+_SPECS = {
+    "context": _Spec(
+        "context", _context_op, _context_bwd_op,
+        ("h", "W", "v", "b", "mask", "keep"),
+        ("grad_out", "grad_alpha", "h", "W", "v", "alpha", "b", "mask",
+         "act"),
+        ("h", "W", "v", "b")),
+    "additive": _Spec(
+        "additive", _additive_op, _additive_bwd_op,
+        ("query", "keys", "W", "v", "b", "mask", "values", "key_proj"),
+        ("grad_out", "grad_alpha", "query", "keys", "W", "v", "alpha", "b",
+         "mask", "values", "key_proj", "stop"),
+        ("query", "keys", "W", "v", "b", "values", "key_proj")),
+    "dot": _Spec(
+        "dot", _dot_op, _dot_bwd_op,
+        ("query", "keys", "mask", "values", "scale"),
+        ("grad_out", "grad_alpha", "query", "keys", "alpha", "mask",
+         "values", "scale"),
+        ("query", "keys", "values")),
+    "general": _Spec(
+        "general", _general_op, _general_bwd_op,
+        ("query", "keys", "W", "mask", "values", "key_proj"),
+        ("grad_out", "grad_alpha", "query", "keys", "W", "alpha", "mask",
+         "values", "key_proj", "stop"),
+        ("query", "keys", "W", "values", "key_proj")),
+}
+
+
+def _pure_for(spec: _Spec, a: dict[str, Any]) -> Any:
+    """The pure-PyTorch forward ``(**xs) -> (out, alpha)`` with the
+    non-differentiable arguments of ``a`` fixed."""
+    if spec.kind == "context":
+        return lambda **x: _pure.context_attention(mask=a["mask"], **x)
+    return lambda **x: _pure.family_attention(spec.kind, mask=a["mask"],
+                                              scale=a.get("scale"), **x)
+
+
+def _xs(spec: _Spec, a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The differentiable inputs of a backward op's arguments ``a``: a
+    key_proj only where the gradient stops there (otherwise the keys'
+    projection is recomputed from the keys and W, as the C backward
+    does)."""
+    return {n: a[n] for n in spec.grads
+            if a.get(n) is not None and (n != "key_proj" or a.get("stop"))}
+
+
+def _saved(ctx: Any, names: tuple[str, ...]
+           ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
+    t = ctx.saved_tensors
+    a = dict(zip(names, t))
+    a.update(ctx.consts)
+    return a, t[len(names):]
+
+
+def _setup(names: tuple[str, ...]) -> Any:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...],
+                      output: Any) -> None:
+        ctx.consts = {n: x for n, x in zip(names, inputs)
+                      if not isinstance(x, torch.Tensor)}
+        outs = tuple(output) if isinstance(output, tuple) else (output,)
+        tensors = [x if isinstance(x, torch.Tensor) else None
+                   for x in inputs] + list(outs)
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+        ctx.set_materialize_grads(False)    # an unused output gives None
+    return setup_context
+
+
+def _first_backward(spec: _Spec, bwd: Any) -> Any:
+    """The forward op's backward, calling ``bwd`` (the backward op or its
+    autograd.Function)."""
+
+    def backward(ctx: Any, grad_out: torch.Tensor | None,
+                 grad_alpha: torch.Tensor | None, *_: Any
+                 ) -> tuple[Any, ...]:
+        a, outs = _saved(ctx, spec.inputs)
+        need = dict(zip(spec.inputs, ctx.needs_input_grad))
+        if grad_out is None and grad_alpha is None:
+            return (None,) * len(spec.inputs)
+        given = dict(a, grad_out=(torch.zeros_like(outs[0])
+                                  if grad_out is None else grad_out),
+                     grad_alpha=grad_alpha, alpha=outs[1],
+                     # A key_proj that requires grad: stop there, autograd
+                     # carries the keys' projection through its graph.
+                     stop=bool(need.get("key_proj")),
+                     act=outs[2] if a.get("keep") else None)
+        res = bwd(*[given[n] for n in spec.bwd_inputs])
+        g = dict(zip(spec.grads, res))
+        return tuple(g[n] if n in g and a[n] is not None and need[n]
+                     else None for n in spec.inputs)
+
+    return backward
+
+
+def _forward_jvp(spec: _Spec) -> Any:
+    def jvp(ctx: Any, *tangents: torch.Tensor | None) -> tuple[Any, ...]:
+        a, outs = _saved(ctx, spec.inputs)
+        t = dict(zip(spec.inputs, tangents))
+        # A key_proj without a tangent is a constant equal to the keys'
+        # projection: recompute it so that the keys' tangent goes through.
+        xs = {n: a[n] for n in spec.grads if a[n] is not None
+              and (n != "key_proj" or t[n] is not None)}
+        t_out, t_alpha = _func_jvp(
+            lambda *y: _pure_for(spec, a)(**dict(zip(xs, y))),
+            tuple(xs.values()),
+            tuple(torch.zeros_like(x) if t[n] is None else t[n]
+                  for n, x in xs.items()))
+        return (t_out, t_alpha, *[torch.zeros_like(o) for o in outs[2:]])
+
+    return jvp
+
+
+def _first_order(spec: _Spec, a: dict[str, Any]) -> Any:
+    """``(grad_out, grad_alpha, *xs) -> grads of xs``, the backward op in
+    pure PyTorch."""
+    pure, names = _pure_for(spec, a), list(_xs(spec, a))
+
+    def first(go: torch.Tensor, ga: torch.Tensor,
+              *x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        vjp = _func_vjp(lambda *y: pure(**dict(zip(names, y))), *x)[1]
+        grads: tuple[torch.Tensor, ...] = vjp((go, ga))
+        return grads
+
+    return first
+
+
+def _second_backward(spec: _Spec) -> Any:
+    """The backward op's backward: the VJP of the pure-PyTorch first order
+    (differentiable again, for third and higher orders).  ``alpha`` (and
+    ``act``) get no gradient: they are the forward's results for these
+    inputs, and the pure first order recomputes them, so the derivative
+    through them is in the inputs' share already."""
+
+    def backward(ctx: Any, *gg: torch.Tensor | None) -> tuple[Any, ...]:
+        a, _ = _saved(ctx, spec.bwd_inputs)
+        xs = _xs(spec, a)
+        go, ga = a["grad_out"], a["grad_alpha"]
+        ga0 = torch.zeros_like(a["alpha"]) if ga is None else ga
+        grads, vjp = _func_vjp(_first_order(spec, a), go, ga0,
+                               *xs.values())
+        cot = dict(zip(spec.grads, gg))
+        d_go, d_ga, *d_xs = vjp(tuple(
+            torch.zeros_like(g) if cot[n] is None else cot[n]
+            for n, g in zip(xs, grads)))
+        d = dict(zip(xs, d_xs), grad_out=d_go,
+                 grad_alpha=None if ga is None else d_ga)
+        return tuple(d.get(n) for n in spec.bwd_inputs)
+
+    return backward
+
+
+def _second_jvp(spec: _Spec) -> Any:
+    def jvp(ctx: Any, *tangents: torch.Tensor | None) -> tuple[Any, ...]:
+        a, _ = _saved(ctx, spec.bwd_inputs)
+        t = dict(zip(spec.bwd_inputs, tangents))
+        xs = _xs(spec, a)
+        ga = (torch.zeros_like(a["alpha"]) if a["grad_alpha"] is None
+              else a["grad_alpha"])
+        primals = (a["grad_out"], ga, *xs.values())
+        t_grads = _func_jvp(_first_order(spec, a), primals, tuple(
+            torch.zeros_like(p) if t.get(n) is None else t[n]
+            for n, p in zip(["grad_out", "grad_alpha", *xs], primals)))
+        tg = dict(zip(xs, t_grads))
+        ref = primals[0]
+        return tuple(tg[n] if n in tg else ref.new_zeros(0)
+                     for n in spec.grads)
+
+    return jvp
+
+
+def _function(name: str, op: Any, names: tuple[str, ...], backward: Any,
+              jvp: Any) -> Any:
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": f"Autograd of ``{op}`` (internal).",
+        "generate_vmap_rule": True,         # the op's own vmap rule
+        "forward": staticmethod(lambda *args: op(*args)),
+        "setup_context": staticmethod(_setup(names)),
+        "backward": staticmethod(backward),
+        "jvp": staticmethod(jvp)})
+
+
+def _differentiable(bwd_op: Any, function: Any) -> Any:
+    """The backward op as eager's first backward calls it: through its
+    autograd.Function when the backward itself is differentiated
+    (create_graph=True, torch.func), else directly (no Function to set up:
+    the common, first-order case)."""
+
+    def call(*args: Any) -> Any:
+        if (torch.is_grad_enabled()
+                or torch._C._are_functorch_transforms_active()):
+            return function.apply(*args)
+        return bwd_op(*args)
+
+    return call
+
+
+# kind -> the autograd.Function of its forward op (what eager calls).
+_FUNCTIONS: dict[str, Any] = {}
+for _spec in _SPECS.values():
+    _bwd_fn = _function(f"_{_spec.kind}_backward", _spec.bwd_op,
+                        _spec.bwd_inputs, _second_backward(_spec),
+                        _second_jvp(_spec))
+    _FUNCTIONS[_spec.kind] = _function(
+        f"_{_spec.kind}", _spec.op, _spec.inputs,
+        _first_backward(_spec, _differentiable(_spec.bwd_op, _bwd_fn)),
+        _forward_jvp(_spec))
+    _spec.op.register_autograd(_first_backward(_spec, _spec.bwd_op),
+                               setup_context=_setup(_spec.inputs))
+    _spec.bwd_op.register_autograd(_second_backward(_spec),
+                                   setup_context=_setup(_spec.bwd_inputs))
+    # Under torch.autocast the kernels run in float32 (like softmax) and
+    # return float32, whatever mix of dtypes autocast gave the inputs.
+    torch.library.register_autocast(_spec.op, "cpu", torch.float32)
+    torch.library.register_vmap(_spec.bwd_op, _loop_rule(_spec.bwd_op))
+for _kind, _data in [("context", (0, 4)), ("additive", (0, 1, 5, 6, 7)),
+                     ("dot", (0, 1, 2, 3)), ("general", (0, 1, 3, 4, 5))]:
+    _op = _SPECS[_kind].op
+    torch.library.register_vmap(_op, _vmap_native(_op, _data))
+del _spec, _bwd_fn, _kind, _data, _op
+
+
+def _transforms() -> list[Any]:
+    """The torch.func transforms (TransformType) around this call."""
+    if not torch._C._are_functorch_transforms_active():
+        return []
+    from torch._functorch.pyfunctorch import (
+        retrieve_all_functorch_interpreters)
+    return [i.key() for i in retrieve_all_functorch_interpreters()]
+
+
+def _call(kind: str, *args: Any) -> Any:
+    """The op of ``kind`` through its autograd.Function (eager, torch.func)
+    or directly: torch.compile traces the op with its registered autograd,
+    torch.jit.trace records it as a node that scripts and saves (the
+    Function would be an opaque Python node), and torch.func.functionalize
+    has no rule for autograd.Functions."""
+    if torch.compiler.is_compiling() or _tracing():
+        return _SPECS[kind].op(*args)
+    transforms = _transforms()
+    T = torch._C._functorch.TransformType
+    if T.Functionalize in transforms:
+        if T.Grad in transforms or T.Jvp in transforms:
+            raise RuntimeError(
+                f"torch.func.functionalize together with a gradient "
+                f"transform (grad, vjp, jvp, jacrev, jacfwd, hessian) is "
+                f"not supported by attention_c.torch ({kind}_attention); "
+                f"its operators mutate nothing, so functionalize is not "
+                f"needed: drop it, or use torch.compile or torch.export")
+        return _SPECS[kind].op(*args)
+    return _FUNCTIONS[kind].apply(*args)
+

@@ -1,0 +1,119 @@
+"""Shared helpers of attention_c.torch: tensors to NumPy arrays and back
+(no copies), and the checks that phrase errors in PyTorch's terms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_FLOATS = (torch.float32, torch.float64)
+# Computed in float32 and returned in their own dtype, as the NumPy API does
+# for float16.
+_LOW = (torch.bfloat16, torch.float16)
+_DTYPES_TEXT = ("torch.float32, torch.float64 (computed natively), "
+                "torch.bfloat16 and torch.float16 (computed in float32)")
+
+# Whether torch.jit.trace is recording: torch.jit.is_tracing itself, which
+# torch.compile folds to False (not torch._C._is_tracing, a graph break).
+# Not among the typed exports of torch.jit, hence getattr.
+_tracing: Any = getattr(torch.jit, "is_tracing")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a checked CPU tensor: shared memory, any strides."""
+    return t.detach().numpy()
+
+
+def _np_opt(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else _np(t)
+
+
+def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
+                   mask: torch.Tensor | None, item: str = "item"
+                   ) -> torch.dtype | None:
+    """Errors that the kernels cannot phrase in PyTorch's terms.
+
+    ``named`` are the float tensors (None for an absent optional one), the
+    first setting the dtype of all; ``mask`` the boolean mask of the valid
+    items (``item``: what it masks, for the messages).
+
+    Returns the dtype to compute in float32 and return in: bfloat16 or
+    float16, float32 under ``torch.autocast`` (any mix of dtypes), or None
+    when the tensors go to the kernels as they are (float32, float64).
+    """
+    present = [(n, t) for n, t in [*named, ("mask", mask)] if t is not None]
+    for name, t in present:
+        if isinstance(t, torch.fx.Proxy):
+            # Only for a direct call: the modules' calls are leaves of
+            # symbolic_trace (torch.fx.wrap in modules.py and __init__.py).
+            raise TypeError(
+                f"{name} is a torch.fx.Proxy: torch.fx.symbolic_trace "
+                f"cannot trace into attention_c.torch; call its modules or "
+                f"its functions as attributes of the module (e.g. "
+                f"attention_c.torch.dot_attention), which symbolic_trace "
+                f"keeps as leaves, or use torch.export.export or make_fx")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
+        if t.layout != torch.strided or t.is_nested:
+            kind = "nested" if t.is_nested else str(t.layout)
+            raise TypeError(f"{name} is a {kind} tensor; attention_c.torch "
+                            f"takes dense (strided) tensors: convert it "
+                            f"with .to_dense() or .to_padded_tensor() and "
+                            f"a mask")
+    # All on 'meta': only shapes, which the operators' fake implementation
+    # propagates.  Anything else off the CPU is refused.
+    all_meta = all(t.device.type == "meta" for _, t in present)
+    for name, t in present:
+        if t.device.type != "cpu" and not all_meta:
+            raise ValueError(
+                f"attention_c.torch runs on the CPU only, but {name} is on "
+                f"device '{t.device}'; move the module and its inputs with "
+                f".cpu(), or use a pure-PyTorch attention on the GPU")
+    first, ref = named[0]
+    assert ref is not None
+    autocast = torch.is_autocast_enabled("cpu")
+    for name, x in named:
+        if x is None:
+            continue
+        t = x
+        if t.dtype not in _FLOATS + _LOW:
+            raise TypeError(f"{name} has dtype {t.dtype}; attention_c.torch "
+                            f"supports {_DTYPES_TEXT}")
+        if t.dtype != ref.dtype and not autocast:
+            # NumPy would promote; autograd needs each gradient in the
+            # dtype of its input, so mixed dtypes are refused instead.
+            raise TypeError(f"{name} has dtype {t.dtype} but {first} has "
+                            f"{ref.dtype}; convert them to one dtype")
+    if mask is not None:
+        if mask.requires_grad:
+            raise ValueError(f"mask requires grad, but a mask is not "
+                             f"differentiable: pass a torch.bool tensor "
+                             f"(True = valid {item}), e.g. mask.detach() > 0")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask has dtype {mask.dtype}; expected "
+                            f"torch.bool with True = valid {item}")
+    if autocast and any(t is not None and t.dtype != torch.float64
+                        for _, t in named):
+        # In float32, like autocast's softmax.  Cast here, where autograd
+        # records it, rather than inside the operators (whose saved inputs
+        # would keep autocast's dtypes).
+        return torch.float32
+    return ref.dtype if ref.dtype in _LOW else None
+
+
+def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, alpha)`` in the caller's low-precision dtype, if any."""
+    if low is None:
+        return out, alpha
+    return out.to(low), alpha.to(low)
+
+
+def _f32(t: torch.Tensor | None, low: torch.dtype | None
+         ) -> torch.Tensor | None:
+    """``t`` in float32 when computing a low-precision call (differentiable:
+    the gradient comes back in ``t``'s dtype)."""
+    return t if t is None or low is None else t.float()

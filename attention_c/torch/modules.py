@@ -1,0 +1,417 @@
+"""The modules of attention_c.torch, as ``torch.nn.modules``: the layers
+as ``nn.Module`` holding their parameters, on the C kernels (through the
+functions of attention_c.torch.functional).
+
+Forwards take the data by position and every option by keyword:
+``module(h, *, mask=None)`` (ContextAttention) and ``module(query, keys, *,
+values=None, mask=None, key_proj=None)`` (the attention family; DotAttention
+has no key_proj), each with ``return_weights=False`` to also return the
+attention weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from attention_c import layer as _layer
+
+from ._utils import _DTYPES_TEXT, _FLOATS, _LOW
+from .functional import (additive_attention, context_attention,
+                         dot_attention, general_attention, project_keys)
+
+__all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
+           "GeneralAttention"]
+
+
+def _module_dtype(dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype of a module's parameters: float32, float64, bfloat16 or
+    float16."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if dtype not in _FLOATS + _LOW:
+        raise TypeError(f"dtype must be one of {_DTYPES_TEXT}, got {dtype}")
+    return dtype
+
+
+def _uniform_(p: torch.Tensor | None, fan_in: int) -> None:
+    """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` in place, as ``nn.Linear``."""
+    if p is not None:
+        bound = 1.0 / math.sqrt(fan_in)
+        with torch.no_grad():
+            p.uniform_(-bound, bound)
+
+
+def _load_(p: torch.Tensor | None, x: np.ndarray | None) -> None:
+    """Copy the loaded values ``x`` into the parameter ``p`` (both or
+    neither None)."""
+    if p is not None and x is not None:
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(x))
+
+
+def _result(out: torch.Tensor, alpha: torch.Tensor, return_weights: bool
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A forward's result: ``out``, or ``(out, alpha)``."""
+    return (out, alpha) if return_weights else out
+
+
+class ContextAttention(torch.nn.Module):
+    """Context-pooled additive attention pooling as an ``nn.Module``.
+
+    Pools ``h`` (..., T, H) to (..., H) with the weights
+    ``alpha = masked softmax of v . tanh(W_h h_t + W_c c + b)``, ``c`` the
+    mean of the valid items.  Runs the C kernels on the CPU.
+
+    Parameters
+    ----------
+    hidden_size : int
+        H.
+    attention_size : int
+        A, the width of the score network.
+    bias : bool, optional
+        Whether the score network has a bias (default True).
+    dtype : torch.dtype, optional
+        torch.float32 (default: ``torch.get_default_dtype()``) or
+        torch.float64.
+
+    Attributes
+    ----------
+    W : Parameter (A, 2H)
+        Initialised like ``nn.Linear(2H, A).weight``.
+    v : Parameter (A,)
+        Initialised like ``nn.Linear(A, 1).weight``.
+    b : Parameter (A,) or None
+        Initialised like ``nn.Linear(2H, A).bias``.
+    """
+
+    def __init__(self, hidden_size: int, attention_size: int,
+                 bias: bool = True, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        dtype = _module_dtype(dtype)
+        self.hidden_size = hidden_size
+        self.attention_size = attention_size
+        A, H = attention_size, hidden_size
+        self.W = torch.nn.Parameter(torch.empty(A, 2 * H, dtype=dtype))
+        self.v = torch.nn.Parameter(torch.empty(A, dtype=dtype))
+        self.b = (torch.nn.Parameter(torch.empty(A, dtype=dtype)) if bias
+                  else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` as in ``nn.Linear``."""
+        _uniform_(self.W, 2 * self.hidden_size)
+        _uniform_(self.b, 2 * self.hidden_size)
+        _uniform_(self.v, self.attention_size)
+
+    @classmethod
+    def from_linear(cls, score: torch.nn.Linear,
+                    out: torch.nn.Linear | torch.Tensor
+                    ) -> ContextAttention:
+        """The module computing ``out(tanh(score([h_t, c])))`` scores with
+        the weights (copied) of a ``Linear(2H, A)``, ``Linear(A, 1)`` pair.
+
+        ``out.bias`` is dropped: a constant added to every score does not
+        change the softmax.  ``out`` may also be ``v`` itself, a tensor (A,)
+        or (1, A).
+        """
+        W, v, b = _layer._context_from_linear(score, out)
+        module = cls(W.shape[1] // 2, W.shape[0], bias=b is not None,
+                     dtype=score.weight.dtype)
+        for p, x in [(module.W, W), (module.v, v), (module.b, b)]:
+            _load_(p, x)
+        return module
+
+    def forward(self, h: torch.Tensor, *, mask: torch.Tensor | None = None,
+                return_weights: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Pool ``h`` (..., T, H) to (..., H).
+
+        Parameters
+        ----------
+        h : Tensor (..., T, H)
+        mask : Tensor of torch.bool (..., T), optional
+            True marks a valid item.  Keyword-only, as ``return_weights``.
+        return_weights : bool, optional
+            Also return the attention weights (..., T).
+
+        Returns
+        -------
+        out : Tensor (..., H)
+            ``(out, alpha)`` with ``return_weights``.
+        """
+        out, alpha = context_attention(h, self.W, self.v, b=self.b, mask=mask)
+        return _result(out, alpha, return_weights)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, "
+                f"attention_size={self.attention_size}, "
+                f"bias={self.b is not None}")
+
+
+class AdditiveAttention(torch.nn.Module):
+    """Additive (Bahdanau) attention as an ``nn.Module`` on the C kernels.
+
+    ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i`` the masked
+    softmax of ``s_i`` over the keys, ``out_i = sum_t alpha_it val_t``.
+
+    Parameters
+    ----------
+    key_size : int
+        H.
+    query_size : int
+        Hq.
+    attention_size : int
+        A, the width of the score network.
+    bias : bool, optional
+        Whether the score network has a bias (default True).
+    dtype : torch.dtype, optional
+        torch.float32 (default: ``torch.get_default_dtype()``) or
+        torch.float64.
+
+    Attributes
+    ----------
+    W : Parameter (A, H + Hq)
+        ``[W_k | W_q]``, initialised like ``nn.Linear(H + Hq, A).weight``.
+    v : Parameter (A,)
+        Initialised like ``nn.Linear(A, 1).weight``.
+    b : Parameter (A,) or None
+        Initialised like ``nn.Linear(H + Hq, A).bias``.
+
+    Examples
+    --------
+    A decoder that attends to the same keys at every step projects them
+    once; autograd then carries their gradient once per sequence::
+
+        attn = AdditiveAttention(key_size=64, query_size=32,
+                                 attention_size=48)
+        kp = attn.project_keys(keys)                   # (B, T, 48)
+        for step in range(steps):
+            context = attn(state, keys, mask=mask, key_proj=kp)
+            state = cell(context, state)
+    """
+
+    def __init__(self, key_size: int, query_size: int, attention_size: int,
+                 bias: bool = True, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        dtype = _module_dtype(dtype)
+        self.key_size, self.query_size = key_size, query_size
+        self.attention_size = attention_size
+        A, H, Hq = attention_size, key_size, query_size
+        self.W = torch.nn.Parameter(torch.empty(A, H + Hq, dtype=dtype))
+        self.v = torch.nn.Parameter(torch.empty(A, dtype=dtype))
+        self.b = (torch.nn.Parameter(torch.empty(A, dtype=dtype)) if bias
+                  else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` as in ``nn.Linear``."""
+        _uniform_(self.W, self.key_size + self.query_size)
+        _uniform_(self.b, self.key_size + self.query_size)
+        _uniform_(self.v, self.attention_size)
+
+    @classmethod
+    def _from_weights(cls, W: np.ndarray, v: np.ndarray,
+                      b: np.ndarray | None, key_size: int
+                      ) -> AdditiveAttention:
+        module = cls(key_size, W.shape[1] - key_size, W.shape[0],
+                     bias=b is not None, dtype=torch.from_numpy(W).dtype)
+        for p, x in [(module.W, W), (module.v, v), (module.b, b)]:
+            _load_(p, x)
+        return module
+
+    @classmethod
+    def from_linear(cls, score: torch.nn.Linear,
+                    out: torch.nn.Linear | torch.Tensor,
+                    key_size: int) -> AdditiveAttention:
+        """The module computing ``out(tanh(score([k_t, q_i])))`` scores
+        with the weights (copied) of a ``Linear(H + Hq, A)``,
+        ``Linear(A, 1)`` pair.
+
+        ``key_size`` is H: the first H inputs of ``score`` take the key,
+        the others the query.  ``out`` may also be ``v`` itself, a tensor
+        (A,) or (1, A); ``out.bias`` is dropped (a constant added to every
+        score does not change the softmax).
+        """
+        W, v, b = _layer._additive_from_linear(score, out, key_size)
+        return cls._from_weights(W, v, b, key_size)
+
+    @classmethod
+    def from_d2l(cls, W_k: torch.nn.Linear, W_q: torch.nn.Linear,
+                 w_v: torch.nn.Linear | torch.Tensor) -> AdditiveAttention:
+        """The module computing d2l.ai's ``w_v(tanh(W_k(k_t) + W_q(q_i)))``
+        scores with the weights (copied) of ``W_k = Linear(H, A)``, ``W_q =
+        Linear(Hq, A)``, ``w_v = Linear(A, 1)`` (d2l's have no biases; any
+        biases of ``W_k`` and ``W_q`` add up to ``b``, ``w_v``'s is
+        dropped).
+
+        d2l masks with ``valid_lens`` and gives a query with no valid key
+        uniform weights; here it gets 0.
+        """
+        W, v, b, H = _layer._additive_from_d2l(W_k, W_q, w_v)
+        return cls._from_weights(W, v, b, H)
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """``W_k k_t`` (..., T, A) for ``forward(..., key_proj=)``."""
+        return project_keys(keys, self.W)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
+                values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None,
+                key_proj: torch.Tensor | None = None,
+                return_weights: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``keys``.
+
+        Parameters
+        ----------
+        query : Tensor (..., Hq) or (..., Tq, Hq)
+            Several queries when ``query.ndim == keys.ndim``.
+        keys : Tensor (..., T, H)
+        values : Tensor (..., T, Hv), optional
+            Default: the keys.  Keyword-only, as every argument after
+            ``keys``.
+        mask : Tensor of torch.bool (..., T) or (..., Tq, T), optional
+            True marks a valid key.
+        key_proj : Tensor (..., T, A), optional
+            :meth:`project_keys` of these keys, computed once per sequence.
+        return_weights : bool, optional
+            Also return the attention weights (..., T) or (..., Tq, T).
+
+        Returns
+        -------
+        out : Tensor (..., Hv) or (..., Tq, Hv)
+            ``(out, alpha)`` with ``return_weights``.
+        """
+        out, alpha = additive_attention(query, keys, self.W, self.v,
+                                        b=self.b, mask=mask, values=values,
+                                        key_proj=key_proj)
+        return _result(out, alpha, return_weights)
+
+    def extra_repr(self) -> str:
+        return (f"key_size={self.key_size}, query_size={self.query_size}, "
+                f"attention_size={self.attention_size}, "
+                f"bias={self.b is not None}")
+
+
+class DotAttention(torch.nn.Module):
+    """Scaled dot-product attention as an ``nn.Module`` on the C kernels
+    (no parameters): ``s_it = scale q_i . k_t``.
+
+    Parameters
+    ----------
+    scale : float, optional
+        Default ``1/sqrt(H)``, H the features of a key and of a query.
+    """
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        self.scale = None if scale is None else float(scale)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
+                values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None,
+                return_weights: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` (..., H) or (..., Tq, H) to ``keys``
+        (..., T, H); arguments (keyword-only after ``keys``; no
+        ``key_proj``: the scores use the keys as they are) and results as
+        in :meth:`AdditiveAttention.forward`."""
+        out, alpha = dot_attention(query, keys, mask=mask, values=values,
+                                   scale=self.scale)
+        return _result(out, alpha, return_weights)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
+
+
+class GeneralAttention(torch.nn.Module):
+    """Multiplicative ("general", Luong) attention as an ``nn.Module`` on
+    the C kernels: ``s_it = q_i . (W_a k_t)``.
+
+    Parameters
+    ----------
+    query_size : int
+        Hq.
+    key_size : int
+        H.
+    dtype : torch.dtype, optional
+        torch.float32 (default: ``torch.get_default_dtype()``) or
+        torch.float64.
+
+    Attributes
+    ----------
+    W : Parameter (Hq, H)
+        ``W_a``, initialised like ``nn.Linear(H, Hq, bias=False).weight``.
+    """
+
+    def __init__(self, query_size: int, key_size: int,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        dtype = _module_dtype(dtype)
+        self.query_size, self.key_size = query_size, key_size
+        self.W = torch.nn.Parameter(torch.empty(query_size, key_size,
+                                                dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``U(-1/sqrt(H), 1/sqrt(H))`` as in ``nn.Linear(H, Hq)``."""
+        _uniform_(self.W, self.key_size)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> GeneralAttention:
+        """The module computing ``q_i . linear(k_t)`` scores with the weight
+        (copied) of a ``Linear(H, Hq)``.  A bias would add ``q_i . bias``
+        to every score of query i, which leaves its softmax as it is: it is
+        dropped."""
+        W = _layer._general_from_linear(linear)
+        module = cls(W.shape[0], W.shape[1], dtype=torch.from_numpy(W).dtype)
+        _load_(module.W, W)
+        return module
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """``W_a k_t`` (..., T, Hq) for ``forward(..., key_proj=)``."""
+        return project_keys(keys, self.W)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
+                values: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None,
+                key_proj: torch.Tensor | None = None,
+                return_weights: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` (..., Hq) or (..., Tq, Hq) to ``keys``
+        (..., T, H); arguments (keyword-only after ``keys``) and results as
+        in :meth:`AdditiveAttention.forward` (``key_proj`` (..., T, Hq))."""
+        out, alpha = general_attention(query, keys, self.W, mask=mask,
+                                       values=values, key_proj=key_proj)
+        return _result(out, alpha, return_weights)
+
+    def extra_repr(self) -> str:
+        return f"query_size={self.query_size}, key_size={self.key_size}"
+
+
+# torch.fx.symbolic_trace of a model records the forwards' calls of these
+# functions as leaves (its proxies carry no data for the checks and
+# kernels); they run at call time.  torch.fx.wrap patches the names in the
+# namespace of the module that calls it: this one's, for the forwards.
+for _name in ("context_attention", "additive_attention", "dot_attention",
+              "general_attention", "project_keys"):
+    torch.fx.wrap(_name)
+del _name
+
+
+def _no_script(self: torch.nn.Module) -> torch.nn.Module:
+    """``torch.jit.script`` calls this first: refuse with a clear error
+    (TorchScript cannot compile the Python around the operators, and is
+    deprecated in PyTorch)."""
+    raise RuntimeError(
+        f"torch.jit.script is not supported for attention_c.torch."
+        f"{type(self).__name__}: use torch.compile or torch.export, which "
+        f"support its operators (torch.ops.attention_c.*)")
+
+
+for _cls in (ContextAttention, AdditiveAttention, DotAttention,
+             GeneralAttention):
+    setattr(_cls, "__prepare_scriptable__", _no_script)
+del _cls
