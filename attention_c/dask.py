@@ -9,8 +9,13 @@ arrays; nothing is computed until you call ``.compute()``::
     import dask.array as da
     import attention_c.dask as acd
     h = da.from_npy_stack("states/")          # (B, T, H), chunked along B
-    out, alpha = acd.context_attention(h, W, v, b, mask=mask)
+    out, alpha = acd.context_attention(h, W, v, b=b, mask=mask)
     out.compute()
+
+The arguments are those of the in-memory functions, in the same order:
+the data and the weights without a default by position, everything
+optional by keyword only (a positional one raises a TypeError that says
+so).
 
 How the work is split:
 
@@ -50,9 +55,11 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from operator import getitem
+from types import FrameType
 from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 import numpy as np
@@ -68,6 +75,7 @@ except ImportError as _missing:     # tested in a subprocess
         "(or pip install \"dask[array]>=2024.1\")") from _missing
 
 import attention_c as _ac
+from attention_c.layer import _keyword_only
 
 __all__ = ["context_attention", "context_attention_backward",
            "additive_attention", "additive_attention_backward",
@@ -240,7 +248,7 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
                 f"leading (batch) axes (chunks {x.chunks}); attention_c."
                 f"dask computes each sequence whole and rechunks it to "
                 f"{target}. Chunk it along the batch only.",
-                da.PerformanceWarning, stacklevel=3)
+                da.PerformanceWarning, stacklevel=_caller_level())
         if x.chunks != target:
             arrays[n] = x.rechunk(target)  # type: ignore[no-untyped-call]
     # One key per weight: a single chunk.
@@ -297,6 +305,18 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
     return results
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` that makes a warning of :func:`_apply` name the
+    line that called attention_c.dask: the first frame outside this module
+    and the argument check of attention_c.layer that wraps its functions."""
+    level = 2                               # 1 is _apply, 2 its caller
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in (
+            __name__, "attention_c.layer"):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _tree_sum(name: str, ndim: int, parts: list[Any]) -> dict[Any, Any]:
     """Tasks summing ``parts`` (tasks or keys, in chunk order) into the key
     ``(name, 0, ..., 0)`` by a tree of fixed shape (FAN_IN per node)."""
@@ -319,27 +339,28 @@ def _tree_sum(name: str, ndim: int, parts: list[Any]) -> dict[Any, Any]:
 
 
 @overload
-def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
-                      mask: _Input | None = None,
+def context_attention(h: _Input, W: _Input, v: _Input, *,
+                      b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: Literal[False] = False
                       ) -> tuple[da.Array, da.Array]: ...
 
 
 @overload
-def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
-                      mask: _Input | None = None, *,
+def context_attention(h: _Input, W: _Input, v: _Input, *,
+                      b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: Literal[True]
                       ) -> tuple[da.Array, da.Array, da.Array]: ...
 
 
 @overload
-def context_attention(h: _Input, W: _Input, v: _Input, b: _Input | None = None,
-                      mask: _Input | None = None,
+def context_attention(h: _Input, W: _Input, v: _Input, *,
+                      b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: bool = ...
                       ) -> tuple[da.Array, ...]: ...
 
 
-def context_attention(h: _Input, W: _Input, v: _Input,
+@_keyword_only
+def context_attention(h: _Input, W: _Input, v: _Input, *,
                       b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: bool = False
                       ) -> tuple[da.Array, ...]:
@@ -386,8 +407,9 @@ def context_attention(h: _Input, W: _Input, v: _Input,
     return tuple(x for x in outs if x is not None)
 
 
+@_keyword_only
 def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
-                               v: _Input, alpha: _Input,
+                               v: _Input, alpha: _Input, *,
                                b: _Input | None = None,
                                mask: _Input | None = None,
                                grad_alpha: _Input | None = None,
@@ -436,7 +458,8 @@ def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
 # The attention family
 
 
-def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input,
+@_keyword_only
+def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
                        b: _Input | None = None, mask: _Input | None = None,
                        values: _Input | None = None,
                        key_proj: _Input | None = None
@@ -486,7 +509,7 @@ def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input,
 @overload
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
-        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
@@ -496,9 +519,9 @@ def additive_attention_backward(
 @overload
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
-        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
-        key_proj: _Input | None = None, *,
+        key_proj: _Input | None = None,
         stop_at_key_proj: Literal[True]
 ) -> tuple[AdditiveAttentionGrads, da.Array]: ...
 
@@ -506,15 +529,16 @@ def additive_attention_backward(
 @overload
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
-        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None, stop_at_key_proj: bool = ...
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
 
 
+@_keyword_only
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
-        alpha: _Input, b: _Input | None = None, mask: _Input | None = None,
+        alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None, stop_at_key_proj: bool = False
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]:
@@ -566,8 +590,10 @@ def additive_attention_backward(
     return grads
 
 
-def dot_attention(query: _Input, keys: _Input, mask: _Input | None = None,
-                  values: _Input | None = None, scale: float | None = None
+@_keyword_only
+def dot_attention(query: _Input, keys: _Input, *,
+                  mask: _Input | None = None, values: _Input | None = None,
+                  scale: float | None = None
                   ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.dot_attention` chunk by chunk of the batch.
 
@@ -605,8 +631,9 @@ def dot_attention(query: _Input, keys: _Input, mask: _Input | None = None,
     return out, alpha
 
 
+@_keyword_only
 def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
-                           alpha: _Input, mask: _Input | None = None,
+                           alpha: _Input, *, mask: _Input | None = None,
                            values: _Input | None = None,
                            scale: float | None = None,
                            grad_alpha: _Input | None = None
@@ -644,7 +671,8 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
         {}, {"scale": scale}, DotAttentionGrads._fields, "ddd"))
 
 
-def general_attention(query: _Input, keys: _Input, W: _Input,
+@_keyword_only
+def general_attention(query: _Input, keys: _Input, W: _Input, *,
                       mask: _Input | None = None, values: _Input | None = None,
                       key_proj: _Input | None = None
                       ) -> tuple[da.Array, da.Array]:
@@ -689,7 +717,7 @@ def general_attention(query: _Input, keys: _Input, W: _Input,
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input,
+        alpha: _Input, *,
         mask: _Input | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
@@ -699,9 +727,9 @@ def general_attention_backward(
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input,
+        alpha: _Input, *,
         mask: _Input | None = None, values: _Input | None = None,
-        grad_alpha: _Input | None = None, key_proj: _Input | None = None, *,
+        grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
 
@@ -709,16 +737,17 @@ def general_attention_backward(
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input,
+        alpha: _Input, *,
         mask: _Input | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
 
 
+@_keyword_only
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input,
+        alpha: _Input, *,
         mask: _Input | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = False

@@ -9,6 +9,7 @@ the same on a real two-process dask.distributed cluster, including one
 worker killed in the middle of a computation.
 """
 
+import inspect
 import os
 import pickle
 import signal
@@ -266,10 +267,16 @@ def test_chunks_along_T_or_H_are_rechunked_with_a_warning():
     W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
     with pytest.warns(da.PerformanceWarning,
                       match=r"h is chunked along axes \[1, 2\].*"
-                            r"rechunks it to \(\(2, 2, 2\), \(8,\), \(4,\)\)"):
+                            r"rechunks it to \(\(2, 2, 2\), \(8,\), \(4,\)\)"
+                      ) as record:
         out, alpha = acd.context_attention(
             da.from_array(h, chunks=(2, 3, 2)), W, v,
             mask=da.from_array(mask, chunks=(3, 8)))
+    # The warning names the caller's line, not attention_c's.
+    assert {w.filename for w in record} == {__file__}
+    with pytest.warns(da.PerformanceWarning) as record:
+        acd.project_keys(da.from_array(h, chunks=(2, 3, 2)), W)
+    assert [w.filename for w in record] == [__file__]
     assert out.chunks == ((2, 2, 2), (4,)) and alpha.chunks[1] == (8,)
     ref = ac.context_attention(h, W, v, mask=mask)
     np.testing.assert_array_equal(out.compute(), ref[0])
@@ -302,6 +309,80 @@ def test_bad_input_raises_when_the_graph_is_built():
     unknown = h[h[:, 0, 0] > 0]
     with pytest.raises(ValueError, match="compute_chunk_sizes"):
         acd.context_attention(unknown, W, v)
+
+
+FUNCTIONS = ["context_attention", "context_attention_backward",
+             "additive_attention", "additive_attention_backward",
+             "dot_attention", "dot_attention_backward", "general_attention",
+             "general_attention_backward", "project_keys",
+             "project_keys_backward"]
+
+
+def test_every_function_is_here():
+    assert sorted(n for n in acd.__all__ if n[0].islower()) == sorted(
+        FUNCTIONS)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_signature_is_the_in_memory_one(name):
+    """The in-memory function's arguments, in its order, with its
+    defaults; what has a default is keyword-only, the rest positional."""
+    mine = inspect.signature(getattr(acd, name)).parameters.values()
+    theirs = inspect.signature(getattr(ac, name)).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in mine] == [
+        (p.name, p.kind, p.default) for p in theirs]
+    for p in mine:
+        assert p.kind is (p.POSITIONAL_OR_KEYWORD if p.default is p.empty
+                          else p.KEYWORD_ONLY), p
+
+
+def test_a_positional_mask_asks_for_a_keyword():
+    """acd.additive_attention(q, k, W, v, mask) would have read the mask
+    as the bias b: a TypeError that says to pass it by keyword, raised
+    before any graph is built."""
+    rng = np.random.default_rng(9)
+    q, k = rng.standard_normal((4, 3)), rng.standard_normal((4, 5, 2))
+    W, v = rng.standard_normal((6, 5)), rng.standard_normal(6)
+    mask = da.from_array(ragged_mask(rng, (4,), 5), chunks=(2, -1))
+    with pytest.raises(TypeError) as err:
+        acd.additive_attention(q, k, W, v, mask)
+    assert str(err.value) == (
+        "additive_attention() takes 4 positional arguments but 5 were given; "
+        "b, mask, values, key_proj are keyword-only (pass them by name, e.g. "
+        "b=...). Argument 5 is a boolean array: did you mean mask=...?")
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 "
+                                        r"were given; .*did you mean "
+                                        r"mask=\.\.\.\?$"):
+        acd.dot_attention(k, k, mask.compute())
+    out, _ = acd.additive_attention(q, k, W, v, mask=mask)
+    np.testing.assert_array_equal(
+        out.compute(), ac.additive_attention(q, k, W, v,
+                                             mask=mask.compute())[0])
+
+
+@pytest.mark.parametrize("name", [n for n in FUNCTIONS
+                                  if "project_keys" not in n])
+def test_every_positional_option_asks_for_a_keyword(name):
+    """One argument too many, whatever it is: the in-memory function's
+    TypeError word for word, which names the keyword-only arguments (and
+    guesses mask= only for a boolean array, here a Dask one)."""
+    params = inspect.signature(getattr(acd, name)).parameters.values()
+    args = [np.zeros((2, 3, 4))] * sum(p.default is p.empty for p in params)
+    messages = []
+    for extra in [np.zeros((2, 3)), np.ones((2, 3), bool),
+                  da.ones((2, 3), dtype=bool, chunks=1)]:
+        for module in (ac, acd):
+            if module is ac and isinstance(extra, da.Array):
+                continue
+            with pytest.raises(TypeError) as err:
+                getattr(module, name)(*args, extra)
+            messages.append(str(err.value))
+    # in-memory then Dask: a float array, a boolean one, a Dask boolean one
+    assert "keyword-only" in messages[0] and "did you" not in messages[0]
+    assert messages[1] == messages[0]
+    assert messages[2].startswith(messages[0] + ". Argument ")
+    assert messages[2].endswith("boolean array: did you mean mask=...?")
+    assert messages[3] == messages[4] == messages[2]
 
 
 def test_import_attention_c_does_not_import_dask():

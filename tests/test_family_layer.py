@@ -8,6 +8,8 @@ train it, and loading PyTorch layers must give what the attention_c.torch
 module loaded from them computes.
 """
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -160,12 +162,116 @@ def test_backward_before_call_raises(kind):
         make_layer(kind).backward(np.zeros((B, HV)))
 
 
+# --------------------------------------------------------------------------
+# One argument order: query and keys by position, the rest by keyword
+
+
+def positional(f):
+    """The names f takes by position (after self or cls)."""
+    return [p.name for p in inspect.signature(f).parameters.values()
+            if p.kind is not p.KEYWORD_ONLY]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_optional_arguments_are_keyword_only(kind):
+    layer = make_layer(kind)
+    assert positional(layer) == ["query", "keys"]
+    keywords = ["values", "mask"] + ["key_proj"] * (kind != "dot")
+    assert list(inspect.signature(layer).parameters)[2:] == keywords
+    assert positional(layer.backward) == ["grad_out"]
+    assert positional(type(layer)) == {
+        "additive": ["key_size", "query_size", "attention_size"],
+        "general": ["query_size", "key_size"], "dot": []}[kind]
+
+
+def test_loaders_take_the_torch_layers_by_position_only():
+    assert positional(ac.AdditiveAttention.from_torch) == [
+        "score", "out", "key_size"]
+    assert positional(ac.AdditiveAttention.from_d2l) == ["W_k", "W_q", "w_v"]
+    assert positional(ac.GeneralAttention.from_torch) == ["linear"]
+
+
+@pytest.mark.parametrize("several", [True, False], ids=["several", "single"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_positional_mask_asks_for_a_keyword(kind, several):
+    """layer(query, keys, mask) used to read the mask as the values (and
+    layer(query, keys, values, mask) was the documented call): now a
+    TypeError that says to pass them by keyword and guesses mask=."""
+    layer = make_layer(kind)
+    args, _ = inputs(kind, several=several)
+    q, k, vals, m = (args[n] for n in ["query", "keys", "values", "mask"])
+    name = type(layer).__name__
+    keywords = "values, mask" + ", key_proj" * (kind != "dot")
+    no_guess = (f"{name}.__call__() takes 2 positional arguments but 3 were "
+                f"given; {keywords} are keyword-only (pass them by name, "
+                f"e.g. values=...)")
+    with pytest.raises(TypeError) as err:
+        layer(q, k, m)
+    assert str(err.value) == (no_guess + ". Argument 3 is a boolean array: "
+                              "did you mean mask=...?")
+    with pytest.raises(TypeError, match=r"4 were given.*Argument 4 is a "
+                                        r"boolean array: did you mean "
+                                        r"mask=\.\.\.\?$"):
+        layer(q, k, vals, m)
+    with pytest.raises(TypeError) as err:         # float values: no guess
+        layer(q, k, vals)
+    assert str(err.value) == no_guess
+    assert layer.attention_weights is None        # nothing ran
+    out = layer(q, k, values=vals, mask=m)
+    assert out.shape == q.shape[:-1] + (HV,)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_positional_grad_alpha_asks_for_a_keyword(kind):
+    layer = make_layer(kind)
+    args, _ = inputs(kind)
+    out = layer(**args)
+    with pytest.raises(TypeError) as err:
+        layer.backward(np.ones_like(out), np.ones(
+            layer.attention_weights.shape))
+    assert str(err.value) == (
+        f"{type(layer).__name__}.backward() takes 1 positional argument but "
+        f"2 were given; grad_alpha is keyword-only (pass it by name, e.g. "
+        f"grad_alpha=...)")
+    assert layer.grads() == {}
+
+
+def test_constructors_and_loaders_ask_for_keywords():
+    """Where a positional option was silently misread, or could be: e.g.
+    GeneralAttention(Hq, H, np.float32) and AdditiveAttention(H, Hq, A,
+    np.float32) (a truthy bias)."""
+    cases = [
+        (lambda: ac.AdditiveAttention(H, HQ, A, np.float32),
+         r"^AdditiveAttention\(\) takes 3 positional arguments but 4 were "
+         r"given; bias, dtype, seed are keyword-only \(pass them by name, "
+         r"e\.g\. bias=\.\.\.\)$"),
+        (lambda: ac.GeneralAttention(HQ, H, np.float32),
+         r"^GeneralAttention\(\) takes 2 .*; dtype, seed are keyword-only"),
+        (lambda: ac.DotAttention(0.5),
+         r"^DotAttention\(\) takes 0 positional arguments but 1 was given; "
+         r"scale, dtype are keyword-only"),
+        # checked before the PyTorch layers are looked at
+        (lambda: ac.AdditiveAttention.from_torch(None, None, H, np.float32),
+         r"^AdditiveAttention\.from_torch\(\) takes 3 .*; dtype is "
+         r"keyword-only \(pass it by name, e\.g\. dtype=\.\.\.\)$"),
+        (lambda: ac.AdditiveAttention.from_d2l(None, None, None, np.float32),
+         r"^AdditiveAttention\.from_d2l\(\) takes 3 .*; dtype is "
+         r"keyword-only"),
+        (lambda: ac.GeneralAttention.from_torch(None, np.float32),
+         r"^GeneralAttention\.from_torch\(\) takes 1 positional argument "
+         r"but 2 were given; dtype is keyword-only"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+
+
 def test_repr():
     assert repr(make_layer("additive", np.float32)) == (
         "AdditiveAttention(key_size=3, query_size=2, attention_size=7, "
         "bias=True, dtype=float32)")
-    assert repr(ac.DotAttention(0.5)) == "DotAttention(scale=0.5, " \
-                                         "dtype=float64)"
+    assert repr(ac.DotAttention(scale=0.5)) == (
+        "DotAttention(scale=0.5, dtype=float64)")
     assert repr(make_layer("general")) == (
         "GeneralAttention(query_size=2, key_size=3, dtype=float64)")
 
@@ -186,7 +292,7 @@ def test_layer_equals_functions(kind, dtype, several, mask, values):
     out = layer(**args)
     g = rng.standard_normal(out.shape).astype(dtype)
     ga = rng.standard_normal(layer.attention_weights.shape).astype(dtype)
-    grads = layer.backward(g, ga)
+    grads = layer.backward(g, grad_alpha=ga)
     f_out, f_alpha, f_g = functions(kind, layer, args, g, ga)
     assert out.dtype == dtype and grads.query.dtype == dtype
     np.testing.assert_array_equal(out, f_out)
@@ -277,7 +383,7 @@ def test_backward_matches_finite_differences(kind, several, mask):
         return np.sum(out * G) + np.sum(layer.attention_weights * Ga)
 
     loss()
-    grads = layer.backward(G, Ga)
+    grads = layer.backward(G, grad_alpha=Ga)
     pgrads = layer.grads()
     for name in ["query", "keys", "values"]:
         err = rel_err(getattr(grads, name), numerical_grad(loss, args[name]))
@@ -329,7 +435,7 @@ def test_adam_on_the_query_of_dot_attention():
     layer, state = ac.DotAttention(scale=2.0), {}
 
     def loss_and_step():
-        diff = layer(params["query"], keys, values) - target
+        diff = layer(params["query"], keys, values=values) - target
         g = layer.backward(2 * diff / diff.size)
         ac.adam_step(params, {"query": g.query}, state, lr=0.1)
         return np.mean(diff ** 2)
@@ -377,10 +483,11 @@ def test_from_torch_equals_the_torch_modules(dtype, bias):
         assert ("b" in layer.parameters()) == (
             getattr(module, "b", None) is not None)
         out = layer(**args)
+        t_args = {n: torch.from_numpy(x) for n, x in args.items()}
         with torch.no_grad():
             t_out, t_alpha = module(
-                *(torch.from_numpy(args[n]) for n in
-                  ["query", "keys", "values", "mask"]), return_weights=True)
+                t_args.pop("query"), t_args.pop("keys"), **t_args,
+                return_weights=True)
         tol = dict(rtol=TOL[np.dtype(dtype).type], atol=0)
         np.testing.assert_allclose(out, t_out.numpy(), **tol)
         np.testing.assert_allclose(layer.attention_weights, t_alpha.numpy(),

@@ -7,6 +7,8 @@ must reproduce the PyTorch computation, and sgd_step / adam_step must do
 exactly the update written in their docstrings.
 """
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -81,7 +83,7 @@ def test_parameters_and_grads_dicts():
     assert params["W"] is layer.W and params["b"] is layer.b
     assert layer.grads() == {}
     h, mask, _ = inputs(0)
-    out = layer(h, mask)
+    out = layer(h, mask=mask)
     layer.backward(np.ones_like(out))
     grads = layer.grads()
     assert list(grads) == list(params)
@@ -90,7 +92,7 @@ def test_parameters_and_grads_dicts():
 
     nob = make_layer(bias=False)
     assert nob.b is None and list(nob.parameters()) == ["W", "v"]
-    out = nob(h, mask)
+    out = nob(h, mask=mask)
     nob.backward(out)
     assert list(nob.grads()) == ["W", "v"]
     assert "bias=False" in repr(nob)
@@ -99,6 +101,91 @@ def test_parameters_and_grads_dicts():
 def test_backward_before_call_raises():
     with pytest.raises(RuntimeError, match="before"):
         make_layer().backward(np.zeros((B, H)))
+
+
+# --------------------------------------------------------------------------
+# One argument order: what is always required by position, the rest by
+# keyword
+
+
+def positional(f):
+    """The names f takes by position (after self or cls)."""
+    return [p.name for p in inspect.signature(f).parameters.values()
+            if p.kind is not p.KEYWORD_ONLY]
+
+
+def test_optional_arguments_are_keyword_only():
+    """The signatures: the input (the gradient for the backward), the
+    sizes, the PyTorch layers and the dicts by position, nothing else."""
+    layer = make_layer()
+    assert positional(layer) == ["h"]
+    assert positional(layer.backward) == ["grad_out"]
+    assert positional(ac.ContextAttention) == ["hidden_size",
+                                               "attention_size"]
+    assert positional(ac.ContextAttention.from_torch) == ["score", "out"]
+    assert positional(ac.sgd_step) == ["params", "grads"]
+    assert positional(ac.adam_step) == ["params", "grads", "state"]
+    kw = inspect.signature(layer).parameters["mask"]
+    assert kw.kind is kw.KEYWORD_ONLY and kw.default is None
+
+
+def test_a_positional_mask_asks_for_a_keyword():
+    """layer(h, mask) used to be the documented call: now a TypeError that
+    says to pass it by keyword and guesses mask=, and the layer is left as
+    it was."""
+    layer = make_layer()
+    h, mask, _ = inputs(0)
+    with pytest.raises(TypeError) as err:
+        layer(h, mask)
+    assert str(err.value) == (
+        "ContextAttention.__call__() takes 1 positional argument but 2 were "
+        "given; mask is keyword-only (pass it by name, e.g. mask=...). "
+        "Argument 2 is a boolean array: did you mean mask=...?")
+    assert layer.attention_weights is None
+    # A list of booleans is a mask too.
+    with pytest.raises(TypeError, match=r"did you mean mask=\.\.\.\?"):
+        layer(h, mask.tolist())
+    out = layer(h, mask=mask)
+    np.testing.assert_array_equal(
+        out, ac.context_attention(h, layer.W, layer.v, b=layer.b,
+                                  mask=mask)[0])
+
+
+def test_other_positional_optional_arguments_ask_for_a_keyword():
+    """The backward, the constructor, the loader and the steps: a
+    TypeError that names the keywords; no mask guess for a float array,
+    nor where there is no mask."""
+    layer = make_layer()
+    h, mask, _ = inputs(1)
+    out = layer(h, mask=mask)
+    with pytest.raises(TypeError) as err:
+        layer.backward(np.ones_like(out), np.ones((B, T)))
+    assert str(err.value) == (
+        "ContextAttention.backward() takes 1 positional argument but 2 were "
+        "given; grad_alpha is keyword-only (pass it by name, e.g. "
+        "grad_alpha=...)")
+    assert layer.grads() == {}
+    # ContextAttention(H, A, np.float32) used to mean bias=np.float32.
+    with pytest.raises(TypeError, match=r"^ContextAttention\(\) takes 2 "
+                       r"positional arguments but 3 were given; bias, dtype, "
+                       r"seed, keep_activations are keyword-only \(pass them "
+                       r"by name, e\.g\. bias=\.\.\.\)$"):
+        ac.ContextAttention(H, A, np.float32)
+    # Checked before the PyTorch layers are looked at.
+    with pytest.raises(TypeError, match=r"^ContextAttention\.from_torch\(\)"
+                       r" takes 2 .*; dtype, keep_activations are "
+                       r"keyword-only"):
+        ac.ContextAttention.from_torch(None, None, np.float32)
+    params, grads = layer.parameters(), {"W": 1.0, "v": 1.0, "b": 1.0}
+    W = layer.W.copy()
+    with pytest.raises(TypeError, match=r"^sgd_step\(\) takes 2 .*; lr is "
+                                        r"keyword-only .*lr=\.\.\.\)$"):
+        ac.sgd_step(params, grads, 0.1)
+    with pytest.raises(TypeError, match=r"^adam_step\(\) takes 3 positional "
+                                        r"arguments but 6 were given; lr, "
+                                        r"betas, eps are keyword-only"):
+        ac.adam_step(params, grads, {}, 0.1, (0.9, 0.99), 1e-6)
+    np.testing.assert_array_equal(layer.W, W)      # no step was taken
 
 
 # --------------------------------------------------------------------------
@@ -118,8 +205,8 @@ def test_layer_equals_functional_api_and_reference(dtype, bias, kind, keep):
     g = rng.standard_normal((B, H)).astype(dtype)
     ga = rng.standard_normal((B, T)).astype(dtype)
 
-    out = layer(h, mask)
-    dh = layer.backward(g, ga)
+    out = layer(h, mask=mask)
+    dh = layer.backward(g, grad_alpha=ga)
     grads = layer.grads()
     assert out.dtype == dtype and dh.dtype == dtype
 
@@ -136,7 +223,7 @@ def test_layer_equals_functional_api_and_reference(dtype, bias, kind, keep):
 
     f64 = [None if x is None else np.asarray(x, np.float64)
            for x in (h, layer.W, layer.v, layer.b, g, ga)]
-    r_out, r_alpha = ref.context_attention(*f64[:4], mask=mask)
+    r_out, r_alpha = ref.context_attention(*f64[:3], b=f64[3], mask=mask)
     r_dh, r_dW, r_dv, r_db = ref.context_attention_backward(
         f64[4], f64[0], f64[1], f64[2], r_alpha, b=f64[3], mask=mask,
         grad_alpha=f64[5])
@@ -155,8 +242,8 @@ def test_fully_masked_rows_give_zeros():
     h, _, _ = inputs(2)
     mask = np.ones((B, T), bool)
     mask[1] = False
-    out = layer(h, mask)
-    dh = layer.backward(np.ones_like(out), np.ones((B, T)))
+    out = layer(h, mask=mask)
+    dh = layer.backward(np.ones_like(out), grad_alpha=np.ones((B, T)))
     assert np.all(out[1] == 0) and np.all(layer.attention_weights[1] == 0)
     assert np.all(dh[1] == 0)
     assert all(np.isfinite(g).all() for g in layer.grads().values())
@@ -166,10 +253,10 @@ def test_inputs_are_converted_to_the_layer_dtype():
     """A float32 layer computes in float32 whatever the input dtype."""
     layer = make_layer(np.float32)
     h, mask, _ = inputs(3)                      # float64
-    out = layer(h, mask)
+    out = layer(h, mask=mask)
     assert out.dtype == np.float32
     assert layer.backward(out).dtype == np.float32
-    out_list = layer(h.tolist(), mask)          # array-likes are accepted
+    out_list = layer(h.tolist(), mask=mask)          # array-likes are accepted
     np.testing.assert_array_equal(out_list, out)
 
 
@@ -199,11 +286,11 @@ def test_backward_matches_finite_differences(bias, kind):
     Ga = rng.standard_normal((B, T))
 
     def loss():
-        out = layer(h, mask)
+        out = layer(h, mask=mask)
         return np.sum(out * G) + np.sum(layer.attention_weights * Ga)
 
     loss()
-    dh = layer.backward(G, Ga)
+    dh = layer.backward(G, grad_alpha=Ga)
     grads = layer.grads()
     assert rel_err(dh, numerical_grad(loss, h)) <= 1e-6
     for name, p in layer.parameters().items():
@@ -232,10 +319,12 @@ def test_adam_step_by_hand():
     params = {"x": np.array([1.0])}
     state = {}
     g1, g2 = 0.5, -2.0
-    ac.adam_step(params, {"x": np.array([g1])}, state, lr, (b1, b2), eps)
+    ac.adam_step(params, {"x": np.array([g1])}, state, lr=lr,
+                 betas=(b1, b2), eps=eps)
     x1 = 1.0 - lr * g1 / (abs(g1) + eps)
     np.testing.assert_allclose(params["x"], [x1], rtol=1e-15)
-    ac.adam_step(params, {"x": np.array([g2])}, state, lr, (b1, b2), eps)
+    ac.adam_step(params, {"x": np.array([g2])}, state, lr=lr,
+                 betas=(b1, b2), eps=eps)
     m = b1 * (1 - b1) * g1 + (1 - b1) * g2
     s = b2 * (1 - b2) * g1 ** 2 + (1 - b2) * g2 ** 2
     m_hat, s_hat = m / (1 - b1 ** 2), s / (1 - b2 ** 2)
@@ -261,7 +350,8 @@ def test_adam_equals_torch_adam():
     xt = torch.tensor(x0, requires_grad=True)
     opt = torch.optim.Adam([xt], lr=0.05, betas=(0.8, 0.99), eps=1e-6)
     for g in grads:
-        ac.adam_step(params, {"x": g}, state, 0.05, (0.8, 0.99), 1e-6)
+        ac.adam_step(params, {"x": g}, state, lr=0.05, betas=(0.8, 0.99),
+                     eps=1e-6)
         xt.grad = torch.tensor(g)
         opt.step()
     np.testing.assert_allclose(params["x"], xt.detach().numpy(), rtol=1e-12)
@@ -276,11 +366,11 @@ def test_training_reduces_the_loss(step):
     mask = rng.random((16, T)) < 0.8
     teacher = ac.ContextAttention(H, A, seed=11)
     teacher.W *= 6
-    target = teacher(h, mask)
+    target = teacher(h, mask=mask)
     layer, state = make_layer(seed=12), {}
 
     def loss_and_step():
-        diff = layer(h, mask) - target
+        diff = layer(h, mask=mask) - target
         layer.backward(2 * diff / diff.size)
         if step == "sgd":
             ac.sgd_step(layer.parameters(), layer.grads(), lr=2.0)
@@ -312,11 +402,11 @@ def test_from_torch_reproduces_the_pytorch_model(dtype, bias):
     assert not np.shares_memory(layer.W, score.weight.detach().numpy())
 
     h, mask, _ = inputs(8, "random", dtype)
-    out = layer(h, mask)
+    out = layer(h, mask=mask)
     with torch.no_grad():
         t_out, t_alpha = torch_context_attention(
-            torch.from_numpy(h), score.weight, out_lin.weight[0], score.bias,
-            torch.from_numpy(mask))
+            torch.from_numpy(h), score.weight, out_lin.weight[0],
+            b=score.bias, mask=torch.from_numpy(mask))
     assert_close(out, t_out.numpy(), dtype, "out")
     assert_close(layer.attention_weights, t_alpha.numpy(), dtype, "alpha")
 
