@@ -63,9 +63,11 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_objects = objects
             # a rebuilt kernel object relinks the extension; binding_tests.c
-            # is binding.c, which includes binding_driver.h
+            # is binding.c, which includes binding_driver.h and
+            # binding_module.h
             ext.depends = HEADERS + objects + ["csrc/binding.c",
-                                               "csrc/binding_driver.h"]
+                                               "csrc/binding_driver.h",
+                                               "csrc/binding_module.h"]
         super().build_extensions()
 
 

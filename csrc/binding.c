@@ -1,6 +1,6 @@
 /*
  * binding.c - the only file that speaks CPython and NumPy (with
- * binding_driver.h, which it includes).
+ * binding_driver.h and binding_module.h, which it includes).
  *
  * Every public function is one row of the table `funcs` below: its
  * arguments in signature order, each with a shape pattern in the style of
@@ -88,6 +88,7 @@ static const char *const out_names[N_OUT_IDS] = {
     "key_proj"};
 
 #include "binding_driver.h"
+#include "binding_module.h"
 
 /* ---------------------------------------------------------------------
  * The kernels of the rows
