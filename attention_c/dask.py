@@ -75,7 +75,7 @@ except ImportError as _missing:     # tested in a subprocess
         "(or pip install \"dask[array]>=2024.1\")") from _missing
 
 import attention_c as _ac
-from attention_c.layer import _keyword_only
+from attention_c._keywords import keyword_only
 
 __all__ = ["context_attention", "context_attention_backward",
            "additive_attention", "additive_attention_backward",
@@ -308,11 +308,12 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
 def _caller_level() -> int:
     """The ``stacklevel`` that makes a warning of :func:`_apply` name the
     line that called attention_c.dask: the first frame outside this module
-    and the argument check of attention_c.layer that wraps its functions."""
+    and the argument check of attention_c._keywords that wraps its
+    functions."""
     level = 2                               # 1 is _apply, 2 its caller
     frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__") in (
-            __name__, "attention_c.layer"):
+            __name__, "attention_c._keywords"):
         level, frame = level + 1, frame.f_back
     return level
 
@@ -359,7 +360,7 @@ def context_attention(h: _Input, W: _Input, v: _Input, *,
                       ) -> tuple[da.Array, ...]: ...
 
 
-@_keyword_only
+@keyword_only
 def context_attention(h: _Input, W: _Input, v: _Input, *,
                       b: _Input | None = None, mask: _Input | None = None,
                       keep_activations: bool = False
@@ -407,7 +408,7 @@ def context_attention(h: _Input, W: _Input, v: _Input, *,
     return tuple(x for x in outs if x is not None)
 
 
-@_keyword_only
+@keyword_only
 def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
                                v: _Input, alpha: _Input, *,
                                b: _Input | None = None,
@@ -458,7 +459,7 @@ def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
 # The attention family
 
 
-@_keyword_only
+@keyword_only
 def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
                        b: _Input | None = None, mask: _Input | None = None,
                        values: _Input | None = None,
@@ -535,7 +536,7 @@ def additive_attention_backward(
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
 
 
-@_keyword_only
+@keyword_only
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
@@ -590,7 +591,7 @@ def additive_attention_backward(
     return grads
 
 
-@_keyword_only
+@keyword_only
 def dot_attention(query: _Input, keys: _Input, *,
                   mask: _Input | None = None, values: _Input | None = None,
                   scale: float | None = None
@@ -631,7 +632,7 @@ def dot_attention(query: _Input, keys: _Input, *,
     return out, alpha
 
 
-@_keyword_only
+@keyword_only
 def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
                            alpha: _Input, *, mask: _Input | None = None,
                            values: _Input | None = None,
@@ -671,7 +672,7 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
         {}, {"scale": scale}, DotAttentionGrads._fields, "ddd"))
 
 
-@_keyword_only
+@keyword_only
 def general_attention(query: _Input, keys: _Input, W: _Input, *,
                       mask: _Input | None = None, values: _Input | None = None,
                       key_proj: _Input | None = None
@@ -744,7 +745,7 @@ def general_attention_backward(
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
 
 
-@_keyword_only
+@keyword_only
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
         alpha: _Input, *,

@@ -28,10 +28,7 @@ reading the mask as the values.
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +37,7 @@ from . import (additive_attention, additive_attention_backward,
                context_attention, context_attention_backward, dot_attention,
                dot_attention_backward, general_attention,
                general_attention_backward, project_keys)
+from ._keywords import keyword_only
 
 __all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
            "GeneralAttention", "AttentionInputGrads", "sgd_step",
@@ -47,7 +45,6 @@ __all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
 
 Array = npt.NDArray[np.floating[Any]]
 _T = TypeVar("_T")
-_P = ParamSpec("_P")
 
 
 def _uniform(rng: np.random.Generator, bound: float, shape: tuple[int, ...],
@@ -79,65 +76,6 @@ def _last_call(cache: _T | None) -> _T:
         raise RuntimeError("backward() called before the layer was called "
                            "on an input")
     return cache
-
-
-# --------------------------------------------------------------------------
-# Optional arguments are keyword-only; a positional one gets an error that
-# says so (attention_c.dask uses this too).
-
-def _is_bool_array(x: Any) -> bool:
-    """A NumPy, Dask or PyTorch array (or a nested list) of booleans,
-    told without computing a lazy array."""
-    if isinstance(x, (list, tuple)):
-        try:
-            return bool(np.asarray(x).dtype == np.bool_)
-        except Exception:           # ragged, say: no hint, the error stands
-            return False
-    return str(getattr(x, "dtype", "")) in ("bool", "torch.bool")
-
-
-def _keyword_only(fn: Callable[_P, _T]) -> Callable[_P, _T]:
-    """``fn`` with Python's bare "takes 2 positional arguments but 3 were
-    given" replaced by the TypeError of the C functions: it names the
-    keyword-only arguments, and asks "did you mean mask=...?" when an
-    extra value is a boolean array (the misreading that keyword-only
-    arguments prevent).  The signature (``inspect.signature``, the docs)
-    is ``fn``'s own."""
-    params = list(inspect.signature(fn).parameters.values())
-    npos = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
-    positional = [p.name for p in params[:npos]]
-    skip = 1 if positional[:1] in (["self"], ["cls"]) else 0
-    keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
-
-    @functools.wraps(fn)
-    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        if len(args) > npos:
-            name = fn.__qualname__
-            if skip:        # the class called, not the one defining fn
-                owner: Any = (args[0] if positional[0] == "cls"
-                              else type(args[0]))
-                name = (owner.__name__ if fn.__name__ == "__init__" else
-                        f"{owner.__name__}.{fn.__name__}")
-            raise _too_many(name, positional[skip:], keywords, args[skip:])
-        return fn(*args, **kwargs)
-    return checked
-
-
-def _too_many(name: str, positional: list[str], keywords: list[str],
-              args: tuple[Any, ...]) -> TypeError:
-    """The C functions' message (csrc/binding_driver.h), word for word."""
-    n, given = len(positional), len(args)
-    several = len(keywords) > 1
-    msg = (f"{name}() takes {n} positional argument{'s' * (n != 1)} but "
-           f"{given} {'was' if given == 1 else 'were'} given; "
-           f"{', '.join(keywords)} {'are' if several else 'is'} "
-           f"keyword-only (pass {'them' if several else 'it'} by name, "
-           f"e.g. {keywords[0]}=...)")
-    masks = [i for i in range(n, given) if _is_bool_array(args[i])]
-    if masks and "mask" in keywords:
-        msg += (f". Argument {masks[0] + 1} is a boolean array: did you "
-                f"mean mask=...?")
-    return TypeError(msg)
 
 
 # --------------------------------------------------------------------------
@@ -332,7 +270,7 @@ class ContextAttention(_Layer):
 
     _param_names = ("W", "v", "b")
 
-    @_keyword_only
+    @keyword_only
     def __init__(self, hidden_size: int, attention_size: int, *,
                  bias: bool = True, dtype: npt.DTypeLike = np.float64,
                  seed: int | np.random.Generator | None = None,
@@ -354,7 +292,7 @@ class ContextAttention(_Layer):
 
     # ------------------------------------------------------------------
     @classmethod
-    @_keyword_only
+    @keyword_only
     def from_torch(cls, score: Any, out: Any, *,
                    dtype: npt.DTypeLike | None = None,
                    keep_activations: bool = True) -> ContextAttention:
@@ -386,7 +324,7 @@ class ContextAttention(_Layer):
         return layer
 
     # ------------------------------------------------------------------
-    @_keyword_only
+    @keyword_only
     def __call__(self, h: npt.ArrayLike, *,
                  mask: npt.ArrayLike | None = None) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
@@ -411,7 +349,7 @@ class ContextAttention(_Layer):
         self._cache = (h, mask, act[0] if act else None, alpha)
         return out
 
-    @_keyword_only
+    @keyword_only
     def backward(self, grad_out: npt.ArrayLike, *,
                  grad_alpha: npt.ArrayLike | None = None) -> Array:
         """Backward pass of the last call.
@@ -506,7 +444,7 @@ class _Attention(_Layer):
         self._cache = (q, k, vals, mask, kp, alpha)
         return out
 
-    @_keyword_only
+    @keyword_only
     def backward(self, grad_out: npt.ArrayLike, *,
                  grad_alpha: npt.ArrayLike | None = None
                  ) -> AttentionInputGrads:
@@ -607,7 +545,7 @@ class AdditiveAttention(_Attention):
 
     _param_names = ("W", "v", "b")
 
-    @_keyword_only
+    @keyword_only
     def __init__(self, key_size: int, query_size: int, attention_size: int,
                  *, bias: bool = True, dtype: npt.DTypeLike = np.float64,
                  seed: int | np.random.Generator | None = None) -> None:
@@ -635,7 +573,7 @@ class AdditiveAttention(_Attention):
         return layer
 
     @classmethod
-    @_keyword_only
+    @keyword_only
     def from_torch(cls, score: Any, out: Any, key_size: int, *,
                    dtype: npt.DTypeLike | None = None) -> AdditiveAttention:
         """A layer with the weights (copied) of a PyTorch
@@ -662,7 +600,7 @@ class AdditiveAttention(_Attention):
         return cls._from_weights(W, v, b, key_size, dtype)
 
     @classmethod
-    @_keyword_only
+    @keyword_only
     def from_d2l(cls, W_k: Any, W_q: Any, w_v: Any, *,
                  dtype: npt.DTypeLike | None = None) -> AdditiveAttention:
         """A layer with the weights (copied) of d2l.ai's additive attention:
@@ -693,7 +631,7 @@ class AdditiveAttention(_Attention):
         score, computed once for calls that attend to the same keys."""
         return project_keys(self._cast(keys), self.W)
 
-    @_keyword_only
+    @keyword_only
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
                  mask: npt.ArrayLike | None = None,
@@ -779,13 +717,13 @@ class DotAttention(_Attention):
     ((2, 7, 4), (2, 7, 6), (2, 6, 4))
     """
 
-    @_keyword_only
+    @keyword_only
     def __init__(self, *, scale: float | None = None,
                  dtype: npt.DTypeLike = np.float64) -> None:
         super().__init__(dtype)
         self.scale = None if scale is None else float(scale)
 
-    @_keyword_only
+    @keyword_only
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
                  mask: npt.ArrayLike | None = None) -> Array:
@@ -872,7 +810,7 @@ class GeneralAttention(_Attention):
 
     _param_names = ("W",)
 
-    @_keyword_only
+    @keyword_only
     def __init__(self, query_size: int, key_size: int, *,
                  dtype: npt.DTypeLike = np.float64,
                  seed: int | np.random.Generator | None = None) -> None:
@@ -885,7 +823,7 @@ class GeneralAttention(_Attention):
                                  self.dtype)
 
     @classmethod
-    @_keyword_only
+    @keyword_only
     def from_torch(cls, linear: Any, *,
                    dtype: npt.DTypeLike | None = None) -> GeneralAttention:
         """A layer with the weight (copied) of a PyTorch ``Linear(H, Hq)``
@@ -913,7 +851,7 @@ class GeneralAttention(_Attention):
         the score, computed once for calls that attend to the same keys."""
         return project_keys(self._cast(keys), self.W)
 
-    @_keyword_only
+    @keyword_only
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
                  mask: npt.ArrayLike | None = None,
@@ -974,7 +912,7 @@ def _check_keys(params: dict[str, Array], grads: dict[str, Array]) -> None:
                        f"call backward() before the step")
 
 
-@_keyword_only
+@keyword_only
 def sgd_step(params: dict[str, Array], grads: dict[str, Array], *,
              lr: float = 0.01) -> None:
     """One plain SGD step, in place: ``p -= lr * g`` for every parameter.
@@ -1006,7 +944,7 @@ def sgd_step(params: dict[str, Array], grads: dict[str, Array], *,
         p -= lr * grads[name]
 
 
-@_keyword_only
+@keyword_only
 def adam_step(params: dict[str, Array], grads: dict[str, Array],
               state: dict[str, Any], *, lr: float = 1e-3,
               betas: tuple[float, float] = (0.9, 0.999),
