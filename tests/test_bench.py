@@ -11,13 +11,15 @@ follow their formulas.
 """
 
 import json
+import pathlib
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from attention_c.bench import cli, harness
+from attention_c.bench import cli, docs_page, harness
 from attention_c.bench.core import gflops
 from attention_c.bench.run import (QUICK_SHAPES, SHAPES, make_problem,
                                    numpy_functions)
@@ -43,13 +45,25 @@ LIMITS = {("fwd/S1", "tiny"): 2.0, ("fwd/S1", "small"): 1.15,
           ("fwd %peak", "large"): 0.8}
 
 
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def bench_dir(tmp_path_factory):
+    """The run's files, with a copy of docs/performance.md to rewrite."""
+    path = tmp_path_factory.mktemp("bench")
+    shutil.copy(PAGE, path / "performance.md")
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(bench_dir):
     pytest.importorskip("torch")      # a baseline of most targets
-    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    path = bench_dir / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "attention_c.bench", *ARGS, "--json",
-         str(path)], capture_output=True, text=True, timeout=600)
+         str(path), "--write-docs", str(bench_dir / "performance.md")],
+        capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     with open(path) as f:
         return json.load(f), proc.stdout
@@ -206,3 +220,125 @@ def test_plot(report, tmp_path):
     data, _ = report
     make_plot(tmp_path / "bench.png", data["results"], data["meta"])
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+# --------------------------------------------------------------------------
+# docs/performance.md: the measured sections, rewritten by --write-docs
+
+def between(text, name):
+    """The body of a page's section ``name``."""
+    start = text.index(f"<!-- bench:{name} -->\n") + len(
+        f"<!-- bench:{name} -->\n")
+    return text[start:text.index(f"\n<!-- /bench:{name} -->")]
+
+
+def outside(text, names):
+    """The page without the bodies of the sections ``names``."""
+    for name in names:
+        text = text.replace(between(text, name), "")
+    return text
+
+
+def fake_run(threads=(1, 2)):
+    """meta and rows of a made-up run of two shapes, float32 only."""
+    meta = {"cpu": "Test CPU", "cpus": 2, "date": "2030-01-02T03:04:05",
+            "config": {"version": "9.9", "simd": "avx2",
+                       "simd_best": "avx2"},
+            "python": "3.x", "numpy": "2.x", "blas": "OpenBLAS",
+            "torch": "2.x", "threads": list(threads),
+            "shapes": ["tiny", "small"], "masks": ["full", "ragged"],
+            "shape_sizes": {"tiny": (8, 16, 32, 32),
+                            "small": (32, 64, 64, 64)},
+            "quick": False, "wall_seconds": 12.3}
+    rows = []
+    for i, (shape, mask, n) in enumerate(
+            (s, m, n) for s in meta["shapes"] for m in meta["masks"]
+            for n in threads):
+        ratios = {"fwd/S1": 1 + i / 100, "bwd/S1": 3.0, "bwd_sv/S1": 2.0,
+                  "fwd/pt": 0.5, "f+b/pt": 0.6, "f+b_sv/pt": 0.5 + i / 100}
+        if n > 1:
+            ratios["f+b N/1"] = 0.55
+        rows.append({"shape": shape, "mask": mask, "dtype": "float32",
+                     "threads": n, "times_ms": {"ours_fwd": 0.0123 * (i + 1)},
+                     "ratios": ratios, "others_load": 0.03})
+    return meta, rows
+
+
+def table_rows(body):
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in body.splitlines()[2:]]
+
+
+def test_layer_tables_from_a_fake_run():
+    meta, rows = fake_run()
+    sections = docs_page.layer_sections(meta, rows)
+    assert set(sections) == {"layer-setup", "layer-float32",
+                             "layer-float64"}
+    table = table_rows(sections["layer-float32"])
+    assert [r[:2] for r in table] == [
+        ["tiny (8, 16, 32, 32)", "full"], ["tiny (8, 16, 32, 32)", "ragged"],
+        ["small (32, 64, 64, 64)", "full"],
+        ["small (32, 64, 64, 64)", "ragged"]]
+    one = [r for r in rows if r["threads"] == 1]
+    two = [r for r in rows if r["threads"] == 2]
+    for line, r1, r2 in zip(table, one, two):
+        assert line[2] == f"{r1['times_ms']['ours_fwd']:.3g}"
+        assert line[3] == f"{r1['ratios']['fwd/S1']:.2f}"
+        assert line[9] == f"{r2['ratios']['f+b_sv/pt']:.2f}"
+        assert line[10] == "0.55"
+    assert sections["layer-float64"] == docs_page.NOT_MEASURED
+    assert "Test CPU" in sections["layer-setup"]
+    assert "2030-01-02" in sections["layer-setup"]
+    assert "at most 3%" in sections["layer-setup"]
+    # one thread only: the N-thread columns are '-'
+    meta, rows = fake_run(threads=(1,))
+    table = table_rows(docs_page.layer_sections(meta, rows)["layer-float32"])
+    assert all(line[-2:] == ["-", "-"] for line in table)
+
+
+def test_write_docs_keeps_the_prose(tmp_path):
+    meta, rows = fake_run()
+    sections = docs_page.layer_sections(meta, rows)
+    page = tmp_path / "performance.md"
+    shutil.copy(PAGE, page)
+    before = page.read_text(encoding="utf-8")
+    docs_page.write_page(page, sections)
+    after = page.read_text(encoding="utf-8")
+    assert outside(after, sections) == outside(before, sections)
+    for name, body in sections.items():
+        assert between(after, name) == body
+    # the committed tables have the columns the writer writes
+    for name in ("layer-float32", "layer-float64"):
+        assert (between(before, name).splitlines()[0]
+                == between(after, "layer-float32").splitlines()[0])
+    # writing again changes nothing
+    docs_page.write_page(page, sections)
+    assert page.read_text(encoding="utf-8") == after
+
+
+def test_write_docs_needs_the_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Performance\n\nno markers\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="bench:layer-setup"):
+        docs_page.write_page(page, {"layer-setup": "x"})
+    assert page.read_text(encoding="utf-8") == "# Performance\n\nno markers\n"
+    # a page that does not exist is made from the sections
+    fresh = tmp_path / "fresh.md"
+    docs_page.write_page(fresh, {"layer-setup": "text"})
+    assert between(fresh.read_text(encoding="utf-8"), "layer-setup") == "text"
+
+
+def test_bench_writes_the_page(report, bench_dir):
+    data, stdout = report
+    written = (bench_dir / "performance.md").read_text(encoding="utf-8")
+    committed = PAGE.read_text(encoding="utf-8")
+    names = ("layer-setup", "layer-float32", "layer-float64")
+    assert outside(written, names) == outside(committed, names)
+    assert "--quick" in between(written, "layer-setup")
+    table = table_rows(between(written, "layer-float32"))
+    assert len(table) == len(SHAPES) * len(MASKS)
+    assert between(written, "layer-float64") == docs_page.NOT_MEASURED
+    # the family's sections are left as they were
+    assert (between(written, "family-table")
+            == between(committed, "family-table"))
+    assert f"wrote {bench_dir / 'performance.md'}" in stdout

@@ -10,6 +10,8 @@ the target verdicts and the peak memory.
 """
 
 import json
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +20,7 @@ import pytest
 
 from attention_c import reference as ref
 from attention_c.bench import family as bf
-from attention_c.bench import harness
+from attention_c.bench import docs_page, harness
 from attention_c.bench.torch_forms import family_forms, stack_steps
 
 torch = pytest.importorskip("torch")
@@ -47,10 +49,23 @@ def run(module, *args):
     return proc.stdout
 
 
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+SECTIONS = ("family-setup", "family-table")
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bench_family") / "family.json"
-    stdout = run("attention_c.bench.family", *ARGS, "--json", str(path))
+def bench_dir(tmp_path_factory):
+    """The run's files, with a copy of docs/performance.md to rewrite."""
+    path = tmp_path_factory.mktemp("bench_family")
+    shutil.copy(PAGE, path / "performance.md")
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(bench_dir):
+    path = bench_dir / "family.json"
+    stdout = run("attention_c.bench.family", *ARGS, "--json", str(path),
+                 "--write-docs", str(bench_dir / "performance.md"))
     with open(path) as f:
         return json.load(f), stdout
 
@@ -118,11 +133,6 @@ def test_peak_memory_is_measured(report):
     assert c["ours"] == memory["ours_mib"] and "peak MiB" in stdout
 
 
-def test_former_name_still_runs():
-    assert "usage: python -m attention_c.bench.family" in run(
-        "attention_c.bench_family", "--help")
-
-
 def test_reachable_from_bench(tmp_path):
     path = tmp_path / "family.json"
     run("attention_c.bench", "--family", *ARGS, "--cases", "dot",
@@ -134,8 +144,8 @@ def test_reachable_from_bench(tmp_path):
 
 
 def reference_results(case, p):
-    """What attention_c.reference gives on a problem, as bench_family
-    names the arrays."""
+    """What attention_c.reference gives on a problem, as the family's
+    benchmark names the arrays."""
     p = {k: None if x is None else
          x.astype(np.float64) if x.dtype != bool else x for k, x in p.items()}
     q, k, vals, W, v, mask, G = (p.get(n) for n in (
@@ -217,3 +227,89 @@ def test_peak_watch_sees_an_allocation():
     rise = (harness.peak_now(method) - before) / 1024
     del block
     assert 60 <= rise <= 80
+
+
+# --------------------------------------------------------------------------
+# docs/performance.md: the family's sections, rewritten by --write-docs
+
+def section(text, name):
+    start = text.index(f"<!-- bench:{name} -->\n") + len(
+        f"<!-- bench:{name} -->\n")
+    return text[start:text.index(f"\n<!-- /bench:{name} -->")]
+
+
+def table_rows(body):
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in body.splitlines()[2:]]
+
+
+def fake_comparisons():
+    """A made-up run at 1 and 2 threads: {(case, mask, threads): ratio}
+    and its comparisons as family.comparisons makes them."""
+    found, ratios = [], {}
+    for case, (_, masks, limit) in bf.CASES.items():
+        for mask in masks:
+            for n in (1, 2):
+                ratio = round(0.1 + len(found) / 100, 2)
+                ratios[case, mask, n] = ratio
+                bases = ("torch", "sdpa") if case == "dot" else ("torch",)
+                for base in bases:
+                    found.append(bf.verdict({
+                        "case": case, "mask": mask, "measure": "f+b ms",
+                        "threads": n, "baseline": base, "ours": 10 * ratio,
+                        "theirs": 10.0,
+                        "limit": limit if base == "torch" else None,
+                        "others_load": 0.01}))
+    found.append(bf.verdict({
+        "case": "additive", "mask": "full", "measure": "peak MiB",
+        "threads": 1, "baseline": "torch", "ours": 6.0, "theirs": 96.0,
+        "limit": bf.MEMORY_LIMIT, "others_load": None}))
+    return found, ratios
+
+
+def fake_meta():
+    return {"cpu": "Test CPU", "cpus": 2, "date": "2030-01-02T03:04:05",
+            "config": {"simd": "avx2"}, "torch": "2.x", "threads": [1, 2],
+            "sizes": bf.SIZES["full"], "quick": False}
+
+
+def test_family_table_from_a_fake_run():
+    found, ratios = fake_comparisons()
+    sections = docs_page.family_sections(fake_meta(), [], found)
+    assert set(sections) == set(SECTIONS)
+    rows = table_rows(sections["family-table"])
+    torch_rows = [r for r in rows if r[3] and "MiB" not in r[3]]
+    masks = [(c, m) for c, (_, ms, _) in bf.CASES.items() for m in ms]
+    assert len(torch_rows) == len(masks)
+    order = ["additive", "decoder_once", "decoder", "dot", "general"]
+    expected = sorted(masks, key=lambda cm: order.index(cm[0]))
+    for row, (case, mask) in zip(torch_rows, expected):
+        assert row[2] == mask
+        assert row[5] == f"{ratios[case, mask, 1]:.2f}"
+        assert row[6] == f"{ratios[case, mask, 2]:.2f}"
+        limit = bf.CASES[case][2]
+        verdict = ("(none)" if limit is None else
+                   f"≤ {limit:g} " + ("pass" if ratios[case, mask, 1]
+                                      <= limit else "miss"))
+        assert row[7] == verdict
+    (memory,) = [r for r in rows if "MiB" in r[3]]
+    assert memory[3:6] == ["6.0 MiB", "96.0 MiB", "0.06"]
+    (sdpa,) = [r for r in rows if "scaled_dot_product" in r[0]]
+    assert sdpa[2] == "full / causal"
+    committed = PAGE.read_text(encoding="utf-8")
+    assert (section(committed, "family-table").splitlines()[0]
+            == sections["family-table"].splitlines()[0])
+    assert "Test CPU" in sections["family-setup"]
+
+
+def test_family_bench_writes_the_page(report, bench_dir):
+    data, stdout = report
+    written = (bench_dir / "performance.md").read_text(encoding="utf-8")
+    committed = PAGE.read_text(encoding="utf-8")
+    for name in ("layer-setup", "layer-float32", "layer-float64"):
+        assert section(written, name) == section(committed, name)
+    rows = table_rows(section(written, "family-table"))
+    timed = [r for r in rows if r[3] and "MiB" not in r[3]]
+    assert len(timed) == len(data["results"])      # one thread: a row each
+    assert any("MiB" in r[3] for r in rows)
+    assert "--quick" in section(written, "family-setup")

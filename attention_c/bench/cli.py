@@ -8,6 +8,7 @@ import time
 from attention_c.bench import harness
 from attention_c.bench.core import (add_layer_forward, run_call_cost,
                                     run_gemm)
+from attention_c.bench.docs_page import layer_sections, write_page
 from attention_c.bench.report import (format_load, make_plot, report,
                                       write_json)
 from attention_c.bench.run import (DTYPES, EXTRA_SHAPES, MASKS,
@@ -55,6 +56,9 @@ def parse_args(argv):
                              "large (default: yes, except with --quick)")
     parser.add_argument("--json", metavar="FILE", help="write all results")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG plot")
+    parser.add_argument("--write-docs", metavar="PAGE",
+                        help="rewrite the measured sections of this page "
+                             "(docs/performance.md), keeping its prose")
     parser.add_argument("--family", action="store_true",
                         help="benchmark the attention family instead "
                              "(attention_c.bench.family; takes its options)")
@@ -116,6 +120,9 @@ def main(argv=None):
     if options.json:
         write_json(options.json, meta, rows, targets, gemm, calls)
         print(f"wrote {options.json}")
+    if options.write_docs:
+        write_page(options.write_docs, layer_sections(meta, rows))
+        print(f"wrote {options.write_docs}")
     if options.plot:
         try:
             make_plot(options.plot, rows, meta)

@@ -79,8 +79,8 @@ def _pooling(torch, model, pool, H):
                 self.b = nn.Parameter(torch.zeros(A))
 
             def forward(self, h, mask):
-                return torch_context_attention(h, self.W, self.v, self.b,
-                                               mask)[0]
+                return torch_context_attention(h, self.W, self.v, b=self.b,
+                                               mask=mask)[0]
 
         return PureContext(), H
     return _Queries(torch, pool, H, A), QUERIES * H
@@ -120,8 +120,8 @@ def _Queries(torch, pool, H, A):
             if pool == "attention_c":
                 out = self.attn(q, h, mask=mask)
             elif pool == "pytorch":
-                out = torch_additive_attention(q, h, self.W, self.v, self.b,
-                                               mask)[0]
+                out = torch_additive_attention(q, h, self.W, self.v,
+                                               b=self.b, mask=mask)[0]
             else:                               # every query the same
                 out = _masked_mean(torch, h, mask).unsqueeze(1).expand(
                     -1, QUERIES, -1)
@@ -147,7 +147,7 @@ def build(torch, model, pool, act, size):
                                       activation(), nn.Linear(H, 10))
 
         def forward(self, x, mask):
-            return self.head(self.pool(self.item(x), mask))
+            return self.head(self.pool(self.item(x), mask=mask))
 
     return Net()
 

@@ -65,6 +65,7 @@ import numpy as np
 
 import attention_c as ac
 from attention_c.bench import harness
+from attention_c.bench.docs_page import family_sections, write_page
 from attention_c.bench.report import (format_load, format_ms, format_ratio,
                                       format_table, header_lines)
 from attention_c.bench.torch_forms import family_forms, stack_steps
@@ -525,6 +526,10 @@ def parse_args(argv):
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the peak-memory subprocesses")
     parser.add_argument("--json", metavar="PATH", help="write all results")
+    parser.add_argument("--write-docs", metavar="PAGE",
+                        help="rewrite the family's measured sections of "
+                             "this page (docs/performance.md), keeping its "
+                             "prose")
     parser.add_argument("--memory-child", choices=("ours", "torch"),
                         help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -580,6 +585,10 @@ def main(argv=None):
                        "comparisons": found, "memory": memory}, f, indent=1)
             f.write("\n")
         print(f"wrote {options.json}")
+    if options.write_docs:
+        write_page(options.write_docs, family_sections(
+            dict(meta, quick=options.quick), rows, found))
+        print(f"wrote {options.write_docs}")
     return 0
 
 

@@ -96,24 +96,24 @@ def ours_functions(p):
     saved activations."""
     (h, W, v, b, mask), G = layer_args(p)
     fwd, bwd = ac.context_attention, ac.context_attention_backward
-    _, alpha, act = fwd(h, W, v, b, mask, keep_activations=True)
+    _, alpha, act = fwd(h, W, v, b=b, mask=mask, keep_activations=True)
 
     def fwd_keep():
-        return fwd(h, W, v, b, mask, keep_activations=True)
+        return fwd(h, W, v, b=b, mask=mask, keep_activations=True)
 
     def fwdbwd():
-        _, a = fwd(h, W, v, b, mask)
-        return bwd(G, h, W, v, a, b, mask)
+        _, a = fwd(h, W, v, b=b, mask=mask)
+        return bwd(G, h, W, v, a, b=b, mask=mask)
 
     def fwdbwd_saved():
         _, a, u = fwd_keep()
-        return bwd(G, h, W, v, a, b, mask, activations=u)
+        return bwd(G, h, W, v, a, b=b, mask=mask, activations=u)
 
     return {
-        "ours_fwd": lambda: fwd(h, W, v, b, mask),
+        "ours_fwd": lambda: fwd(h, W, v, b=b, mask=mask),
         "ours_fwd_keep": fwd_keep,
-        "ours_bwd": lambda: bwd(G, h, W, v, alpha, b, mask),
-        "ours_bwd_saved": lambda: bwd(G, h, W, v, alpha, b, mask,
+        "ours_bwd": lambda: bwd(G, h, W, v, alpha, b=b, mask=mask),
+        "ours_bwd_saved": lambda: bwd(G, h, W, v, alpha, b=b, mask=mask,
                                       activations=act),
         "ours_fwdbwd": fwdbwd,
         "ours_fwdbwd_saved": fwdbwd_saved,
@@ -129,8 +129,9 @@ def numpy_functions(p, extras=True):
     if extras:
         args, G = layer_args(p)
         h, W, v, b, mask = args
-        _, alpha = ref.context_attention(*args)
-        funcs["ref_fwd"] = lambda: ref.context_attention(*args)
+        _, alpha = ref.context_attention(h, W, v, b=b, mask=mask)
+        funcs["ref_fwd"] = lambda: ref.context_attention(h, W, v, b=b,
+                                                         mask=mask)
         funcs["ref_bwd"] = lambda: ref.context_attention_backward(
             G, h, W, v, alpha, b=b, mask=mask)
     return funcs
@@ -156,7 +157,7 @@ def ref_result(p):
     """(out, alpha, dh, dW, dv, db) from the NumPy reference."""
     args, G = layer_args(p)
     h, W, v, b, mask = args
-    out, alpha = ref.context_attention(*args)
+    out, alpha = ref.context_attention(h, W, v, b=b, mask=mask)
     return (out, alpha,
             *ref.context_attention_backward(G, h, W, v, alpha, b=b, mask=mask))
 
