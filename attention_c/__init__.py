@@ -42,10 +42,14 @@ def _not_built(exc):
             "folder shadows the installed package when Python runs from "
             f"{root}.  Either build it in place, with `pip install -e .` in "
             f"{root}, or run Python from another folder.")
+    built = [f for f in _os.listdir(here) if f.startswith("_core.")]
+    if built:                   # there, but it does not load: say why
+        return ImportError(f"attention_c's C extension {built[0]} cannot "
+                           f"be loaded: {exc}")
     return ImportError(
-        "attention_c's C extension attention_c._core is missing or cannot "
-        f"be loaded ({exc}); reinstall with `pip install attention_c` or, "
-        "from a source tree, `pip install -e .`")
+        f"attention_c's C extension attention_c._core is missing from "
+        f"{here}: the package was not built.  Install it with `pip install "
+        "attention_c` or, from a source tree, `pip install -e .`")
 
 
 try:

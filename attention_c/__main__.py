@@ -39,7 +39,7 @@ def check(rng, dtype):
     grads = ac.context_attention_backward(g, h, W, v, alpha, b=b, mask=mask,
                                           grad_alpha=ga)
     f64 = [x.astype(np.float64) for x in (h, W, v, b, g, ga)]
-    r_out, r_alpha = ref.context_attention(*f64[:4], mask=mask)
+    r_out, r_alpha = ref.context_attention(*f64[:3], b=f64[3], mask=mask)
     r_grads = ref.context_attention_backward(
         f64[4], f64[0], f64[1], f64[2], r_alpha, b=f64[3], mask=mask,
         grad_alpha=f64[5])
