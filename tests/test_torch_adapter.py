@@ -182,6 +182,27 @@ def test_optional_arguments_are_keyword_only():
     assert torch.equal(out, ref[0]) and torch.equal(alpha, ref[1])
 
 
+def test_tensor_requiring_grad_given_to_numpy_points_to_the_adapter():
+    """attention_c's NumPy functions refuse a tensor that requires grad
+    with a message that names the argument and points to attention_c.torch
+    (PyTorch's own says "use tensor.detach()", which silently cuts
+    autograd); a tensor without grad is read as an array."""
+    h, W, v, b, m = torch_layer_problem(grad=False)
+    W = W.clone().requires_grad_()
+    with pytest.raises(TypeError, match=r"^W is a torch\.Tensor .*requires "
+                       r"grad.*attention_c\.context_attention takes NumPy "
+                       r"arrays.*attention_c\.torch.*W\.detach\(\)"
+                       r"\.numpy\(\)$"):
+        attention_c.context_attention(h, W, v, b=b, mask=m)
+    with pytest.raises(TypeError, match=r"^mask is a torch\.Tensor"):
+        attention_c.context_attention(h.numpy(), W.detach().numpy(),
+                                      v.numpy(), mask=m.float()
+                                      .requires_grad_())
+    out, _ = attention_c.context_attention(h, W.detach(), v, b=b, mask=m)
+    ref, _ = act.context_attention(h, W.detach(), v, b=b, mask=m)
+    np.testing.assert_array_equal(out, ref.numpy())
+
+
 def test_shape_errors_come_from_the_kernels():
     h, W, v, b, m = torch_layer_problem(grad=False)
     with pytest.raises(ValueError, match="mask"):

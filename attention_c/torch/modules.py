@@ -86,7 +86,7 @@ class ContextAttention(torch.nn.Module):
         Initialised like ``nn.Linear(2H, A).bias``.
     """
 
-    def __init__(self, hidden_size: int, attention_size: int,
+    def __init__(self, hidden_size: int, attention_size: int, *,
                  bias: bool = True, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dtype = _module_dtype(dtype)
@@ -193,7 +193,8 @@ class AdditiveAttention(torch.nn.Module):
     """
 
     def __init__(self, key_size: int, query_size: int, attention_size: int,
-                 bias: bool = True, dtype: torch.dtype | None = None) -> None:
+                 *, bias: bool = True,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dtype = _module_dtype(dtype)
         self.key_size, self.query_size = key_size, query_size
@@ -305,7 +306,7 @@ class DotAttention(torch.nn.Module):
         Default ``1/sqrt(H)``, H the features of a key and of a query.
     """
 
-    def __init__(self, scale: float | None = None) -> None:
+    def __init__(self, *, scale: float | None = None) -> None:
         super().__init__()
         self.scale = None if scale is None else float(scale)
 
@@ -346,7 +347,7 @@ class GeneralAttention(torch.nn.Module):
         ``W_a``, initialised like ``nn.Linear(H, Hq, bias=False).weight``.
     """
 
-    def __init__(self, query_size: int, key_size: int,
+    def __init__(self, query_size: int, key_size: int, *,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dtype = _module_dtype(dtype)
