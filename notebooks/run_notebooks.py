@@ -7,6 +7,12 @@ kernel in this folder, replaces its outputs, and writes the figure of every
 cell tagged ``figure:NAME.png`` to ``notebooks/img/NAME.png`` (the pictures
 the README shows).  Needs ``pip install -e ".[test]"``.  The test suite runs
 the notebooks too (tests/test_notebooks.py), on a temporary copy.
+
+To read or edit them: ``pip install -e ".[notebooks]"`` (the kernel and
+the Jupyter front end), then ``jupyter lab notebooks/``.  ``jupyter
+nbconvert --to notebook --execute --inplace NAME.ipynb`` runs one too, but
+records timestamps, may store a printout in pieces, and exports no figure:
+commit what this script writes.
 """
 
 import base64

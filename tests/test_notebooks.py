@@ -5,13 +5,16 @@ kernel, from a temporary copy (the committed file is not touched), with
 the package under test first on the kernel's path.  The tests then read the
 outputs: no error, the figures are there, the numbers hold.  Other tests
 check that the committed notebooks carry their outputs (so the plots show
-without running anything) and that those outputs are not stale.
+without running anything) and that those outputs are not stale, and that
+the Jupyter front end of the [notebooks] extra runs a notebook.
 """
 
 import importlib.util
+import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,8 +46,9 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH,
 NEEDS_DASK = {"05_dask.ipynb"}
 HAVE_DASK = importlib.util.find_spec("dask") is not None
 
-# Figures each notebook draws; the Dask one shows text only.
-FIGURES = {"05_dask.ipynb": 0}
+# Figures each notebook draws, at least: 3 unless said here (the Dask
+# notebook draws one, its timings).
+FIGURES = {"05_dask.ipynb": 1}
 
 # Cell timeout, seconds: the slowest cell (training the four models in 04)
 # takes about a minute on two cores.
@@ -208,12 +212,19 @@ def test_committed_bags_numbers_are_current(executed):
             "re-run python notebooks/run_notebooks.py")
 
 
-def test_readme_shows_the_notebook_figure():
-    """The README's picture is the one run_notebooks.py exports."""
-    png = NOTEBOOKS / "img" / "bags_of_digits.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    readme = (NOTEBOOKS.parent / "README.md").read_text()
-    assert "(notebooks/img/bags_of_digits.png)" in readme
+def test_pictures_shown_in_the_docs_exist():
+    """Every picture of notebooks/img/ that the README or docs/ show is
+    there, as a PNG (run_notebooks.py exports the notebooks' figures,
+    test_figure_is_exported checks them; bench.png is the bench's)."""
+    top = NOTEBOOKS.parent
+    pages = [top / "README.md", *sorted((top / "docs").rglob("*.md")),
+             *sorted((top / "docs").rglob("*.rst"))]
+    shown = {name for page in pages for name in re.findall(
+        r"notebooks/img/([\w.-]+\.png)", page.read_text(encoding="utf-8"))}
+    for name in sorted(shown):
+        png = NOTEBOOKS / "img" / name
+        assert png.is_file(), f"{name} is shown but not in notebooks/img/"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
 def test_speed_reports_every_quick_shape(executed):
@@ -272,16 +283,20 @@ def test_seq2seq_attention_beats_no_attention(executed):
                            for x in exact.values()), closing
 
 
-def test_seq2seq_heatmap_is_exported():
-    """The alignment heatmap is tagged for run_notebooks.py and its PNG is
-    in notebooks/img/."""
-    nb = nbformat.read(NOTEBOOKS / "04_seq2seq.ipynb", as_version=4)
+@pytest.mark.parametrize("name, png", [
+    ("02_bags_of_digits.ipynb", "bags_of_digits.png"),
+    ("04_seq2seq.ipynb", "seq2seq_alignment.png"),
+    ("05_dask.ipynb", "dask_timing.png")])
+def test_figure_is_exported(name, png):
+    """The figure (the attention on bags of digits, the seq2seq alignment
+    heatmap, the Dask timings) is tagged for run_notebooks.py, shown inline
+    in the committed notebook, and its PNG is in notebooks/img/."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     tagged = [c for c in nb.cells
-              if "figure:seq2seq_alignment.png" in c.metadata.get("tags", [])]
+              if f"figure:{png}" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and any("image/png" in o.get("data", {})
                                     for o in tagged[0].outputs)
-    png = NOTEBOOKS / "img" / "seq2seq_alignment.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (NOTEBOOKS / "img" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @needs_torch
@@ -312,3 +327,81 @@ def test_dask_notebook_equals_in_memory(executed):
                        r"call: ([0-9.e+-]+)$", out, flags=re.M)
     assert len(diffs) == 3 and all(float(d) < 1e-5 for d in diffs), out
     assert out.count("| 100% Completed |") == 2, out
+
+
+DASK_SCHEDULERS = ["synchronous, 1 thread", "threads, ", "distributed, 1 ",
+                   "distributed, "]
+
+
+@pytest.mark.skipif(not HAVE_DASK, reason="the notebook needs dask")
+def test_dask_notebook_times_chunks_and_workers(executed):
+    """05_dask times what its figure shows: the in-memory call, every chunk
+    count, the local schedulers and two local clusters, forward and
+    forward + backward; it names the machine, and its closing note says
+    the numbers.  (Times only positive and finite: they are not asserted.)"""
+    nb = executed("05_dask.ipynb")
+    out = text(nb)
+    assert re.search(r"^machine: .+, \d+ cores; attention_c ", out,
+                     flags=re.M), out
+    memory = re.findall(r"^in memory, (forward|forward \+ backward): "
+                        r"([0-9.]+) ms$", out, flags=re.M)
+    assert [m[0] for m in memory] == ["forward", "forward + backward"], out
+    chunks = re.findall(r"^\s*(\d+) chunks: forward\s+([0-9.]+) ms, "
+                        r"forward \+ backward\s+([0-9.]+) ms$", out,
+                        flags=re.M)
+    assert [int(c[0]) for c in chunks] == [1, 2, 4, 8, 16, 32, 64, 128], out
+    workers = re.findall(r"^\s*([a-z][^:]*): forward\s+([0-9.]+) ms, "
+                         r"forward \+ backward\s+([0-9.]+) ms$", out,
+                         flags=re.M)
+    assert len(workers) == len(DASK_SCHEDULERS) and all(
+        w[0].startswith(s) for w, s in zip(workers, DASK_SCHEDULERS)), out
+    times = [float(m[1]) for m in memory] + [
+        float(t) for row in chunks + workers for t in row[1:]]
+    assert all(0 < t and math.isfinite(t) for t in times), times
+    closing = [o.data["text/markdown"] for o in outputs(nb, "display_data")
+               if "text/markdown" in o.data]
+    said = (f"the in-memory call took {memory[0][1]} ms for the forward and "
+            f"{memory[1][1]} ms for the forward and backward")
+    assert closing and said in " ".join(closing[-1].split()), closing
+
+
+def test_notebooks_extra_installs_a_front_end():
+    """pip install "attention_c[notebooks]" brings a kernel and a Jupyter
+    front end, so that jupyter lab and jupyter nbconvert work after it."""
+    tomllib = pytest.importorskip("tomllib")          # Python 3.11+
+    with open(NOTEBOOKS.parent / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"][
+            "notebooks"]
+    names = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower()
+             for r in extra}
+    assert {"ipykernel", "jupyterlab", "nbconvert"} <= names, extra
+
+
+def test_jupyter_front_end_runs_a_notebook(tmp_path):
+    """The commands the README and run_notebooks.py name: jupyter lab
+    starts, and jupyter nbconvert executes a notebook that uses the package
+    under test in the python3 kernel."""
+    pytest.importorskip("jupyterlab")
+    pytest.importorskip("nbconvert")
+    jupyter = [sys.executable, "-m", "jupyter"]
+    version = subprocess.run([*jupyter, "lab", "--version"], check=True,
+                             capture_output=True, text=True,
+                             timeout=120).stdout
+    assert int(version.strip().split(".")[0]) >= 4, version
+
+    path = tmp_path / "tiny.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3",
+                              "language": "python"}
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import attention_c\nprint(attention_c.__file__, 6 * 7)"))
+    nbformat.write(nb, path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    subprocess.run([*jupyter, "nbconvert", "--to", "notebook", "--execute",
+                    "--inplace", str(path)], check=True, capture_output=True,
+                   env=env, timeout=300)
+    printed = nbformat.read(path, as_version=4).cells[0].outputs[0].text
+    where, answer = printed.split()
+    assert answer == "42"
+    assert Path(where).resolve() == Path(attention_c.__file__).resolve()
