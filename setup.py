@@ -42,7 +42,8 @@ KERNEL_SOURCES = ["csrc/kernels.c", "csrc/pool.c", "csrc/fast_avx2.c",
 # ships them all in the sdist).
 HEADERS = ["csrc/attention.h", "csrc/kernels_impl.h", "csrc/fast.h",
            "csrc/fast_impl.h", "csrc/pool.h", "csrc/family_impl.h",
-           "csrc/fast_ops_impl.h", "csrc/formulas.h", "csrc/testhooks.h"]
+           "csrc/fast_ops_impl.h", "csrc/formulas.h", "csrc/testhooks.h",
+           "csrc/philox.h"]
 
 
 class BuildExt(build_ext):

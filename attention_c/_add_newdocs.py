@@ -406,7 +406,7 @@ Examples
 """
 
 DotAttentionGrads = namedtuple("DotAttentionGrads",
-                               ["query", "keys", "values"])
+                               ["query", "keys", "values", "bias"])
 DotAttentionGrads.__doc__ = """Gradients returned by
 :func:`dot_attention_backward`.
 
@@ -431,7 +431,7 @@ Examples
 """
 
 GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
-                                   ["query", "keys", "values", "W"])
+                                   ["query", "keys", "values", "W", "bias"])
 GeneralAttentionGrads.__doc__ = """Gradients returned by
 :func:`general_attention_backward`.
 

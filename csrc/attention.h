@@ -39,6 +39,7 @@
 #define ATTENTION_C_ATTENTION_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,10 +137,11 @@ ATT_DECLARE(double, f64)
  * values are Hv wide.  The keys' side of the score is projected once per
  * key (P = A for additive, Hq for general), never once per (query, key)
  * pair, and the additive activations (Tq, T, A) are never stored.  W is
- * row-major with ldw columns (A x (H + Hq), or Hq x H).  mask is (B, T)
- * for all queries or (B, Tq, T) per query, one byte per entry, or NULL.
- * Keys masked for every query of their sequence, and queries with no
- * valid key, are padding: a NaN there reaches no result.
+ * row-major with ldw columns (A x (H + Hq), or Hq x H).
+ * Key t is visible to query i when the key mask, the per-query attn_mask
+ * and (causal) t <= i + T - Tq all allow it (docs/contract.md 5.1).  Keys
+ * visible to no query of their sequence, and queries with no visible key,
+ * are padding: a NaN there reaches no result.
  */
 enum att_score {
     ATT_SCORE_ADDITIVE = 0,
@@ -149,34 +151,63 @@ enum att_score {
 
 typedef struct {
     int score;              /* enum att_score */
-    int mask_per_query;     /* mask is (B, Tq, T), else (B, T) */
+    int causal;             /* key t visible to query i iff t <= i+T-Tq */
+    int bias_shared;        /* the bias is broadcast over sequences: its
+                               gradient sums over them */
+    int dropout;            /* the call has dropout (p > 0) */
+    int stream;             /* dot, general: no (Tq, T) weights (alpha
+                               NULL): blocks of keys, lse */
+    ptrdiff_t nbias;        /* elements of the bias as given (dbias) */
     ptrdiff_t B, Tq, T;     /* sequences; queries and keys of each */
     ptrdiff_t H, Hq, Hv;    /* widths of a key, a query, a value */
     ptrdiff_t P;            /* width of a projected key: A, Hq (general) */
 } att_fdims;
 
 /*
+ * A (B, rows, cols) operand read where it is: element (b, i, t) at
+ * (off ? off[b] : b bs) + i rs + t cs, in elements.  Strides 0 repeat it
+ * (NumPy's broadcasting, without a copy); p NULL: not given.
+ */
+typedef struct {
+    const void *p;
+    const ptrdiff_t *off;
+    ptrdiff_t bs, rs, cs;
+} att_view;
+
+/*
  * Inputs of a family call.  values NULL: the keys are the values.  kproj
  * (B, T, P) NULL: project the keys here; else it must be the keys
  * projected (att_project_keys).  v, b: additive only (b may be NULL).
- * alpha, grad_out (B, Tq, Hv), grad_alpha (B, Tq, T; may be NULL): the
- * backward's.  Outputs: out (B, Tq, Hv) and alpha (B, Tq, T) forward;
+ * mask (bytes, rows 0: (B, T)), attn_mask (bytes, (B, Tq, T)) and bias
+ * (REAL, (B, Tq, T); dot and general) are views.  dropout p in [0, 1)
+ * with its seed (philox.h); dot and general.
+ * Forward outputs: out (B, Tq, Hv); alpha (B, Tq, T), or NULL to stream
+ * the keys by blocks without storing the weights, writing lse (B, Tq)
+ * (log sum_t exp(s_it) over the visible keys, -inf with none) instead.
+ * Backward inputs: grad_out (B, Tq, Hv) with alpha and grad_alpha (may be
+ * NULL), or (alpha NULL; dot and general) the forward's out and lse, from
+ * which the weights are recomputed block by block.  Backward outputs:
  * dquery, dkeys, dvalues (NULL when values is NULL: the keys take that
- * gradient), dW, dv, db (NULL without b) backward.  With dkproj not NULL
- * the backward stops at kproj: dkproj gets dL/dkproj, the key columns of
- * dW are 0, and dkeys only has the values' share (0 when values given).
+ * gradient), dW, dv, db (NULL without b), dbias (a view of nbias
+ * elements, p NULL without bias; broadcast elements sum).  With dkproj
+ * not NULL the backward stops at kproj: dkproj gets dL/dkproj, the key
+ * columns of dW are 0, and dkeys only has the values' share (0 when
+ * values given).
  */
 #define ATT_FAMILY_DECLARE(R, SFX)                                           \
     typedef struct {                                                         \
         const R *query, *keys, *kproj, *values, *W, *v, *b;                  \
         ptrdiff_t ldw;                                                       \
         R scale;                                                             \
-        const unsigned char *mask;                                           \
-        const R *alpha, *grad_out, *grad_alpha;                              \
+        att_view mask, attn_mask, bias;                                      \
+        double dropout;                                                      \
+        uint64_t seed;                                                       \
+        const R *alpha, *grad_out, *grad_alpha, *out, *lse;                  \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
-        R *out, *alpha;                                                      \
+        R *out, *alpha, *lse;                                                \
         R *dquery, *dkeys, *dkproj, *dvalues, *dW, *dv, *db;                 \
+        att_view dbias;                                                      \
     } att_family_out_##SFX;                                                  \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \
                                          const att_exec *ex);                \

@@ -65,27 +65,30 @@
  * zeroed, need no end marker. */
 enum {
     X_NONE, X_H, X_MASK, X_GRAD_C, X_CONTEXT, X_W, X_V, X_B, X_GRAD_S,
-    X_SCORES, X_GRAD_ALPHA, X_ALPHA, X_GRAD_OUT, X_KEEP, X_ACT, X_QUERY, X_KEYS,
-    X_VALUES, X_KPROJ, X_SCALE, X_GRAD_KPROJ, X_GRAD_PROJ, N_ARG_IDS
+    X_SCORES, X_GRAD_ALPHA, X_ALPHA, X_GRAD_OUT, X_KEEP, X_ACT, X_QUERY,
+    X_KEYS, X_VALUES, X_KPROJ, X_SCALE, X_GRAD_KPROJ, X_GRAD_PROJ,
+    X_ATTN_MASK, X_CAUSAL, X_BIAS, X_DROPOUT, X_SEED, X_RETW, X_OUT, X_LSE,
+    N_ARG_IDS
 };
 static const char *const arg_names[N_ARG_IDS] = {
     NULL, "h", "mask", "grad_c", "context", "W", "v", "b", "grad_s", "scores",
     "grad_alpha", "alpha", "grad_out", "keep_activations", "activations",
     "query", "keys", "values", "key_proj", "scale", "stop_at_key_proj",
-    "grad_proj"};
+    "grad_proj", "attn_mask", "causal", "bias", "dropout", "seed",
+    "return_weights", "out", "lse"};
 /* The same as interned str, made at import: a keyword written in the
  * caller's source is the same object, so matching it is one compare. */
 static PyObject *arg_name_objs[N_ARG_IDS];
 
 enum {
     Y_C, Y_DH, Y_S, Y_DCONTEXT, Y_DW, Y_DV, Y_DB, Y_ALPHA, Y_DSCORES, Y_OUT,
-    Y_DALPHA, Y_ACT, Y_DQUERY, Y_DKEYS, Y_DVALUES, Y_DKPROJ, Y_KPROJ,
-    N_OUT_IDS
+    Y_DALPHA, Y_ACT, Y_DQUERY, Y_DKEYS, Y_DVALUES, Y_DKPROJ, Y_KPROJ, Y_LSE,
+    Y_DBIAS, N_OUT_IDS
 };
 static const char *const out_names[N_OUT_IDS] = {
     "c", "dh", "s", "dcontext", "dW", "dv", "db", "alpha", "dscores", "out",
     "dalpha", "activations", "dquery", "dkeys", "dvalues", "dkey_proj",
-    "key_proj"};
+    "key_proj", "lse", "dbias"};
 
 #include "binding_driver.h"
 #include "binding_module.h"
@@ -186,13 +189,18 @@ static int k_context_attention_backward(Call *c)
 /* The family's sizes from the bound symbols. */
 static att_fdims family_dims(const Call *c)
 {
-    int score = c->fn->score - 1;
-    att_fdims f = {score, c->per_query_mask, c->d.B,
-                   c->several ? c->sym[S_TQ] : 1, c->sym[S_T], c->sym[S_H],
-                   score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
-                   c->sym[S_HV],
-                   score == ATT_SCORE_ADDITIVE ? c->sym[S_A]
-                   : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0};
+    int score = c->fn->score - 1, ib = c->fn->pos[X_BIAS];
+    att_fdims f = {
+        .score = score, .causal = given(c, X_CAUSAL),
+        .bias_shared = c->bias_shared,
+        .nbias = ib >= 0 && c->arr[ib] ? PyArray_SIZE(c->arr[ib]) : 0,
+        .dropout = given(c, X_DROPOUT), .stream = stream_of(c),
+        .B = c->d.B, .Tq = c->several ? c->sym[S_TQ] : 1, .T = c->sym[S_T],
+        .H = c->sym[S_H],
+        .Hq = score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
+        .Hv = c->sym[S_HV],
+        .P = score == ATT_SCORE_ADDITIVE ? c->sym[S_A]
+             : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0};
     return f;
 }
 
@@ -207,19 +215,46 @@ static ptrdiff_t w_family(Call *c)
     return TYPED(c, family_workspace, &f, family_backward(c), &c->ex);
 }
 
+/* A view argument as the kernel reads it (zeros when not given). */
+static att_view view_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    att_view none = {NULL, NULL, 0, 0, 0};
+    return i >= 0 && c->arr[i] != NULL ? c->view[i] : none;
+}
+
+/* The bias gradient, laid out as the bias made C-contiguous (make_views),
+ * or nothing. */
+static att_view dbias_view(const Call *c)
+{
+    int k = c->fn->opos[Y_DBIAS];
+    att_view v = c->dbias;
+    v.p = k >= 0 && c->out[k] != NULL
+          ? PyArray_DATA((PyArrayObject *)c->out[k]) : NULL;
+    return v;
+}
+
 /* The family's call for one type: its inputs and outputs by name. */
 #define FAMILY_CALL(R, SFX)                                                  \
     do {                                                                     \
         int wi = c->fn->pos[X_W];                                            \
         att_family_in_##SFX in = {                                           \
-            IN(X_QUERY), IN(X_KEYS), IN(X_KPROJ), IN(X_VALUES), IN(X_W),     \
-            IN(X_V), IN(X_B), wi >= 0 ? PyArray_DIM(c->arr[wi], 1) : 0,      \
-            (R)scale, IN(X_MASK), IN(X_ALPHA), IN(X_GRAD_OUT),               \
-            IN(X_GRAD_ALPHA)};                                               \
+            .query = IN(X_QUERY), .keys = IN(X_KEYS), .kproj = IN(X_KPROJ),  \
+            .values = IN(X_VALUES), .W = IN(X_W), .v = IN(X_V),              \
+            .b = IN(X_B),                                                    \
+            .ldw = wi >= 0 ? PyArray_DIM(c->arr[wi], 1) : 0,                 \
+            .scale = (R)scale, .mask = view_of(c, X_MASK),                   \
+            .attn_mask = view_of(c, X_ATTN_MASK),                            \
+            .bias = view_of(c, X_BIAS), .dropout = dropout,                  \
+            .seed = c->seed, .alpha = IN(X_ALPHA),                           \
+            .grad_out = IN(X_GRAD_OUT), .grad_alpha = IN(X_GRAD_ALPHA),      \
+            .out = IN(X_OUT), .lse = IN(X_LSE)};                             \
         att_family_out_##SFX out = {                                         \
-            OUT(Y_OUT), OUT(Y_ALPHA), OUT(Y_DQUERY), OUT(Y_DKEYS),           \
-            OUT(Y_DKPROJ), OUT(Y_DVALUES), OUT(Y_DW), OUT(Y_DV),             \
-            OUT(Y_DB)};                                                      \
+            .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
+            .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
+            .dkproj = OUT(Y_DKPROJ), .dvalues = OUT(Y_DVALUES),              \
+            .dW = OUT(Y_DW), .dv = OUT(Y_DV), .db = OUT(Y_DB),               \
+            .dbias = dbias};                                                 \
         return family_backward(c)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
@@ -231,20 +266,80 @@ static int k_family(Call *c)
     /* dot: scale None means 1/sqrt(H) (1 when H = 0: no score at all) */
     double scale = given(c, X_SCALE) ? c->scale
                    : 1.0 / sqrt(f.H > 1 ? (double)f.H : 1.0);
+    int id = c->fn->pos[X_DROPOUT];
+    double dropout = id >= 0 ? c->num[id] : 0;
+    att_view dbias = dbias_view(c);
     if (c->typenum == NPY_FLOAT) {
         FAMILY_CALL(float, f32);
     }
     FAMILY_CALL(double, f64);
 }
 
-/* stop_at_key_proj needs the key_proj to stop at. */
+/* What the table cannot say: arguments that go together or exclude each
+ * other, the dropout's range and seed. */
 static int check_family(Call *c)
 {
+    const char *name = c->fn->name;
     if (given(c, X_GRAD_KPROJ) && !given(c, X_KPROJ)) {
         PyErr_SetString(PyExc_ValueError,
                         "stop_at_key_proj=True needs key_proj: the gradient "
                         "stops at the projected keys given");
         return -1;
+    }
+    if (!c->several && (given(c, X_ATTN_MASK) || given(c, X_CAUSAL))) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s needs several queries (query (..., Tq, Hq) "
+                     "with query.ndim == keys.ndim); one query per sequence "
+                     "attends to its keys through mask=",
+                     name, given(c, X_CAUSAL) ? "causal" : "attn_mask");
+        return -1;
+    }
+    int id = c->fn->pos[X_DROPOUT];
+    double p = id >= 0 ? c->num[id] : 0;
+    if (!(p >= 0 && p < 1)) {
+        char text[64];
+        PyOS_snprintf(text, sizeof text, "%g", p);
+        PyErr_Format(PyExc_ValueError, "dropout must be in [0, 1), got %s",
+                     text);
+        return -1;
+    }
+    if (p > 0 && !given(c, X_SEED)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "dropout > 0 needs seed= (an int >= 0): the keep "
+                        "pattern is a function of (seed, sequence, query, "
+                        "key), regenerated by the backward");
+        return -1;
+    }
+    if (p > 0 && ((c->several && c->sym[S_TQ] >= ((npy_intp)1 << 32)) ||
+                  c->sym[S_T] > ((npy_intp)1 << 34))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "dropout draws its bits for at most 2**32 queries "
+                        "and 2**34 keys per sequence");
+        return -1;
+    }
+    if (c->fn->pos[X_LSE] >= 0 && family_backward(c)) {
+        int a = given(c, X_ALPHA), o = given(c, X_OUT), l = given(c, X_LSE);
+        const char *why =
+            a && (o || l) ? "give alpha, or out= and lse= of a forward "
+                            "with return_weights=False, not both"
+            : !a && o != l ? "out= and lse= go together (the forward's "
+                             "with return_weights=False)"
+            : !a && !o ? "missing alpha (the forward's weights), or out= "
+                         "and lse= (a forward with return_weights=False)"
+            : NULL;
+        if (why != NULL) {
+            PyErr_Format(!a && !o && !l ? PyExc_TypeError
+                                        : PyExc_ValueError,
+                         "%s: %s", name, why);
+            return -1;
+        }
+        if (l && given(c, X_GRAD_ALPHA)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: grad_alpha needs alpha: a forward with "
+                         "return_weights=False returns no weights to "
+                         "differentiate", name);
+            return -1;
+        }
     }
     return 0;
 }
@@ -323,17 +418,36 @@ static int k_project_keys_backward(Call *c)
                          "with query.ndim == keys.ndim)")
 #define QUERY_DOT HINT(X_QUERY, "(..., Tq?, H)", "(the dot score needs "    \
                        "queries as wide as the keys)")
-#define FAMILY_MASK {.id = X_MASK, .flags = F_OPT | F_MASK | F_BCAST,        \
-                     .shape = "(..., Tq?, T)",                               \
-                     .hint = "(the mask is (..., T) for every query or, "    \
-                     "with several queries, (..., Tq, T) per query; its "    \
-                     "leading axes may be 1)"}
+/* the masks and the bias are read where they are (F_VIEW), broadcast by
+ * NumPy's rules */
+#define FAMILY_MASK {.id = X_MASK, .flags = F_OPT | F_MASK | F_VIEW,         \
+                     .shape = "(..., T)",                                    \
+                     .hint = "(the key mask, the same for every query)"}
+#define ATTN_MASK {.id = X_ATTN_MASK, .flags = F_OPT | F_MASK | F_VIEW,      \
+                   .shape = "(..., Tq?, T)",                                 \
+                   .hint = "(True = query i may attend to key t)"}
+#define CAUSAL FLAG(X_CAUSAL)
+#define BIAS {.id = X_BIAS, .flags = F_OPT | F_VIEW,                         \
+              .shape = "(..., Tq?, T)",                                      \
+              .hint = "(added to the scores; -inf masks)"}
+#define DROPOUT {.id = X_DROPOUT, .flags = F_OPT | F_NUMBER}
+#define SEED {.id = X_SEED, .flags = F_OPT | F_SEED}
+#define RETURN_WEIGHTS {.id = X_RETW, .flags = F_OPT | F_FLAG | F_TRUE}
 #define KEYS ARR(X_KEYS, "(..., T, H)")
 #define VALUES OPT(X_VALUES, "(..., T, Hv)")
 #define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
+#define ALPHA_OPT OPT(X_ALPHA, "(..., Tq?, T)")
+#define SAVED OPT(X_OUT, "(..., Tq?, Hv)"), OPT(X_LSE, "(..., Tq?)")
 #define GRAD_OUT_Q ARR(X_GRAD_OUT, "(..., Tq?, Hv)")
 #define GRAD_ALPHA_Q OPT(X_GRAD_ALPHA, "(..., Tq?, T)")
 #define FAMILY_OUTS RES(Y_OUT, "(..., Tq?, Hv)"), RES(Y_ALPHA, "(..., Tq?, T)")
+/* (out, alpha), or (out, lse) with return_weights=False */
+#define STREAM_OUTS                                                          \
+    RES(Y_OUT, "(..., Tq?, Hv)"),                                            \
+    {.id = Y_ALPHA, .shape = "(..., Tq?, T)", .when = X_RETW, .drop = 1},    \
+    {.id = Y_LSE, .shape = "(..., Tq?)", .unless = X_RETW, .drop = 1}
+#define DBIAS {.id = Y_DBIAS, .shape = "(..., Tq?, T)", .like = X_BIAS,       \
+               .when = X_BIAS}
 #define FAMILY_GRADS(wide)                                                   \
     RES(Y_DQUERY, "(..., Tq?, " wide ")"), RES(Y_DKEYS, "(..., T, H)"),      \
     RES_IF(Y_DVALUES, "(..., T, Hv)", X_VALUES)
@@ -406,33 +520,38 @@ static FuncSpec funcs[] = {
      .kernel = k_context_attention_backward},
     {.name = "additive_attention",
      .args = {QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
-              OPT(X_B, "(A,)"), FAMILY_MASK, VALUES,
+              OPT(X_B, "(A,)"), FAMILY_MASK, ATTN_MASK, CAUSAL, VALUES,
               OPT(X_KPROJ, "(..., T, A)")}, .nreq = 4,
      .outs = {FAMILY_OUTS}, FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "additive_attention_backward",
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
-              ALPHA_Q, OPT(X_B, "(A,)"), FAMILY_MASK, VALUES, GRAD_ALPHA_Q,
-              OPT(X_KPROJ, "(..., T, A)"), FLAG(X_GRAD_KPROJ)}, .nreq = 6,
+              ALPHA_Q, OPT(X_B, "(A,)"), FAMILY_MASK, ATTN_MASK, CAUSAL,
+              VALUES, GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, A)"),
+              FLAG(X_GRAD_KPROJ)}, .nreq = 6,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(A, H+Hq)"), RES(Y_DV, "(A,)"),
               RES_IF(Y_DB, "(A,)", X_B),
               RES_EXTRA(Y_DKPROJ, "(..., T, A)", X_GRAD_KPROJ)},
      FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "dot_attention",
-     .args = {QUERY_DOT, KEYS, FAMILY_MASK, VALUES, SCALE}, .nreq = 2,
-     .outs = {FAMILY_OUTS}, FAMILY(ATT_SCORE_DOT)},
+     .args = {QUERY_DOT, KEYS, FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT,
+              SEED, VALUES, SCALE, RETURN_WEIGHTS}, .nreq = 2,
+     .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_DOT)},
     {.name = "dot_attention_backward",
-     .args = {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_Q, FAMILY_MASK, VALUES,
-              SCALE, GRAD_ALPHA_Q}, .nreq = 4,
-     .outs = {FAMILY_GRADS("H")}, FAMILY(ATT_SCORE_DOT)},
+     .args = {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_OPT, SAVED, FAMILY_MASK,
+              ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES, SCALE,
+              GRAD_ALPHA_Q}, .nreq = 3, .npos = 4,
+     .outs = {FAMILY_GRADS("H"), DBIAS}, FAMILY(ATT_SCORE_DOT)},
     {.name = "general_attention",
-     .args = {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK, VALUES,
-              OPT(X_KPROJ, "(..., T, Hq)")}, .nreq = 3,
-     .outs = {FAMILY_OUTS}, FAMILY(ATT_SCORE_GENERAL)},
+     .args = {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK, ATTN_MASK, CAUSAL,
+              BIAS, DROPOUT, SEED, VALUES, OPT(X_KPROJ, "(..., T, Hq)"),
+              RETURN_WEIGHTS}, .nreq = 3,
+     .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_GENERAL)},
     {.name = "general_attention_backward",
-     .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_Q,
-              FAMILY_MASK, VALUES, GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, Hq)"),
-              FLAG(X_GRAD_KPROJ)}, .nreq = 5,
-     .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"),
+     .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_OPT, SAVED,
+              FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES,
+              GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, Hq)"),
+              FLAG(X_GRAD_KPROJ)}, .nreq = 4, .npos = 5,
+     .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"), DBIAS,
               RES_EXTRA(Y_DKPROJ, "(..., T, Hq)", X_GRAD_KPROJ)},
      FAMILY(ATT_SCORE_GENERAL)},
     {.name = "project_keys",

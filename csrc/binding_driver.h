@@ -305,8 +305,13 @@ static void end_exec(const att_exec *ex)
 #define F_FLAG 4u      /* a truth value, not an array */
 #define F_SCALE 8u     /* a real number or None, not an array */
 #define F_BCAST 16u    /* leading axes of size 1 broadcast (family masks) */
+#define F_VIEW 32u     /* read where it is: broadcast to its pattern by
+                          NumPy's rules, never copied to that shape */
+#define F_TRUE 64u     /* with F_FLAG: True when left out */
+#define F_NUMBER 128u  /* a real number, 0 when left out */
+#define F_SEED 256u    /* an integer in [0, 2**64), or None */
 
-#define MAX_ARGS 16
+#define MAX_ARGS 20
 #define MAX_OUTS 8
 
 typedef struct {
@@ -322,6 +327,8 @@ typedef struct {
     const char *shape;       /* NULL ends the list */
     int when;                /* made only when this argument is given
                                 (or true); X_NONE: always */
+    int unless;              /* made only when this one is not */
+    int like;                /* the shape of this argument, not `shape` */
     int drop;                /* not made: left out of the result, not None */
     Pattern pat;
 } OutSpec;
@@ -334,7 +341,9 @@ typedef struct {
     npy_intp sym[N_SYMS];
     npy_intp B;
     const void *pool;
-    int typenum, several, per_query_mask, simd, threads, pool_threads;
+    npy_intp nbias;
+    int typenum, several, simd, threads, pool_threads;
+    int causal, bias, bias_shared, dropout, stream;
 } WorkKey;
 
 typedef struct {
@@ -368,15 +377,23 @@ struct Call {
     const FuncSpec *fn;
     PyObject *obj[MAX_ARGS];          /* borrowed; NULL when left out */
     PyArrayObject *arr[MAX_ARGS];     /* owned */
-    int flag[MAX_ARGS];               /* F_FLAG: value; F_SCALE: given */
+    int flag[MAX_ARGS];               /* F_FLAG: value; F_SCALE, F_SEED:
+                                         given */
     double scale;
+    double num[MAX_ARGS];             /* F_NUMBER */
+    unsigned long long seed;          /* F_SEED */
+    att_view view[MAX_ARGS];          /* F_VIEW, once made */
+    ptrdiff_t *offs[MAX_ARGS];        /* their offsets (owned) */
+    att_view dbias;                   /* the bias made C-contiguous: the
+                                         layout of its gradient (p NULL) */
+    ptrdiff_t *doffs;                 /* its offsets (owned) */
+    int bias_shared;                  /* the bias repeats over sequences */
     npy_intp sym[N_SYMS];
     int binder[N_SYMS];               /* argument that fixed it, or -1 */
     int nlead, lead_binder;
     npy_intp lead[NPY_MAXDIMS];
     att_dims d;                       /* B = prod(lead), T, H, A */
     int several;                      /* the family: several queries */
-    int per_query_mask;
     int typenum;                      /* NPY_FLOAT or NPY_DOUBLE */
     PyObject *out[MAX_OUTS];          /* owned until returned */
     void *work;
@@ -390,8 +407,11 @@ static int given(const Call *c, int id)
     if (i < 0) {
         return 0;
     }
-    if (c->fn->args[i].flags & (F_FLAG | F_SCALE)) {
+    if (c->fn->args[i].flags & (F_FLAG | F_SCALE | F_SEED)) {
         return c->flag[i];
+    }
+    if (c->fn->args[i].flags & F_NUMBER) {
+        return c->num[i] != 0;
     }
     return c->obj[i] != NULL && c->obj[i] != Py_None;
 }
@@ -605,8 +625,37 @@ static int view_args(Call *c)
         PyObject *obj = c->obj[i];
         int none = obj == NULL || obj == Py_None;
         if (a->flags & F_FLAG) {
-            if ((c->flag[i] = obj ? PyObject_IsTrue(obj) : 0) < 0) {
+            int dflt = (a->flags & F_TRUE) != 0;
+            if ((c->flag[i] = obj ? PyObject_IsTrue(obj) : dflt) < 0) {
                 return -1;
+            }
+            continue;
+        }
+        if (a->flags & F_NUMBER) {
+            c->num[i] = none ? 0 : PyFloat_AsDouble(obj);
+            if (c->num[i] == -1.0 && PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "%s must be a real number, "
+                             "got %.100s", name, Py_TYPE(obj)->tp_name);
+                return -1;
+            }
+            continue;
+        }
+        if (a->flags & F_SEED) {
+            c->flag[i] = !none;
+            if (!none && (!PyLong_Check(obj) || PyBool_Check(obj))) {
+                PyErr_Format(PyExc_TypeError, "%s must be an int in [0, "
+                             "2**64), got %.100s", name,
+                             Py_TYPE(obj)->tp_name);
+                return -1;
+            }
+            if (!none) {
+                c->seed = PyLong_AsUnsignedLongLong(obj);
+                if (c->seed == (unsigned long long)-1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    PyErr_Format(PyExc_ValueError, "%s must be in [0, "
+                                 "2**64), got %R", name, obj);
+                    return -1;
+                }
             }
             continue;
         }
@@ -646,6 +695,16 @@ static int view_args(Call *c)
         }
         PyArray_Descr *dt = PyArray_DESCR(c->arr[i]);
         if (a->flags & F_MASK) {
+            if (dt->type_num != NPY_BOOL && a->id == X_ATTN_MASK) {
+                PyErr_Format(PyExc_TypeError,
+                             "attn_mask must be a boolean array (True = query "
+                             "i may attend to key t); got dtype %S.  For a "
+                             "float mask added to the scores use bias=; note "
+                             "that PyTorch's boolean masks mean True = "
+                             "masked, the opposite of ours (pass ~mask)",
+                             (PyObject *)dt);
+                return -1;
+            }
             if (dt->type_num != NPY_BOOL) {
                 PyErr_Format(PyExc_TypeError,
                              "%s must be a boolean array (True = valid item); "
@@ -867,6 +926,66 @@ static int bind_shape(Call *c, int i)
     return 0;
 }
 
+/* The shape argument i (F_VIEW) broadcasts to: the call's leading axes,
+ * then its pattern's axes; returns their number. */
+static int view_target(const Call *c, int i, npy_intp *dims)
+{
+    const Pattern *p = &c->fn->args[i].pat;
+    int nd = 0;
+    for (int k = 0; k < c->nlead; k++) {
+        dims[nd++] = c->lead[k];
+    }
+    for (int k = 0; k < p->n; k++) {
+        if (!p->ax[k].query_axis || c->several) {
+            dims[nd++] = axis_value(c, &p->ax[k], -1);
+        }
+    }
+    return nd;
+}
+
+/* Step 3 for a view: it must broadcast to its target by NumPy's rules
+ * (missing or size-1 axes), adding no axis of its own.  The key mask has
+ * no query axis: one there is a mask per query, which is attn_mask. */
+static int check_view(const Call *c, int i)
+{
+    const ArgSpec *a = &c->fn->args[i];
+    PyArrayObject *x = c->arr[i];
+    npy_intp want[NPY_MAXDIMS + MAX_AXES];
+    char got_s[SHAPE_BUF], want_s[SHAPE_BUF];
+    if (a->id == X_ATTN_MASK && !c->several) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: attn_mask needs several queries (query (..., Tq, "
+                     "Hq) with query.ndim == keys.ndim); one query per "
+                     "sequence attends to its keys through mask=",
+                     c->fn->name);
+        return -1;
+    }
+    int nt = view_target(c, i, want), nd = PyArray_NDIM(x);
+    if (a->id == X_MASK && c->several && nd >= c->nlead + 2) {
+        PyErr_Format(PyExc_ValueError,
+                     "mask has shape %s: mask is the key mask (..., T), the "
+                     "same for every query; for a mask per query (..., Tq, "
+                     "T) use attn_mask= (and causal=True for causal "
+                     "attention)", SHAPE(got_s, x));
+        return -1;
+    }
+    int ok = nd <= nt;
+    for (int k = 1; ok && k <= nd; k++) {
+        npy_intp d = PyArray_DIM(x, nd - k);
+        ok = d == want[nt - k] || d == 1;
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s has shape %s; expected a shape that broadcasts to "
+                     "%s = %s (missing or size-1 axes repeat)%s%s",
+                     arg_names[a->id], SHAPE(got_s, x), a->shape,
+                     fmt_shape(want_s, SHAPE_BUF, nt, want),
+                     a->hint ? " " : "", a->hint ? a->hint : "");
+        return -1;
+    }
+    return 0;
+}
+
 static int check_shapes(Call *c)
 {
     const FuncSpec *fn = c->fn;
@@ -879,15 +998,13 @@ static int check_shapes(Call *c)
         int i = r < 3 ? (fn->order[r] != X_NONE ? fn->pos[fn->order[r]]
                                                 : -1)
                       : r - 3;
-        if (i < 0 || done[i] || c->arr[i] == NULL) {
+        if (i < 0 || done[i] || c->arr[i] == NULL ||
+            (fn->args[i].flags & F_VIEW)) {
             continue;
         }
         done[i] = 1;
         if (bind_shape(c, i) < 0) {
             return -1;
-        }
-        if (fn->args[i].flags & F_MASK) {
-            c->per_query_mask = PyArray_NDIM(c->arr[i]) == c->nlead + 2;
         }
         if (fn->args[i].id == X_KEYS && c->binder[S_HV] < 0 &&
             !given(c, X_VALUES)) {
@@ -898,6 +1015,12 @@ static int check_shapes(Call *c)
     c->d.B = 1;
     for (int k = 0; k < c->nlead; k++) {
         c->d.B *= c->lead[k];
+    }
+    for (int i = 0; i < fn->nargs; i++) {
+        if (c->arr[i] != NULL && (fn->args[i].flags & F_VIEW) &&
+            check_view(c, i) < 0) {
+            return -1;
+        }
     }
     c->d.T = c->sym[S_T];
     c->d.H = c->sym[S_H];
@@ -988,7 +1111,9 @@ static int cast_args(Call *c)
         }
         PyArrayObject *a = c->arr[i];
         if (PyArray_TYPE(a) == (mask ? NPY_BOOL : c->typenum) &&
-            PyArray_ISNOTSWAPPED(a) && PyArray_ISCARRAY_RO(a)) {
+            PyArray_ISNOTSWAPPED(a) &&
+            ((fn->args[i].flags & F_VIEW) ? PyArray_ISALIGNED(a)
+                                         : PyArray_ISCARRAY_RO(a))) {
             continue;       /* as PyArray_FromArray would return it */
         }
         PyObject *cast = PyArray_FromArray(
@@ -1002,29 +1127,134 @@ static int cast_args(Call *c)
     return 0;
 }
 
-/* Step 4b, for a backward given alpha and a mask argument: alpha must be
- * the forward's for this mask.  The forward's alpha is exactly 0 where an
- * item is masked (and on rows with no valid item) and never 0 where one is
- * valid (fast.h WEIGHT_FLOOR), so a backward called without the mask the
- * forward had, or with another, is caught here instead of returning
+/* Argument i as an att_view of the call's sequences (the array as it is,
+ * or, `contiguous`, as a C-contiguous copy of it would be laid out: its
+ * gradient); the offsets into *off (owned by the caller). */
+static int make_view(Call *c, int i, int contiguous, att_view *v,
+                     ptrdiff_t **off)
+{
+    PyArrayObject *x = c->arr[i];
+    npy_intp want[NPY_MAXDIMS + MAX_AXES], st[NPY_MAXDIMS + MAX_AXES];
+    npy_intp cst[NPY_MAXDIMS], item = PyArray_ITEMSIZE(x);
+    int nt = view_target(c, i, want), nd = PyArray_NDIM(x);
+    for (int k = nd - 1, run = 1; k >= 0; k--) {   /* C-contiguous */
+        cst[k] = run;
+        run *= (int)PyArray_DIM(x, k);
+    }
+    for (int k = 0; k < nt; k++) {     /* aligned: strides / item */
+        int xk = k - (nt - nd);
+        st[k] = xk < 0 || PyArray_DIM(x, xk) == 1 ? 0
+                : contiguous ? cst[xk] : PyArray_STRIDE(x, xk) / item;
+    }
+    if (ALLOC_POINT("offsets of", arg_names[c->fn->args[i].id], 1) < 0) {
+        return -1;
+    }
+    *off = PyMem_Malloc((size_t)(c->d.B > 0 ? c->d.B : 1) *
+                        sizeof(ptrdiff_t));
+    if (*off == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (npy_intp b = 0; b < c->d.B; b++) {
+        npy_intp r = b, o = 0;
+        for (int k = c->nlead - 1; k >= 0; k--) {
+            o += (r % c->lead[k]) * st[k];
+            r /= c->lead[k];
+        }
+        (*off)[b] = o;
+    }
+    /* the key axis is last; the query axis, if any, before it */
+    int with_q = nt - c->nlead == 2;
+    *v = (att_view){PyArray_DATA(x), *off, 0, with_q ? st[nt - 2] : 0,
+                    st[nt - 1]};
+    for (int k = 0; contiguous && k < c->nlead; k++) {
+        /* the gradient sums over sequences that share an element */
+        c->bias_shared |= st[k] == 0 && c->lead[k] > 1;
+    }
+    return 0;
+}
+
+/* Step 4a: each view as the kernels read it (attention.h att_view): per
+ * sequence b of the call's leading axes, the offset of its first element;
+ * the strides of its query and key axes, in elements (0 where it
+ * repeats). */
+static int make_views(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    for (int i = 0; i < fn->nargs; i++) {
+        PyArrayObject *x = c->arr[i];
+        if (x == NULL || !(fn->args[i].flags & F_VIEW)) {
+            continue;
+        }
+        if (make_view(c, i, 0, &c->view[i], &c->offs[i]) < 0) {
+            return -1;
+        }
+        if (fn->args[i].id == X_BIAS &&
+            make_view(c, i, 1, &c->dbias, &c->doffs) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Whether key t is visible to query i of sequence b: the key mask, the
+ * attn_mask, causal and a bias of -inf (it masks) all allow it. */
+static int visible(const Call *c, npy_intp b, npy_intp i, npy_intp t)
+{
+    const FuncSpec *fn = c->fn;
+    npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
+    int im = fn->pos[X_MASK], ia = fn->pos[X_ATTN_MASK];
+    int ib = fn->pos[X_BIAS], ic = fn->pos[X_CAUSAL];
+    if (ic >= 0 && c->flag[ic] && t > i + (T - Tq)) {
+        return 0;
+    }
+    for (int k = 0; k < 2; k++) {
+        int x = k == 0 ? im : ia;
+        if (x < 0 || c->arr[x] == NULL) {
+            continue;
+        }
+        const att_view *v = &c->view[x];
+        const unsigned char *m = PyArray_DATA(c->arr[x]);
+        /* a view, or (the pooling layer's) a C-contiguous (B, T) mask */
+        if (!(v->p != NULL ? m[v->off[b] + i * v->rs + t * v->cs]
+                           : m[b * T + t])) {
+            return 0;
+        }
+    }
+    if (ib >= 0 && c->arr[ib] != NULL) {
+        const att_view *v = &c->view[ib];
+        ptrdiff_t e = v->off[b] + i * v->rs + t * v->cs;
+        double bias = c->typenum == NPY_FLOAT
+                      ? (double)((const float *)v->p)[e]
+                      : ((const double *)v->p)[e];
+        return bias != -INFINITY;
+    }
+    return 1;
+}
+
+/* Step 4b, for a backward given alpha and masks: alpha must be the
+ * forward's for these masks.  The forward's alpha is exactly 0 where a key
+ * is not visible (and on rows with no visible key) and never 0 where one
+ * is (fast.h WEIGHT_FLOOR), so a backward called without the masks the
+ * forward had, or with others, is caught here instead of returning
  * gradients that are silently wrong. */
 static int check_alpha(const Call *c)
 {
-    int ia = c->fn->pos[X_ALPHA], im = c->fn->pos[X_MASK];
-    if (ia < 0 || im < 0 || c->fn->pos[X_GRAD_OUT] < 0) {
+    int ia = c->fn->pos[X_ALPHA];
+    if (ia < 0 || c->arr[ia] == NULL || c->fn->pos[X_GRAD_OUT] < 0 ||
+        c->fn->pos[X_MASK] < 0) {
         return 0;
     }
     PyArrayObject *alpha = c->arr[ia];
-    const unsigned char *m = c->arr[im] ? PyArray_DATA(c->arr[im]) : NULL;
+    int masks = given(c, X_MASK) || given(c, X_ATTN_MASK) ||
+                given(c, X_BIAS) || given(c, X_CAUSAL);
     npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
     npy_intp n = PyArray_SIZE(alpha);
     for (npy_intp k = 0; k < n; k++) {
         int zero = c->typenum == NPY_FLOAT
                    ? ((const float *)PyArray_DATA(alpha))[k] == 0
                    : ((const double *)PyArray_DATA(alpha))[k] == 0;
-        /* a key mask (..., T) serves every query of its sequence */
-        npy_intp mk = c->per_query_mask ? k : k / (Tq * T) * T + k % T;
-        int valid = m == NULL || m[mk];
+        int valid = visible(c, k / (Tq * T), k / T % Tq, k % T);
         if (zero == !valid) {
             continue;
         }
@@ -1038,13 +1268,14 @@ static int check_alpha(const Call *c)
         fmt_shape(at, SHAPE_BUF, PyArray_NDIM(alpha), idx);
         PyErr_Format(PyExc_ValueError,
                      "%s: alpha at %s is %s but %s; alpha must be the "
-                     "forward's output for the same mask (its weights are "
-                     "exactly 0 where, and only where, an item is masked)%s",
+                     "forward's output for the same masks (its weights are "
+                     "exactly 0 where, and only where, a key is not "
+                     "visible)%s",
                      c->fn->name, at, zero ? "0" : "nonzero",
-                     m == NULL ? "no mask was given"
-                     : valid ? "the mask marks that item valid"
-                     : "the mask marks that item masked",
-                     m == NULL ? ": pass the mask the forward used" : "");
+                     !masks ? "no mask was given"
+                     : valid ? "the masks make that key visible"
+                     : "the masks hide that key",
+                     !masks ? ": pass the masks the forward used" : "");
         return -1;
     }
     return 0;
@@ -1058,7 +1289,14 @@ static int check_alpha(const Call *c)
 static int out_shape(const Call *c, int k, npy_intp *dims)
 {
     const Pattern *p = &c->fn->outs[k].pat;
-    int nd = 0;
+    int nd = 0, like = c->fn->outs[k].like;
+    if (like != X_NONE) {       /* a gradient of an argument's shape */
+        PyArrayObject *x = c->arr[c->fn->pos[like]];
+        for (int j = 0; x != NULL && j < PyArray_NDIM(x); j++) {
+            dims[nd++] = PyArray_DIM(x, j);
+        }
+        return nd;
+    }
     for (int j = 0; p->lead && j < c->nlead; j++) {
         dims[nd++] = c->lead[j];
     }
@@ -1072,8 +1310,20 @@ static int out_shape(const Call *c, int k, npy_intp *dims)
 
 static int wanted(const Call *c, int k)
 {
-    int when = c->fn->outs[k].when;
-    return when == X_NONE || given(c, when);
+    int when = c->fn->outs[k].when, unless = c->fn->outs[k].unless;
+    return (when == X_NONE || given(c, when)) &&
+           (unless == X_NONE || !given(c, unless));
+}
+
+/* Whether a family call streams (no weights): a forward asked for no
+ * weights, a backward given no alpha (but out and lse). */
+static int stream_of(const Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    if (fn->pos[X_GRAD_OUT] >= 0) {
+        return fn->pos[X_ALPHA] >= 0 && !given(c, X_ALPHA);
+    }
+    return fn->pos[X_RETW] >= 0 && !given(c, X_RETW);
 }
 
 /* The scratch bytes of the call (-1: overflow).  A decoder calls with
@@ -1090,7 +1340,13 @@ static ptrdiff_t work_size(Call *c)
     key.pool = c->ex.pool;
     key.typenum = c->typenum;
     key.several = c->several;
-    key.per_query_mask = c->per_query_mask;
+    key.causal = given(c, X_CAUSAL);
+    key.bias = given(c, X_BIAS);
+    key.bias_shared = c->bias_shared;
+    key.dropout = given(c, X_DROPOUT);
+    key.stream = stream_of(c);
+    key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
+                                 : 0;
     key.simd = c->ex.simd;
     key.threads = c->ex.threads;
     key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
@@ -1246,7 +1502,7 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
     }
     if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
         check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
-        cast_args(&c) < 0 ||
+        cast_args(&c) < 0 || make_views(&c) < 0 ||
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
@@ -1263,7 +1519,9 @@ done:
     work_give(c.work);
     for (int i = 0; i < MAX_ARGS; i++) {
         Py_XDECREF(c.arr[i]);
+        PyMem_Free(c.offs[i]);
     }
+    PyMem_Free(c.doffs);
     for (int k = 0; k < MAX_OUTS; k++) {
         Py_XDECREF(c.out[k]);
     }
@@ -1307,7 +1565,9 @@ static int init_table(FuncSpec *funcs, int nfuncs)
                 fn->nargs ? ", " : "", fn->nargs == fn->npos ? "*, " : "",
                 arg_names[a->id],
                 fn->nargs < fn->nreq ? ""
-                : a->flags & F_FLAG ? "=False" : "=None");
+                : a->flags & F_TRUE ? "=True"
+                : a->flags & F_FLAG ? "=False"
+                : a->flags & F_NUMBER ? "=0.0" : "=None");
         }
         if (fn->npos > fn->nargs) {
             PyErr_Format(PyExc_SystemError, "attention_c: %s has npos > "

@@ -93,6 +93,19 @@ static void SFX(add_scores_backward)(ptrdiff_t T, ptrdiff_t apad,
     }
 }
 
+/* s_t = exp(s_t - M) for the visible t (vis NULL: all), 0 for the
+ * others; their sum, in double. */
+static double SFX(exp_shift)(ptrdiff_t n, REAL *s, REAL M,
+                             const unsigned char *vis)
+{
+    double total = 0;
+    for (ptrdiff_t t = 0; t < n; t++) {
+        s[t] = VALID(vis, t) ? EXP(s[t] - M) : 0;
+        total += (double)s[t];
+    }
+    return total;
+}
+
 /* The primitives of the instruction set asked for. */
 static void SFX(family_ops)(int simd, OPS *ops)
 {
@@ -111,11 +124,17 @@ static void SFX(family_ops)(int simd, OPS *ops)
     ops->add_scores_backward = SFX(add_scores_backward);
     ops->softmax = SFX(seq_softmax);
     ops->softmax_backward = SFX(seq_softmax_backward);
+    ops->exp_shift = SFX(exp_shift);
 }
 
 /* ---------------------------------------------------------------------
  * One call: sizes, scratch and the products run by row blocks
  */
+
+/* The streamed path's blocks: queries and keys per block (the products'
+ * M and N); a causal call computes no block that no query of it sees. */
+#define SQB 64
+#define SKB 256
 
 typedef struct {
     att_fdims f;
@@ -124,6 +143,7 @@ typedef struct {
     int threads;
     const FIN *in;
     FOUT *out;
+    int stream;              /* no (Tq, T) weights: blocks, lse           */
     ptrdiff_t apad;          /* additive: A rounded up to ops.vlen        */
     const REAL *vals;        /* the values (the keys when none are given) */
     const REAL *kp;          /* projected keys (B T, ldk)                 */
@@ -133,10 +153,19 @@ typedef struct {
     REAL *eq, *ek, *dvpart;  /* additive backward: (B Tq | B T | B, apad) */
     REAL *dkp;               /* general backward: dL/dkp (B T, Hq)        */
     unsigned char *live_k, *live_q;   /* (B T), (B Tq); NULL: no mask     */
+    uint32_t keep_min;       /* dropout: the least word kept (philox.h)   */
+    REAL keep_scale;         /* 1 / (1 - p)                               */
+    REAL *dbias_parts;       /* bias shared: partial dbias 1 .. nparts-1  */
+    ptrdiff_t nparts;        /* backward tasks: groups of sequences       */
+    int two_pass;            /* streamed backward: dK dV, then dQ         */
     char *thread_work;       /* per thread: thread_bytes                  */
     size_t thread_bytes;
     ptrdiff_t qblk;          /* forward: queries per task                 */
 } SFX(fjob);
+
+#define VIEW_AT(v, b) ((v)->off != NULL ? (v)->off[b] : (b) * (v)->bs)
+#define MASKED(in) ((in)->mask.p != NULL || (in)->attn_mask.p != NULL ||    \
+                    (in)->bias.p != NULL)
 
 /* Threads worth waking: each must get 2^22 multiply-adds (see
  * exec_threads). */
@@ -154,6 +183,29 @@ static int SFX(family_threads)(const att_fdims *f, const att_exec *ex)
     return by_work < 1 ? 1 : (by_work < threads ? (int)by_work : threads);
 }
 
+/* The backward's groups of sequences, by sizes only (so the sums, and the
+ * results, are the same for any thread count): one group per sequence,
+ * unless a shared bias's gradient sums over them, in partials of at most
+ * 64 MiB together, added in order at the end. */
+static void SFX(plan_backward)(SFX(fjob) *j)
+{
+    const att_fdims *f = &j->f;
+    int bias = j->in == NULL || j->in->bias.p != NULL;
+    j->nparts = f->B;
+    if (bias && f->bias_shared) {
+        ptrdiff_t fit = ((ptrdiff_t)64 << 20) /
+                        (f->nbias > 0 ? f->nbias * (ptrdiff_t)sizeof(REAL)
+                                      : 1);
+        j->nparts = f->B < 8 ? f->B : 8;
+        j->nparts = fit < j->nparts ? fit : j->nparts;
+        j->nparts = j->nparts < 1 ? 1 : j->nparts;
+    }
+    /* few long sequences and no bias: the keys' blocks in parallel, then
+     * the queries' (each gradient summed in the same order as in one
+     * pass) */
+    j->two_pass = j->stream && !bias && f->B < 8;
+}
+
 /* Carves the call's scratch from work (or only counts it, work NULL);
  * returns the bytes, or -1 when a size overflows. */
 static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
@@ -165,6 +217,7 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
     int make_kp = f->score != ATT_SCORE_DOT &&
                   (j->in == NULL || j->in->kproj == NULL ||
                    (additive && j->apad != f->P));
+    int dropout = f->dropout;
     ptrdiff_t BT = mul_or_neg(f->B, f->T), BTq = mul_or_neg(f->B, f->Tq);
     ptrdiff_t kw = additive ? j->apad : f->P;
     j->kbuf = arena_take(&ar, mul_or_neg(make_kp ? BT : 0, kw),
@@ -180,13 +233,32 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                                            j->apad), sizeof(REAL));
     j->dkp = arena_take(&ar, mul_or_neg(general && backward ? BT : 0, f->P),
                         sizeof(REAL));
-    int masked = j->in == NULL || j->in->mask != NULL;
+    int masked = !f->stream &&
+                 (j->in == NULL || MASKED(j->in) || f->causal);
     j->live_k = arena_take(&ar, masked ? BT : 0, 1);
     j->live_q = arena_take(&ar, masked ? BTq : 0, 1);
-    /* per thread: the product's scratch, and the backward's gamma */
-    ptrdiff_t own = add_or_neg(j->ops.gemm_work, backward
-                               ? mul_or_neg(f->Tq, f->T) : 0);
-    j->thread_bytes = (size_t)mul_or_neg(own, sizeof(REAL)) / 64 * 64 + 64;
+    if (backward) {
+        SFX(plan_backward)(j);
+        j->dbias_parts = arena_take(&ar, mul_or_neg(f->bias_shared
+                                                    ? j->nparts - 1 : 0,
+                                                    f->nbias), sizeof(REAL));
+    }
+    /* per thread: the product's scratch, then the rows of the path */
+    ptrdiff_t rows;
+    if (f->stream) {         /* S (or P), dP, P dropped; vis, keep bytes */
+        rows = add_or_neg(3 * SQB * SKB + 2 * SQB + 2 * SKB,
+                          (2 * SQB * SKB + SKB + SQB) /
+                          (ptrdiff_t)sizeof(REAL) + 1);
+    }
+    else {      /* delta, the dropped weights; a row; vis, keep bytes */
+        ptrdiff_t TqT = mul_or_neg(f->Tq, f->T);
+        rows = add_or_neg(add_or_neg(mul_or_neg(TqT, (backward ? 1 : 0) +
+                                                     (dropout ? 1 : 0)),
+                                     f->T),
+                          mul_or_neg(f->T, 2) / (ptrdiff_t)sizeof(REAL) + 1);
+    }
+    ptrdiff_t own = add_or_neg(j->ops.gemm_work, rows);
+    j->thread_bytes = (size_t)mul_or_neg(own, sizeof(REAL)) / 64 * 64 + 128;
     j->thread_work = arena_take(&ar, mul_or_neg(j->threads, own < 0 ? -1
                                 : (ptrdiff_t)j->thread_bytes), 1);
     return ar.overflow || own < 0 ? -1 : (ptrdiff_t)ar.used + 64;
@@ -199,11 +271,16 @@ static int SFX(family_init)(SFX(fjob) *j, const att_fdims *f,
 {
     memset(j, 0, sizeof *j);
     if (f == NULL || !exec_ok(ex) || f->B < 0 || f->Tq < 1 || f->T < 1 ||
-        f->H < 0 || f->Hq < 0 || f->Hv < 0 || f->P < 0 ||
+        f->H < 0 || f->Hq < 0 || f->Hv < 0 || f->P < 0 || f->nbias < 0 ||
         f->score < ATT_SCORE_ADDITIVE || f->score > ATT_SCORE_GENERAL ||
         (f->score == ATT_SCORE_DOT && f->Hq != f->H) ||
         (f->score == ATT_SCORE_GENERAL && f->P != f->Hq) ||
-        f->P > PTRDIFF_MAX / 2) {
+        (f->score == ATT_SCORE_ADDITIVE && (f->stream || f->dropout)) ||
+        f->P > PTRDIFF_MAX / 2 || f->T > ((ptrdiff_t)1 << 34) ||
+        (in != NULL && (!(in->dropout >= 0 && in->dropout < 1) ||
+                        f->dropout != (in->dropout > 0) ||
+                        (f->score == ATT_SCORE_ADDITIVE &&
+                         in->bias.p != NULL)))) {
         return -1;
     }
     j->f = *f;
@@ -212,7 +289,12 @@ static int SFX(family_init)(SFX(fjob) *j, const att_fdims *f,
     j->threads = SFX(family_threads)(f, ex);
     j->in = in;
     j->out = out;
+    j->stream = f->stream;
     j->apad = (f->P + j->ops.vlen - 1) / j->ops.vlen * j->ops.vlen;
+    if (in != NULL) {
+        j->keep_min = att_keep_threshold(in->dropout);
+        j->keep_scale = (REAL)(1 / (1 - in->dropout));
+    }
     return 0;
 }
 
@@ -260,35 +342,117 @@ static void SFX(par_gemm)(const SFX(fjob) *j, ptrdiff_t M, ptrdiff_t N,
                  SFX(pgemm_task), &g);
 }
 
-/* The mask row of query i of sequence b, or NULL. */
-static const unsigned char *SFX(mask_row)(const SFX(fjob) *j, ptrdiff_t b,
-                                          ptrdiff_t i)
+/* ---------------------------------------------------------------------
+ * What a query sees: masks, causal, bias, dropout, read where they are
+ */
+
+/* Into vis, the visibility of keys [t0, t0 + n) to query i of sequence b
+ * by the key mask, the attn_mask and causal (t <= i + T - Tq); returns
+ * vis, or NULL when they are all visible. */
+static const unsigned char *SFX(vis_row)(const SFX(fjob) *j, ptrdiff_t b,
+                                         ptrdiff_t i, ptrdiff_t t0,
+                                         ptrdiff_t n, unsigned char *vis)
 {
     const att_fdims *f = &j->f;
-    if (j->in->mask == NULL) {
+    const att_view *km = &j->in->mask, *am = &j->in->attn_mask;
+    ptrdiff_t last = f->causal ? i + (f->T - f->Tq) : f->T;
+    if (km->p == NULL && am->p == NULL && last >= t0 + n - 1) {
         return NULL;
     }
-    return j->in->mask + (f->mask_per_query ? (b * f->Tq + i) * f->T
-                                            : b * f->T);
+    for (ptrdiff_t t = 0; t < n; t++) {
+        vis[t] = t0 + t <= last;
+    }
+    if (km->p != NULL) {
+        const unsigned char *m = (const unsigned char *)km->p +
+                                 VIEW_AT(km, b) + t0 * km->cs;
+        for (ptrdiff_t t = 0; t < n; t++) {
+            vis[t] &= m[t * km->cs] != 0;
+        }
+    }
+    if (am->p != NULL) {
+        const unsigned char *m = (const unsigned char *)am->p +
+                                 VIEW_AT(am, b) + i * am->rs + t0 * am->cs;
+        for (ptrdiff_t t = 0; t < n; t++) {
+            vis[t] &= m[t * am->cs] != 0;
+        }
+    }
+    return vis;
 }
 
-/* live_k: keys valid for some query; live_q: queries with a valid key. */
-static void SFX(find_live)(SFX(fjob) *j)
+/* The scores s of keys [t0, t0 + n) for query i of sequence b made what
+ * the softmax takes: the bias added, and the visibility (vis_row, and a
+ * score of -inf is as masked) in vis; returns vis or NULL (all
+ * visible). */
+static const unsigned char *SFX(prepare_row)(const SFX(fjob) *j,
+                                             ptrdiff_t b, ptrdiff_t i,
+                                             ptrdiff_t t0, ptrdiff_t n,
+                                             REAL *s, unsigned char *vis)
+{
+    const att_view *bv = &j->in->bias;
+    const unsigned char *m = SFX(vis_row)(j, b, i, t0, n, vis);
+    if (bv->p == NULL) {
+        return m;
+    }
+    const REAL *x = (const REAL *)bv->p + VIEW_AT(bv, b) + i * bv->rs +
+                    t0 * bv->cs;
+    if (m == NULL) {
+        memset(vis, 1, (size_t)n);
+    }
+    for (ptrdiff_t t = 0; t < n; t++) {
+        s[t] += x[t * bv->cs];
+        vis[t] &= s[t] != -INFINITY;
+    }
+    return vis;
+}
+
+/* w[t] *= keep(b, i, t0 + t) / (1 - p) for t < n: the dropout of the
+ * weights (keep: n bytes of scratch). */
+static void SFX(drop_row)(const SFX(fjob) *j, ptrdiff_t b, ptrdiff_t i,
+                          ptrdiff_t t0, ptrdiff_t n, REAL *w,
+                          unsigned char *keep)
+{
+    att_keep_row(j->in->seed, j->keep_min, b, i, t0, n, keep);
+    for (ptrdiff_t t = 0; t < n; t++) {
+        w[t] = keep[t] ? w[t] * j->keep_scale : 0;
+    }
+}
+
+/* dbias[(b, i, t0 + t)] += ds[t] for t < n, into partial `part` (0: the
+ * gradient itself); broadcast elements sum in t order. */
+static void SFX(add_dbias)(const SFX(fjob) *j, ptrdiff_t part, ptrdiff_t b,
+                           ptrdiff_t i, ptrdiff_t t0, ptrdiff_t n,
+                           const REAL *ds)
+{
+    const att_view *v = &j->out->dbias;
+    REAL *base = part == 0 ? (REAL *)(uintptr_t)v->p
+                           : j->dbias_parts + (part - 1) * j->f.nbias;
+    REAL *d = base + VIEW_AT(v, b) + i * v->rs + t0 * v->cs;
+    for (ptrdiff_t t = 0; t < n; t++) {
+        d[t * v->cs] += ds[t];
+    }
+}
+
+/* live_k: keys visible to some query; live_q: queries with a visible key
+ * (the stored path: the products leave the others out, so that a NaN
+ * there reaches no result). */
+static void SFX(find_live)(SFX(fjob) *j, REAL *srow, unsigned char *vis)
 {
     const att_fdims *f = &j->f;
-    if (j->in->mask == NULL) {
-        j->live_k = j->live_q = NULL;
+    if (j->live_k == NULL) {
         return;
     }
     for (ptrdiff_t b = 0; b < f->B; b++) {
         unsigned char *lk = j->live_k + b * f->T;
         memset(lk, 0, (size_t)f->T);
         for (ptrdiff_t i = 0; i < f->Tq; i++) {
-            const unsigned char *m = SFX(mask_row)(j, b, i);
+            memset(srow, 0, (size_t)f->T * sizeof(REAL));
+            const unsigned char *m = SFX(prepare_row)(j, b, i, 0, f->T,
+                                                      srow, vis);
             unsigned char any = 0;
             for (ptrdiff_t t = 0; t < f->T; t++) {
-                lk[t] |= m[t] != 0;
-                any |= m[t] != 0;
+                unsigned char v = m == NULL || m[t];
+                lk[t] |= v;
+                any |= v;
             }
             j->live_q[b * f->Tq + i] = any;
         }
@@ -379,7 +543,8 @@ static void SFX(product)(const SFX(fjob) *j, ptrdiff_t M, ptrdiff_t N,
 }
 
 /* ---------------------------------------------------------------------
- * Forward: one task per block of queries of one sequence
+ * Forward with the weights stored: one task per block of queries of one
+ * sequence
  */
 
 static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
@@ -392,34 +557,333 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t b = task / nqb, i0 = task % nqb * j->qblk;
     ptrdiff_t nq = f->Tq - i0 < j->qblk ? f->Tq - i0 : j->qblk;
     ptrdiff_t row = b * f->Tq + i0;           /* first query's row */
-    REAL *alpha = j->out->alpha + row * f->T; /* scores, then weights */
+    ptrdiff_t T = f->T;
+    REAL *alpha = j->out->alpha + row * T;    /* scores, then weights */
+    REAL *dropped = work + j->ops.gemm_work;  /* (nq, T) with dropout */
+    unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
+                                                      ? nq * T : 0) + T);
+    unsigned char *keep = vis + T;
     /* 1. the scores */
     if (f->score == ATT_SCORE_ADDITIVE) {
         for (ptrdiff_t i = 0; i < nq; i++) {
-            j->ops.add_scores(f->T, j->apad, j->qp + (row + i) * j->apad,
-                              j->kp + b * f->T * j->ldk, j->ldk, j->vp,
-                              SFX(mask_row)(j, b, i0 + i),
-                              alpha + i * f->T);
+            j->ops.add_scores(T, j->apad, j->qp + (row + i) * j->apad,
+                              j->kp + b * T * j->ldk, j->ldk, j->vp,
+                              SFX(vis_row)(j, b, i0 + i, 0, T, vis),
+                              alpha + i * T);
         }
     }
     else {           /* S = scale Q K^T, or Q kp^T: K^T read transposed */
         int dot = f->score == ATT_SCORE_DOT;
-        SFX(product)(j, nq, f->T, f->Hq, dot ? in->scale : 1,
+        SFX(product)(j, nq, T, f->Hq, dot ? in->scale : 1,
                      in->query + row * f->Hq, f->Hq, 1,
-                     dot ? in->keys + b * f->T * f->H : j->kp + b * f->T *
-                     j->ldk, 1, dot ? f->H : j->ldk, NULL, 0, alpha, f->T,
+                     dot ? in->keys + b * T * f->H : j->kp + b * T *
+                     j->ldk, 1, dot ? f->H : j->ldk, NULL, 0, alpha, T,
                      work);
     }
-    /* 2. alpha = masked softmax of each row, in place */
+    /* 2. alpha = masked softmax of each row (bias added), in place */
     for (ptrdiff_t i = 0; i < nq; i++) {
-        j->ops.softmax(f->T, alpha + i * f->T, SFX(mask_row)(j, b, i0 + i),
-                       alpha + i * f->T);
+        REAL *s = alpha + i * T;
+        j->ops.softmax(T, s, SFX(prepare_row)(j, b, i0 + i, 0, T, s, vis),
+                       s);
     }
-    /* 3. out = alpha V, padding keys left out */
-    SFX(product)(j, nq, f->Hv, f->T, 1, alpha, f->T, 1,
-                j->vals + b * f->T * f->Hv, f->Hv, 1,
-                 j->live_k ? j->live_k + b * f->T : NULL, 0,
+    /* 3. out = alpha V (dropped), padding keys left out */
+    const REAL *w = alpha;
+    if (in->dropout > 0) {
+        memcpy(dropped, alpha, (size_t)(nq * T) * sizeof(REAL));
+        for (ptrdiff_t i = 0; i < nq; i++) {
+            SFX(drop_row)(j, b, i0 + i, 0, T, dropped + i * T, keep);
+        }
+        w = dropped;
+    }
+    SFX(product)(j, nq, f->Hv, T, 1, w, T, 1, j->vals + b * T * f->Hv,
+                 f->Hv, 1, j->live_k ? j->live_k + b * T : NULL, 0,
                  j->out->out + row * f->Hv, f->Hv, work);
+}
+
+/* ---------------------------------------------------------------------
+ * The streamed path (dot and general, no weights stored): blocks of SQB
+ * queries against blocks of SKB keys, an online softmax (FlashAttention,
+ * Dao et al. 2022; the loop order of FlashAttention-2)
+ */
+
+/* A thread's scratch for the streamed path: three blocks of scores, the
+ * running max and sum of SQB rows, then bytes: visibility of a block,
+ * keep bits of a row, the live keys and queries of a block. */
+typedef struct {
+    REAL *S, *dP, *Pd, *mx, *sum;
+    unsigned char *vis, *keep, *klive, *qlive;
+} SFX(sblock);
+
+static SFX(sblock) SFX(stream_scratch)(const SFX(fjob) *j, int thread)
+{
+    REAL *w = SFX(thread_scratch)(j, thread) + j->ops.gemm_work;
+    SFX(sblock) s;
+    s.S = w;
+    s.dP = w + SQB * SKB;
+    s.Pd = w + 2 * SQB * SKB;
+    s.mx = w + 3 * SQB * SKB;
+    s.sum = s.mx + SQB;
+    s.vis = (unsigned char *)(s.sum + SQB + 2 * SKB);
+    s.keep = s.vis + SQB * SKB;
+    s.klive = s.keep + SKB;
+    s.qlive = s.klive + SKB;
+    return s;
+}
+
+/* The keys of sequence b as the score reads them: K (T, ldk) and the
+ * scale (dot: the keys; general: the projected keys, scale 1). */
+static const REAL *SFX(score_keys)(const SFX(fjob) *j, ptrdiff_t b,
+                                   ptrdiff_t *ldk, REAL *scale)
+{
+    const att_fdims *f = &j->f;
+    if (f->score == ATT_SCORE_DOT) {
+        *ldk = f->H;
+        *scale = j->in->scale;
+        return j->in->keys + b * f->T * f->H;
+    }
+    *ldk = j->ldk;
+    *scale = 1;
+    return j->kp + b * f->T * j->ldk;
+}
+
+/* Keys a causal block of queries [i0, i0 + nq) sees: [0, end). */
+static ptrdiff_t SFX(keys_seen)(const att_fdims *f, ptrdiff_t i0,
+                                ptrdiff_t nq)
+{
+    if (!f->causal) {
+        return f->T;
+    }
+    ptrdiff_t end = i0 + nq + (f->T - f->Tq);
+    return end < 0 ? 0 : (end < f->T ? end : f->T);
+}
+
+/* The first query of the causal block structure that sees key k0. */
+static ptrdiff_t SFX(first_query)(const att_fdims *f, ptrdiff_t k0)
+{
+    ptrdiff_t i = f->causal ? k0 - (f->T - f->Tq) : 0;
+    return i < 0 ? 0 : i / SQB * SQB;
+}
+
+static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
+{
+    const SFX(fjob) *j = arg;
+    const att_fdims *f = &j->f;
+    const FIN *in = j->in;
+    REAL *work = SFX(thread_scratch)(j, thread);
+    SFX(sblock) sb = SFX(stream_scratch)(j, thread);
+    ptrdiff_t nqb = (f->Tq + SQB - 1) / SQB;
+    ptrdiff_t b = task / nqb, i0 = task % nqb * SQB;
+    ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB, Hv = f->Hv, ldk;
+    REAL scale;
+    const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
+    const REAL *Q = in->query + (b * f->Tq + i0) * f->Hq;
+    const REAL *V = j->vals + b * f->T * Hv;
+    REAL *O = j->out->out + (b * f->Tq + i0) * Hv;
+    REAL *lse = j->out->lse + b * f->Tq + i0;
+    ptrdiff_t kend = SFX(keys_seen)(f, i0, nq);
+    memset(O, 0, (size_t)(nq * Hv) * sizeof(REAL));
+    for (ptrdiff_t i = 0; i < nq; i++) {
+        sb.mx[i] = -INFINITY;
+        sb.sum[i] = 0;
+    }
+    for (ptrdiff_t k0 = 0; k0 < kend; k0 += SKB) {
+        ptrdiff_t nk = kend - k0 < SKB ? kend - k0 : SKB;
+        SFX(product)(j, nq, nk, f->Hq, scale, Q, f->Hq, 1, K + k0 * ldk, 1,
+                     ldk, NULL, 0, sb.S, nk, work);
+        memset(sb.klive, 0, (size_t)nk);
+        for (ptrdiff_t i = 0; i < nq; i++) {
+            REAL *s = sb.S + i * nk;
+            const unsigned char *m = SFX(prepare_row)(j, b, i0 + i, k0, nk,
+                                                      s, sb.vis + i * nk);
+            REAL top = SFX(row_max)(nk, s, m);
+            if (top == -INFINITY) {            /* sees none of these keys */
+                memset(s, 0, (size_t)nk * sizeof(REAL));
+                continue;
+            }
+            /* rescale what the row has so far to the new max */
+            REAL M = SFX(max_nan)(sb.mx[i], top);
+            REAL c = sb.mx[i] == -INFINITY ? 0 : EXP(sb.mx[i] - M);
+            double e = j->ops.exp_shift(nk, s, M, m);
+            sb.sum[i] = (REAL)((double)sb.sum[i] * (double)c + e);
+            sb.mx[i] = M;
+            for (ptrdiff_t h = 0; c != 1 && h < Hv; h++) {
+                O[i * Hv + h] *= c;
+            }
+            if (in->dropout > 0) {
+                SFX(drop_row)(j, b, i0 + i, k0, nk, s, sb.keep);
+            }
+            for (ptrdiff_t t = 0; t < nk; t++) {
+                sb.klive[t] |= m == NULL || m[t];
+            }
+        }
+        SFX(product)(j, nq, Hv, nk, 1, sb.S, nk, 1, V + k0 * Hv, Hv, 1,
+                     sb.klive, 1, O, Hv, work);
+    }
+    for (ptrdiff_t i = 0; i < nq; i++) {      /* no visible key: 0, -inf */
+        REAL l = sb.sum[i], r = l > 0 ? 1 / l : 0;
+        for (ptrdiff_t h = 0; h < Hv; h++) {
+            O[i * Hv + h] = l > 0 ? O[i * Hv + h] * r : 0;
+        }
+        lse[i] = l > 0 ? sb.mx[i] + (REAL)log((double)l) : -INFINITY;
+    }
+}
+
+/* One block of the streamed backward: queries [i0, i0 + nq) of sequence
+ * b against keys [k0, k0 + nk).  P = exp(S - lse) recomputed, dP = G V^T,
+ * dS = P (dP keep / (1 - p) - D) with D_i = g_i . out_i; then (`what`)
+ * 1: dV += (P keep / (1 - p))^T G, dK += scale dS^T Q, dbias += dS (into
+ * partial `part`); 2: dQ += scale dS K. */
+static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
+                              REAL *work, ptrdiff_t b, ptrdiff_t i0,
+                              ptrdiff_t nq, ptrdiff_t k0, ptrdiff_t nk,
+                              int what, ptrdiff_t part)
+{
+    const att_fdims *f = &j->f;
+    const FIN *in = j->in;
+    FOUT *out = j->out;
+    ptrdiff_t Hv = f->Hv, Hq = f->Hq, ldk, row = b * f->Tq + i0;
+    REAL scale;
+    const REAL *K = SFX(score_keys)(j, b, &ldk, &scale) + k0 * ldk;
+    const REAL *Q = in->query + row * Hq, *G = in->grad_out + row * Hv;
+    const REAL *O = in->out + row * Hv, *lse = in->lse + row;
+    const REAL *V = j->vals + (b * f->T + k0) * Hv;
+    SFX(product)(j, nq, nk, Hq, scale, Q, Hq, 1, K, 1, ldk, NULL, 0, sb->S,
+                 nk, work);
+    SFX(product)(j, nq, nk, Hv, 1, G, Hv, 1, V, 1, Hv, NULL, 0, sb->dP, nk,
+                 work);
+    memset(sb->klive, 0, (size_t)nk);
+    for (ptrdiff_t i = 0; i < nq; i++) {
+        REAL *s = sb->S + i * nk, *dp = sb->dP + i * nk;
+        REAL *pd = in->dropout > 0 ? sb->Pd + i * nk : s;
+        const unsigned char *m = SFX(prepare_row)(j, b, i0 + i, k0, nk, s,
+                                                  sb->vis + i * nk);
+        sb->qlive[i] = 0;
+        if (lse[i] == -INFINITY) {             /* no visible key at all */
+            memset(s, 0, (size_t)nk * sizeof(REAL));
+            memset(dp, 0, (size_t)nk * sizeof(REAL));
+            continue;
+        }
+        j->ops.exp_shift(nk, s, lse[i], m);
+        REAL D = 0;
+        for (ptrdiff_t h = 0; h < Hv; h++) {
+            D += G[i * Hv + h] * O[i * Hv + h];
+        }
+        if (in->dropout > 0) {
+            att_keep_row(in->seed, j->keep_min, b, i0 + i, k0, nk, sb->keep);
+        }
+        for (ptrdiff_t t = 0; t < nk; t++) {
+            int v = m == NULL || m[t];
+            int kept = in->dropout <= 0 || sb->keep[t];
+            REAL gamma = kept ? dp[t] * j->keep_scale : 0;
+            if (in->dropout > 0) {
+                pd[t] = kept ? s[t] * j->keep_scale : 0;
+            }
+            dp[t] = v ? s[t] * (gamma - D) : 0;     /* dS, in place */
+            sb->klive[t] |= v;
+            sb->qlive[i] |= v;
+        }
+        if ((what & 1) && out->dbias.p != NULL) {
+            SFX(add_dbias)(j, part, b, i0 + i, k0, nk, dp);
+        }
+    }
+    if (what & 1) {
+        REAL *dV = (in->values ? out->dvalues : out->dkeys) +
+                   (b * f->T + k0) * Hv;
+        const REAL *pd = in->dropout > 0 ? sb->Pd : sb->S;
+        SFX(product)(j, nk, Hv, nq, 1, pd, 1, nk, G, Hv, 1, sb->qlive, 1,
+                     dV, Hv, work);
+        REAL *dK = f->score == ATT_SCORE_DOT
+                   ? out->dkeys + (b * f->T + k0) * f->H
+                   : (out->dkproj ? out->dkproj : j->dkp) +
+                     (b * f->T + k0) * f->P;
+        SFX(product)(j, nk, Hq, nq, scale, sb->dP, 1, nk, Q, Hq, 1,
+                     sb->qlive, 1, dK, f->score == ATT_SCORE_DOT ? f->H
+                                                                  : f->P,
+                     work);
+    }
+    if (what & 2) {
+        SFX(product)(j, nq, Hq, nk, scale, sb->dP, nk, 1, K, ldk, 1,
+                     sb->klive, 1, out->dquery + row * Hq, Hq, work);
+    }
+}
+
+/* Zero rows [r0, r0 + n) of sequence b of the gradients a streamed task
+ * owns (`what` as stream_block). */
+static void SFX(stream_zero)(const SFX(fjob) *j, ptrdiff_t b, ptrdiff_t r0,
+                             ptrdiff_t n, int what)
+{
+    const att_fdims *f = &j->f;
+    FOUT *out = j->out;
+    if (what & 1) {
+        ptrdiff_t wk = f->score == ATT_SCORE_DOT ? f->H : f->P;
+        REAL *dK = f->score == ATT_SCORE_DOT ? out->dkeys
+                   : (out->dkproj ? out->dkproj : j->dkp);
+        memset(dK + (b * f->T + r0) * wk, 0, (size_t)(n * wk) *
+               sizeof(REAL));
+        if (j->in->values != NULL) {
+            memset(out->dvalues + (b * f->T + r0) * f->Hv, 0,
+                   (size_t)(n * f->Hv) * sizeof(REAL));
+        }
+        else if (f->score != ATT_SCORE_DOT) {   /* dV goes to dkeys */
+            memset(out->dkeys + (b * f->T + r0) * f->H, 0,
+                   (size_t)(n * f->H) * sizeof(REAL));
+        }
+    }
+    if (what & 2) {
+        memset(out->dquery + (b * f->Tq + r0) * f->Hq, 0,
+               (size_t)(n * f->Hq) * sizeof(REAL));
+    }
+}
+
+/* The whole streamed backward of sequence b in one pass: the keys'
+ * blocks outer, the queries' that see them inner. */
+static void SFX(stream_sequence)(const SFX(fjob) *j, const SFX(sblock) *sb,
+                                 REAL *work, ptrdiff_t b, ptrdiff_t part)
+{
+    const att_fdims *f = &j->f;
+    SFX(stream_zero)(j, b, 0, f->T, 1);
+    SFX(stream_zero)(j, b, 0, f->Tq, 2);
+    for (ptrdiff_t k0 = 0; k0 < f->T; k0 += SKB) {
+        ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
+        for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
+            ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+            SFX(stream_block)(j, sb, work, b, i0, nq, k0, nk, 3, part);
+        }
+    }
+}
+
+/* Two passes for few long sequences: task (b, key block) makes dK, dV
+ * of its keys; then task (b, query block) dQ of its queries. */
+static void SFX(stream_keys_task)(void *arg, ptrdiff_t task, int thread)
+{
+    const SFX(fjob) *j = arg;
+    const att_fdims *f = &j->f;
+    SFX(sblock) sb = SFX(stream_scratch)(j, thread);
+    ptrdiff_t nkb = (f->T + SKB - 1) / SKB;
+    ptrdiff_t b = task / nkb, k0 = task % nkb * SKB;
+    ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
+    SFX(stream_zero)(j, b, k0, nk, 1);
+    for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
+        ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+        SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
+                          k0, nk, 1, 0);
+    }
+}
+
+static void SFX(stream_queries_task)(void *arg, ptrdiff_t task, int thread)
+{
+    const SFX(fjob) *j = arg;
+    const att_fdims *f = &j->f;
+    SFX(sblock) sb = SFX(stream_scratch)(j, thread);
+    ptrdiff_t nqb = (f->Tq + SQB - 1) / SQB;
+    ptrdiff_t b = task / nqb, i0 = task % nqb * SQB;
+    ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+    SFX(stream_zero)(j, b, i0, nq, 2);
+    for (ptrdiff_t k0 = 0; k0 < SFX(keys_seen)(f, i0, nq); k0 += SKB) {
+        ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
+        SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
+                          k0, nk, 2, 0);
+    }
 }
 
 /* What both directions start with: the sizes checked, the scratch
@@ -442,7 +906,10 @@ static int SFX(family_start)(SFX(fjob) *j, const att_fdims *f,
         f->score == ATT_SCORE_ADDITIVE && j->apad == f->P) {
         j->ek = out->dkproj;       /* the caller's dL/dkp: no copy */
     }
-    SFX(find_live)(j);
+    if (!f->stream) {
+        REAL *srow = SFX(thread_scratch)(j, 0) + j->ops.gemm_work;
+        SFX(find_live)(j, srow, (unsigned char *)(srow + f->T));
+    }
     SFX(project)(j);
     return 0;
 }
@@ -451,8 +918,16 @@ int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
                             const FIN *in, FOUT *out, void *work)
 {
     SFX(fjob) j;
-    if (SFX(family_start)(&j, f, ex, in, out, work, 0) < 0) {
+    if (f == NULL || out == NULL || f->stream != (out->alpha == NULL) ||
+        (f->stream && out->lse == NULL) ||
+        SFX(family_start)(&j, f, ex, in, out, work, 0) < 0) {
         return ATT_EINVAL;
+    }
+    if (f->stream) {
+        att_pool_run(j.ex.pool, j.threads,
+                     f->B * ((f->Tq + SQB - 1) / SQB),
+                     SFX(stream_forward_task), &j);
+        return ATT_OK;
     }
     /* whole sequences per task when there are enough of them */
     ptrdiff_t per = (f->B * f->Tq + 4 * j.threads - 1) / (4 * j.threads);
@@ -465,19 +940,21 @@ int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
 }
 
 /* ---------------------------------------------------------------------
- * Backward: one task per sequence (its keys gather every query), then
- * the projections' backward over all rows at once
+ * Backward with the weights given: one sequence at a time (its keys
+ * gather every query), then the projections' backward over all rows
  */
 
-static void SFX(backward_task)(void *arg, ptrdiff_t b, int thread)
+static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
+                                   ptrdiff_t b, ptrdiff_t part)
 {
-    const SFX(fjob) *j = arg;
     const att_fdims *f = &j->f;
     const FIN *in = j->in;
     FOUT *out = j->out;
-    REAL *work = SFX(thread_scratch)(j, thread);
-    REAL *delta = work + j->ops.gemm_work;              /* (Tq, T) */
     ptrdiff_t T = f->T, Tq = f->Tq, Hv = f->Hv;
+    REAL *delta = work + j->ops.gemm_work;              /* (Tq, T) */
+    REAL *dropped = delta + Tq * T;           /* (Tq, T) with dropout */
+    unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
+                                                      ? Tq * T : 0) + T);
     const REAL *G = in->grad_out + b * Tq * Hv, *al = in->alpha + b * Tq * T;
     const REAL *Q = in->query + b * Tq * f->Hq, *K = in->keys + b * T * f->H;
     const unsigned char *lk = j->live_k ? j->live_k + b * T : NULL;
@@ -486,19 +963,30 @@ static void SFX(backward_task)(void *arg, ptrdiff_t b, int thread)
     SFX(product)(j, Tq, T, Hv, 1, G, Hv, 1, j->vals + b * T * Hv, 1, Hv,
                  NULL, 0, delta, T, work);
     for (ptrdiff_t i = 0; i < Tq; i++) {
-        const unsigned char *m = SFX(mask_row)(j, b, i);
         const REAL *ga = in->grad_alpha ? in->grad_alpha + (b * Tq + i) * T
                                         : NULL;
+        const REAL *a = al + i * T;
         REAL *row = delta + i * T;
+        if (in->dropout > 0) {       /* gamma and alpha times keep/(1-p) */
+            memcpy(dropped + i * T, a, (size_t)T * sizeof(REAL));
+            SFX(drop_row)(j, b, i, 0, T, dropped + i * T, vis);
+            for (ptrdiff_t t = 0; t < T; t++) {
+                row[t] = vis[t] ? row[t] * j->keep_scale : 0;
+            }
+        }
         for (ptrdiff_t t = 0; t < T; t++) {  /* masked: alpha 0, gamma 0 */
-            row[t] = VALID(m, t) ? row[t] + (ga ? ga[t] : 0) : 0;
+            row[t] = a[t] != 0 ? row[t] + (ga ? ga[t] : 0) : 0;
         }
         /* alpha = softmax(s)  ->  delta = dL/ds, in place */
-        j->ops.softmax_backward(T, row, al + i * T, row);
+        j->ops.softmax_backward(T, row, a, row);
+        if (out->dbias.p != NULL) {
+            SFX(add_dbias)(j, part, b, i, 0, T, row);
+        }
     }
     REAL *dV = in->values ? out->dvalues + b * T * Hv
                           : out->dkeys + b * T * f->H;
-    SFX(product)(j, T, Hv, Tq, 1, al, 1, T, G, Hv, 1, lq, 0, dV, Hv, work);
+    SFX(product)(j, T, Hv, Tq, 1, in->dropout > 0 ? dropped : al, 1, T, G,
+                 Hv, 1, lq, 0, dV, Hv, work);
     /* the scores' backward */
     REAL beta_k = in->values ? 0 : 1;           /* dkeys already holds dV */
     if (f->score == ATT_SCORE_DOT) {            /* dQ = s D K, dK = s D^T Q */
@@ -520,11 +1008,34 @@ static void SFX(backward_task)(void *arg, ptrdiff_t b, int thread)
         REAL *dv = j->dvpart + b * j->apad;
         memset(dv, 0, (size_t)j->apad * sizeof(REAL));
         for (ptrdiff_t i = 0; i < Tq; i++) {
+            const REAL *a = al + i * T;
+            for (ptrdiff_t t = 0; t < T; t++) {  /* visible: alpha > 0 */
+                vis[t] = a[t] != 0;
+            }
             j->ops.add_scores_backward(
                 T, j->apad, j->qp + (b * Tq + i) * j->apad,
-                j->kp + b * T * j->ldk, j->ldk, j->vp, delta + i * T,
-                SFX(mask_row)(j, b, i), i == 0, eq + i * j->apad, ek,
-                j->apad, dv);
+                j->kp + b * T * j->ldk, j->ldk, j->vp, delta + i * T, vis,
+                i == 0, eq + i * j->apad, ek, j->apad, dv);
+        }
+    }
+}
+
+/* Task p: the sequences of group p, in order, each summing its bias
+ * gradient into partial p when the bias is shared. */
+static void SFX(backward_task)(void *arg, ptrdiff_t p, int thread)
+{
+    const SFX(fjob) *j = arg;
+    const att_fdims *f = &j->f;
+    ptrdiff_t b0 = p * f->B / j->nparts, b1 = (p + 1) * f->B / j->nparts;
+    ptrdiff_t part = f->bias_shared ? p : 0;
+    REAL *work = SFX(thread_scratch)(j, thread);
+    SFX(sblock) sb = SFX(stream_scratch)(j, thread);
+    for (ptrdiff_t b = b0; b < b1; b++) {
+        if (j->stream) {
+            SFX(stream_sequence)(j, &sb, work, b, part);
+        }
+        else {
+            SFX(backward_sequence)(j, work, b, part);
         }
     }
 }
@@ -592,10 +1103,35 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
                              const FIN *in, FOUT *out, void *work)
 {
     SFX(fjob) j;
-    if (SFX(family_start)(&j, f, ex, in, out, work, 1) < 0) {
+    if (f == NULL || in == NULL || out == NULL ||
+        (f->stream != (in->alpha == NULL)) ||
+        (f->stream && (in->out == NULL || in->lse == NULL ||
+                       in->grad_alpha != NULL)) ||
+        SFX(family_start)(&j, f, ex, in, out, work, 1) < 0) {
         return ATT_EINVAL;
     }
-    att_pool_run(j.ex.pool, j.threads, f->B, SFX(backward_task), &j);
+    REAL *dbias = (REAL *)(uintptr_t)out->dbias.p;
+    ptrdiff_t nparts = dbias != NULL && f->bias_shared ? j.nparts : 1;
+    if (dbias != NULL) {
+        memset(dbias, 0, (size_t)f->nbias * sizeof(REAL));
+        memset(j.dbias_parts, 0, (size_t)((nparts - 1) * f->nbias) *
+               sizeof(REAL));
+    }
+    if (j.two_pass) {
+        att_pool_run(j.ex.pool, j.threads, f->B * ((f->T + SKB - 1) / SKB),
+                     SFX(stream_keys_task), &j);
+        att_pool_run(j.ex.pool, j.threads, f->B * ((f->Tq + SQB - 1) / SQB),
+                     SFX(stream_queries_task), &j);
+    }
+    else {
+        att_pool_run(j.ex.pool, j.threads, j.nparts, SFX(backward_task), &j);
+    }
+    for (ptrdiff_t p = 1; p < nparts; p++) {   /* the partials, in order */
+        const REAL *x = j.dbias_parts + (p - 1) * f->nbias;
+        for (ptrdiff_t e = 0; e < f->nbias; e++) {
+            dbias[e] += x[e];
+        }
+    }
     if (f->score != ATT_SCORE_DOT) {
         SFX(project_backward)(&j);
     }
@@ -620,8 +1156,9 @@ ptrdiff_t SFX(att_family_workspace)(const att_fdims *f, int backward,
 static int SFX(project_init)(SFX(fjob) *j, att_dims d, const att_exec *ex)
 {
     /* one "sequence" of n keys (at least 1: n = 0 is no work at all) */
-    att_fdims f = {ATT_SCORE_GENERAL, 0, 1, 1, d.B > 0 ? d.B : 1, d.H,
-                   d.A, d.H, d.A};
+    att_fdims f = {.score = ATT_SCORE_GENERAL, .B = 1, .Tq = 1,
+                   .T = d.B > 0 ? d.B : 1, .H = d.H, .Hq = d.A, .Hv = d.H,
+                   .P = d.A};
     if (d.B < 0 || d.H < 0 || d.A < 0 ||
         SFX(family_init)(j, &f, ex, NULL, NULL) < 0) {
         return -1;

@@ -44,6 +44,9 @@
  *                        masked t, when `first`).
  *   softmax, softmax_backward  one row, as seq_softmax and
  *                        seq_softmax_backward of kernels_impl.h.
+ *   exp_shift            the streamed softmax's step: s_t = exp(s_t - M)
+ *                        for the visible t (vis NULL: all), 0 for the
+ *                        others; returns their sum (in double).
  * apad, the padded width of the additive rows, is a multiple of vlen.
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
@@ -71,6 +74,8 @@
                         R *alpha);                                           \
         void (*softmax_backward)(ptrdiff_t T, const R *g, const R *alpha,    \
                                  R *ds);                                     \
+        double (*exp_shift)(ptrdiff_t n, R *s, R M,                          \
+                            const unsigned char *vis);                       \
     } att_ops_##SFX;
 
 ATT_OPS_DECLARE(float, f32)

@@ -407,6 +407,35 @@ static void FSFX(softmax_row)(ptrdiff_t T, const REAL *s,
     }
 }
 
+/* s_t = exp(s_t - M) in place for the visible t (vis NULL: all), exactly
+ * 0 for the others; returns their sum, by blocks of 64 in lanes, the
+ * blocks in double (as the softmax row).  M is the streamed softmax's
+ * running max, finite. */
+static double FSFX(exp_shift_row)(ptrdiff_t n, REAL *s, REAL M,
+                                  const unsigned char *vis)
+{
+    VEC vM = VSET1(M);
+    ptrdiff_t t = 0;
+    for (; t + VLEN <= n; t += VLEN) {
+        VSTORE(s + t, FSFX(v_exp_neg)(VSUB(VLOAD(s + t), vM)));
+    }
+    if (t < n) {
+        REAL lanes[VLEN];
+        for (int l = 0; l < VLEN; l++) {
+            lanes[l] = t + l < n ? s[t + l] - M : 0;
+        }
+        VSTORE(lanes, FSFX(v_exp_neg)(VLOAD(lanes)));
+        for (int l = 0; t + l < n; l++) {
+            s[t + l] = lanes[l];
+        }
+    }
+    /* v_exp_neg stops at its least normal: the invisible back to 0 */
+    for (t = 0; vis != NULL && t < n; t++) {
+        s[t] = vis[t] ? s[t] : 0;
+    }
+    return FSFX(v_sum)(n, s);
+}
+
 /* ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k)), k the
  * heaviest item: formulas.h's softmax_backward, vectorised (the mean is
  * summed by blocks of 64 in lanes, the blocks in double).  ds may be g. */
@@ -464,6 +493,7 @@ void FSFX(att_fast_ops)(OPS_T *ops)
     ops->add_scores_backward = FSFX(add_scores_backward);
     ops->softmax = FSFX(softmax_row);
     ops->softmax_backward = FSFX(softmax_backward_row);
+    ops->exp_shift = FSFX(exp_shift_row);
 }
 
 #undef OPS_T

@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "testhooks.h"
 #include "fast.h"
+#include "philox.h"
 #include "pool.h"
 
 #ifndef ATT_HAVE_X86

@@ -350,19 +350,35 @@ class FamilyProblem:
         """The score's parameters (keywords) from the arrays x."""
         return {n: x[n] for n in PARAMS[self.kind]}
 
+    def masks(self, mod, x):
+        """The mask keywords for mod: the reference takes a per-query mask
+        (..., Tq, T) as attn_mask= (its mask is the key mask only, SPEC
+        5.1); the C functions still take it as mask=."""
+        m = x["mask"]
+        if (mod is ref and m is not None and not self.single
+                and m.ndim == len(self.lead) + 2):
+            return {"mask": None, "attn_mask": m}
+        return {"mask": m}
+
     def forward(self, mod, x, **extra):
         """(out, alpha) of mod's forward of this score on x."""
         fn = getattr(mod, f"{self.kind}_attention")
-        return fn(query=x["query"], keys=x["keys"], mask=x["mask"],
+        return fn(query=x["query"], keys=x["keys"], **self.masks(mod, x),
                   values=x["values"], **self.params(x), **extra)
 
     def backward(self, mod, x, alpha, with_ga, **extra):
         """The gradient tuple of mod's backward of this score on x."""
         fn = getattr(mod, f"{self.kind}_attention_backward")
-        return fn(grad_out=x["grad_out"], query=x["query"], keys=x["keys"],
-                  alpha=alpha, mask=x["mask"], values=x["values"],
-                  grad_alpha=x["grad_alpha"] if with_ga else None,
-                  **self.params(x), **extra)
+        g = fn(grad_out=x["grad_out"], query=x["query"], keys=x["keys"],
+               alpha=alpha, **self.masks(mod, x), values=x["values"],
+               grad_alpha=x["grad_alpha"] if with_ga else None,
+               **self.params(x), **extra)
+        if mod is ref and self.kind != "additive":
+            # the reference's dot/general tuples end with the bias
+            # gradient (SPEC 5.2), None here: no bias was given
+            assert g[-1] is None
+            g = g[:-1]
+        return g
 
     def full_mask(self):
         """The mask as (..., Tq, T) booleans (Tq = 1 for one query)."""
@@ -1073,6 +1089,21 @@ def _pair_id(pair):
     return "-".join(pair)
 
 
+def call_ref(fn, args, single):
+    """The reference's fn on args, as a tuple comparable to the C call's:
+    a per-query mask given as attn_mask= (the reference's mask is the key
+    mask only), and the trailing bias gradient (None) of a dot or general
+    backward dropped."""
+    args = dict(args)
+    if not single and fn_kind(fn) != "project":
+        args["attn_mask"] = args.pop("mask")
+    res = as_tuple(getattr(ref, fn)(**args))
+    if fn in ("dot_attention_backward", "general_attention_backward"):
+        assert res[-1] is None
+        res = res[:-1]
+    return res
+
+
 @pytest.mark.parametrize("single", [True, False], ids=["q1", "qN"])
 @dtype_param
 @pytest.mark.parametrize("fn", FUNCS)
@@ -1080,13 +1111,13 @@ def test_native_dtype_preserved(fn, dtype, single, rng):
     """float32 in -> float32 out, float64 -> float64, values right."""
     args = make_args(fn, rng, dtype, single=single)
     got = as_tuple(call(fn, args))
-    want = as_tuple(getattr(ref, fn)(**f64(args)))
+    want = call_ref(fn, f64(args), single)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         if w is None:
             assert g is None, f"output {i}"
             continue
-        same = as_tuple(getattr(ref, fn)(**args))[i]
+        same = call_ref(fn, args, single)[i]
         tol = max(TOL[np.dtype(dtype).type], ILL_FACTOR * rel_err(same, w))
         check(g, w, dtype, f"{fn} output {i}", tol)
 
