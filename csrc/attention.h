@@ -159,6 +159,8 @@ typedef struct {
                                NULL): blocks of keys, lse */
     ptrdiff_t nbias;        /* elements of the bias as given (dbias) */
     ptrdiff_t B, Tq, T;     /* sequences; queries and keys of each */
+    ptrdiff_t Bq, Bk, Bv;   /* query, key, value sequences (0: B): fewer
+                               when one serves several (broadcast) */
     ptrdiff_t H, Hq, Hv;    /* widths of a key, a query, a value */
     ptrdiff_t P;            /* width of a projected key: A, Hq (general) */
 } att_fdims;
@@ -184,6 +186,11 @@ typedef struct {
  * Forward outputs: out (B, Tq, Hv); alpha (B, Tq, T), or NULL to stream
  * the keys by blocks without storing the weights, writing lse (B, Tq)
  * (log sum_t exp(s_it) over the visible keys, -inf with none) instead.
+ * Sequence b reads query qidx[b] of Bq, keys kidx[b] of Bk (and key_proj),
+ * values vidx[b] of Bv (NULL: b); the gradients of query, keys and values
+ * have their shapes and sum over the sequences that share them.  The
+ * backward runs the groups of sequences that share any (order[gstart[g]
+ * .. gstart[g + 1]), ngroups of them; order NULL: each sequence alone).
  * Backward inputs: grad_out (B, Tq, Hv) with alpha and grad_alpha (may be
  * NULL), or (alpha NULL; dot and general) the forward's out and lse, from
  * which the weights are recomputed block by block.  Backward outputs:
@@ -203,6 +210,8 @@ typedef struct {
         double dropout;                                                      \
         uint64_t seed;                                                       \
         const R *alpha, *grad_out, *grad_alpha, *out, *lse;                  \
+        const ptrdiff_t *qidx, *kidx, *vidx, *order, *gstart;                \
+        ptrdiff_t ngroups;                                                   \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \

@@ -187,6 +187,20 @@ static int k_context_attention_backward(Call *c)
 }
 
 /* The family's sizes from the bound symbols. */
+/* The sequences of input id when it has fewer than the call (0: the
+ * call's); and which one each of the call's reads (NULL: its own). */
+static ptrdiff_t seqs_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 && c->idx[i] != NULL ? c->nseq[i] : 0;
+}
+
+static const ptrdiff_t *index_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 ? c->idx[i] : NULL;
+}
+
 static att_fdims family_dims(const Call *c)
 {
     int score = c->fn->score - 1, ib = c->fn->pos[X_BIAS];
@@ -196,6 +210,8 @@ static att_fdims family_dims(const Call *c)
         .nbias = ib >= 0 && c->arr[ib] ? PyArray_SIZE(c->arr[ib]) : 0,
         .dropout = given(c, X_DROPOUT), .stream = stream_of(c),
         .B = c->d.B, .Tq = c->several ? c->sym[S_TQ] : 1, .T = c->sym[S_T],
+        .Bq = seqs_of(c, X_QUERY), .Bk = seqs_of(c, X_KEYS),
+        .Bv = seqs_of(c, X_VALUES),
         .H = c->sym[S_H],
         .Hq = score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
         .Hv = c->sym[S_HV],
@@ -248,7 +264,10 @@ static att_view dbias_view(const Call *c)
             .bias = view_of(c, X_BIAS), .dropout = dropout,                  \
             .seed = c->seed, .alpha = IN(X_ALPHA),                           \
             .grad_out = IN(X_GRAD_OUT), .grad_alpha = IN(X_GRAD_ALPHA),      \
-            .out = IN(X_OUT), .lse = IN(X_LSE)};                             \
+            .out = IN(X_OUT), .lse = IN(X_LSE),                              \
+            .qidx = index_of(c, X_QUERY), .kidx = index_of(c, X_KEYS),       \
+            .vidx = index_of(c, X_VALUES), .order = c->order,                \
+            .gstart = c->gstart, .ngroups = c->ngroups};                     \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
@@ -280,6 +299,38 @@ static int k_family(Call *c)
 static int check_family(Call *c)
 {
     const char *name = c->fn->name;
+    int ik = c->fn->pos[X_KEYS], ip = c->fn->pos[X_KPROJ];
+    for (int id = X_QUERY; id <= X_VALUES; id++) {
+        int i = c->fn->pos[id];
+        if (c->fn->score - 1 == ATT_SCORE_ADDITIVE && i >= 0 &&
+            c->arr[i] != NULL &&
+            PyArray_NDIM(c->arr[i]) != PyArray_NDIM(c->arr[ik]) -
+                                       (id == X_QUERY && !c->several)) {
+            goto additive_lead;
+        }
+        for (int k = 0; c->fn->score - 1 == ATT_SCORE_ADDITIVE && i >= 0 &&
+                        c->arr[i] != NULL && k < c->nlead; k++) {
+            if (PyArray_DIM(c->arr[i], k) != c->lead[k]) {
+                goto additive_lead;
+            }
+        }
+    }
+    if (ip >= 0 && c->arr[ip] != NULL) {    /* the keys projected */
+        int nd = PyArray_NDIM(c->arr[ip]);
+        int same = nd == PyArray_NDIM(c->arr[ik]);
+        for (int k = 0; same && k < nd - 2; k++) {
+            same = PyArray_DIM(c->arr[ip], k) == PyArray_DIM(c->arr[ik], k);
+        }
+        if (!same) {
+            char ps[SHAPE_BUF], ks[SHAPE_BUF];
+            PyErr_Format(PyExc_ValueError,
+                         "key_proj has shape %s; expected the keys' leading "
+                         "axes (keys have shape %s): key_proj is "
+                         "project_keys(keys, W)", SHAPE(ps, c->arr[ip]),
+                         SHAPE(ks, c->arr[ik]));
+            return -1;
+        }
+    }
     if (given(c, X_GRAD_KPROJ) && !given(c, X_KPROJ)) {
         PyErr_SetString(PyExc_ValueError,
                         "stop_at_key_proj=True needs key_proj: the gradient "
@@ -342,6 +393,12 @@ static int check_family(Call *c)
         }
     }
     return 0;
+additive_lead:
+    PyErr_Format(PyExc_ValueError,
+                 "%s: query, keys and values need the same leading axes "
+                 "here (broadcasting them against each other is for the "
+                 "dot and general scores)", name);
+    return -1;
 }
 
 /* project_keys: W (A, L) multiplies keys with its first H columns. */
@@ -413,11 +470,15 @@ static int k_project_keys_backward(Call *c)
                         "of torch.nn.Linear(H + Hq, A).weight)")
 #define W_GENERAL HINT(X_W, "(Hq, H)", "(W has the layout of " \
                        "torch.nn.Linear(H, Hq, bias=False).weight)")
-#define QUERY(wide) HINT(X_QUERY, "(..., Tq?, " wide ")",                    \
-                         "(one query (..., Hq) or several (..., Tq, Hq), "  \
-                         "with query.ndim == keys.ndim)")
-#define QUERY_DOT HINT(X_QUERY, "(..., Tq?, H)", "(the dot score needs "    \
-                       "queries as wide as the keys)")
+/* the family's inputs: leading axes broadcast against each other */
+#define QUERY(wide) {.id = X_QUERY, .flags = F_LEADB,                        \
+                     .shape = "(..., Tq?, " wide ")",                        \
+                     .hint = "(one query (..., Hq) or several (..., Tq, "    \
+                     "Hq), with query.ndim == keys.ndim)"}
+#define QUERY_DOT {.id = X_QUERY, .flags = F_LEADB,                          \
+                   .shape = "(..., Tq?, H)",                                 \
+                   .hint = "(the dot score needs queries as wide as the "    \
+                   "keys)"}
 /* the masks and the bias are read where they are (F_VIEW), broadcast by
  * NumPy's rules */
 #define FAMILY_MASK {.id = X_MASK, .flags = F_OPT | F_MASK | F_VIEW,         \
@@ -433,8 +494,11 @@ static int k_project_keys_backward(Call *c)
 #define DROPOUT {.id = X_DROPOUT, .flags = F_OPT | F_NUMBER}
 #define SEED {.id = X_SEED, .flags = F_OPT | F_SEED}
 #define RETURN_WEIGHTS {.id = X_RETW, .flags = F_OPT | F_FLAG | F_TRUE}
-#define KEYS ARR(X_KEYS, "(..., T, H)")
-#define VALUES OPT(X_VALUES, "(..., T, Hv)")
+#define KEYS {.id = X_KEYS, .flags = F_LEADB, .shape = "(..., T, H)"}
+#define VALUES {.id = X_VALUES, .flags = F_OPT | F_LEADB,                    \
+                .shape = "(..., T, Hv)"}
+#define KPROJ(wide) {.id = X_KPROJ, .flags = F_OPT | F_LEADB,                \
+                     .shape = "(..., T, " wide ")"}
 #define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
 #define ALPHA_OPT OPT(X_ALPHA, "(..., Tq?, T)")
 #define SAVED OPT(X_OUT, "(..., Tq?, Hv)"), OPT(X_LSE, "(..., Tq?)")
@@ -448,9 +512,12 @@ static int k_project_keys_backward(Call *c)
     {.id = Y_LSE, .shape = "(..., Tq?)", .unless = X_RETW, .drop = 1}
 #define DBIAS {.id = Y_DBIAS, .shape = "(..., Tq?, T)", .like = X_BIAS,       \
                .when = X_BIAS}
+/* the inputs' gradients have their shapes (summed where they broadcast) */
 #define FAMILY_GRADS(wide)                                                   \
-    RES(Y_DQUERY, "(..., Tq?, " wide ")"), RES(Y_DKEYS, "(..., T, H)"),      \
-    RES_IF(Y_DVALUES, "(..., T, Hv)", X_VALUES)
+    {.id = Y_DQUERY, .shape = "(..., Tq?, " wide ")", .like = X_QUERY},      \
+    {.id = Y_DKEYS, .shape = "(..., T, H)", .like = X_KEYS},                 \
+    {.id = Y_DVALUES, .shape = "(..., T, Hv)", .like = X_VALUES,             \
+     .when = X_VALUES}
 /* the family's rows: the keys fix T and H first */
 #define FAMILY(sc)                                                           \
     .order = {X_KEYS, X_QUERY, X_VALUES}, .fused = 1,                        \
@@ -521,16 +588,17 @@ static FuncSpec funcs[] = {
     {.name = "additive_attention",
      .args = {QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
               OPT(X_B, "(A,)"), FAMILY_MASK, ATTN_MASK, CAUSAL, VALUES,
-              OPT(X_KPROJ, "(..., T, A)")}, .nreq = 4,
+              KPROJ("A")}, .nreq = 4,
      .outs = {FAMILY_OUTS}, FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "additive_attention_backward",
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
               ALPHA_Q, OPT(X_B, "(A,)"), FAMILY_MASK, ATTN_MASK, CAUSAL,
-              VALUES, GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, A)"),
+              VALUES, GRAD_ALPHA_Q, KPROJ("A"),
               FLAG(X_GRAD_KPROJ)}, .nreq = 6,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(A, H+Hq)"), RES(Y_DV, "(A,)"),
               RES_IF(Y_DB, "(A,)", X_B),
-              RES_EXTRA(Y_DKPROJ, "(..., T, A)", X_GRAD_KPROJ)},
+              {.id = Y_DKPROJ, .shape = "(..., T, A)", .like = X_KPROJ,
+               .when = X_GRAD_KPROJ, .drop = 1}},
      FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "dot_attention",
      .args = {QUERY_DOT, KEYS, FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT,
@@ -543,16 +611,17 @@ static FuncSpec funcs[] = {
      .outs = {FAMILY_GRADS("H"), DBIAS}, FAMILY(ATT_SCORE_DOT)},
     {.name = "general_attention",
      .args = {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK, ATTN_MASK, CAUSAL,
-              BIAS, DROPOUT, SEED, VALUES, OPT(X_KPROJ, "(..., T, Hq)"),
+              BIAS, DROPOUT, SEED, VALUES, KPROJ("Hq"),
               RETURN_WEIGHTS}, .nreq = 3,
      .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_GENERAL)},
     {.name = "general_attention_backward",
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_OPT, SAVED,
               FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES,
-              GRAD_ALPHA_Q, OPT(X_KPROJ, "(..., T, Hq)"),
+              GRAD_ALPHA_Q, KPROJ("Hq"),
               FLAG(X_GRAD_KPROJ)}, .nreq = 4, .npos = 5,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"), DBIAS,
-              RES_EXTRA(Y_DKPROJ, "(..., T, Hq)", X_GRAD_KPROJ)},
+              {.id = Y_DKPROJ, .shape = "(..., T, Hq)", .like = X_KPROJ,
+               .when = X_GRAD_KPROJ, .drop = 1}},
      FAMILY(ATT_SCORE_GENERAL)},
     {.name = "project_keys",
      .args = {KEYS, ARR(X_W, "(A, L)")}, .nreq = 2,

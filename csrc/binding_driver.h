@@ -310,6 +310,8 @@ static void end_exec(const att_exec *ex)
 #define F_TRUE 64u     /* with F_FLAG: True when left out */
 #define F_NUMBER 128u  /* a real number, 0 when left out */
 #define F_SEED 256u    /* an integer in [0, 2**64), or None */
+#define F_LEADB 512u   /* the family's inputs: leading axes broadcast
+                          against each other (missing or 1) */
 
 #define MAX_ARGS 20
 #define MAX_OUTS 8
@@ -384,6 +386,12 @@ struct Call {
     unsigned long long seed;          /* F_SEED */
     att_view view[MAX_ARGS];          /* F_VIEW, once made */
     ptrdiff_t *offs[MAX_ARGS];        /* their offsets (owned) */
+    ptrdiff_t *idx[MAX_ARGS];         /* F_LEADB: the argument's sequence
+                                         of each of the call's (owned;
+                                         NULL: the same) */
+    npy_intp nseq[MAX_ARGS];          /* F_LEADB: its own sequences */
+    ptrdiff_t *order, *gstart;        /* groups sharing one (owned) */
+    npy_intp ngroups;
     att_view dbias;                   /* the bias made C-contiguous: the
                                          layout of its gradient (p NULL) */
     ptrdiff_t *doffs;                 /* its offsets (owned) */
@@ -889,12 +897,16 @@ static int bind_shape(Call *c, int i)
         }
     }
     int nlead = p->lead ? c->nlead : 0;
+    if ((a->flags & F_LEADB) && nd >= n && nd < nlead + n) {
+        nlead = nd - n;     /* fewer leading axes: the first ones repeat */
+    }
     if (nd != nlead + n) {
         return shape_error(c, i, 0);
     }
     for (int k = 0; k < nlead; k++) {
-        if (dims[k] != c->lead[k] &&
-            !(dims[k] == 1 && (a->flags & F_BCAST))) {
+        npy_intp want = c->lead[k + c->nlead - nlead];
+        if (dims[k] != want &&
+            !(dims[k] == 1 && (a->flags & (F_BCAST | F_LEADB)))) {
             return shape_error(c, i, 0);
         }
     }
@@ -986,6 +998,59 @@ static int check_view(const Call *c, int i)
     return 0;
 }
 
+/* The call's leading axes: those of the family's inputs (query, keys,
+ * values, key_proj) broadcast against each other by NumPy's rules. */
+static int broadcast_inputs(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    int first = -1;
+    for (int r = 0; r < 3 + fn->nargs; r++) {
+        int i = r < 3 ? (fn->order[r] != X_NONE ? fn->pos[fn->order[r]]
+                                                : -1)
+                      : r - 3;
+        if (i < 0 || c->arr[i] == NULL || !(fn->args[i].flags & F_LEADB)) {
+            continue;
+        }
+        const ArgSpec *a = &fn->args[i];
+        PyArrayObject *x = c->arr[i];
+        int present[MAX_AXES], nd = PyArray_NDIM(x);
+        int n = axes_present(c, a, nd, present), nl = nd - n;
+        if (nl < 0) {
+            continue;                  /* bind_shape says what is wrong */
+        }
+        if (first < 0) {
+            first = i;
+            c->nlead = nl;
+            c->lead_binder = i;
+            memcpy(c->lead, PyArray_DIMS(x), (size_t)nl * sizeof(npy_intp));
+            continue;
+        }
+        if (nl > c->nlead) {           /* more axes: the new ones lead */
+            memmove(c->lead + (nl - c->nlead), c->lead,
+                    (size_t)c->nlead * sizeof(npy_intp));
+            for (int k = 0; k < nl - c->nlead; k++) {
+                c->lead[k] = 1;
+            }
+            c->nlead = nl;
+        }
+        for (int k = 0; k < nl; k++) {
+            npy_intp d = PyArray_DIM(x, k), *l = &c->lead[k + c->nlead - nl];
+            if (d != *l && d != 1 && *l != 1) {
+                char xs[SHAPE_BUF], fs[SHAPE_BUF];
+                PyErr_Format(PyExc_ValueError,
+                             "%s has shape %s and %s shape %s: their "
+                             "leading axes must broadcast (NumPy's rules: "
+                             "equal, 1 or missing)", arg_names[a->id],
+                             SHAPE(xs, x), arg_names[fn->args[first].id],
+                             SHAPE(fs, c->arr[first]));
+                return -1;
+            }
+            *l = d != 1 ? d : *l;
+        }
+    }
+    return 0;
+}
+
 static int check_shapes(Call *c)
 {
     const FuncSpec *fn = c->fn;
@@ -993,6 +1058,9 @@ static int check_shapes(Call *c)
     if (fn->score) {        /* several queries: query.ndim == keys.ndim */
         c->several = PyArray_NDIM(c->arr[fn->pos[X_QUERY]]) ==
                      PyArray_NDIM(c->arr[fn->pos[X_KEYS]]);
+        if (broadcast_inputs(c) < 0) {
+            return -1;
+        }
     }
     for (int r = 0; r < 3 + fn->nargs; r++) {
         int i = r < 3 ? (fn->order[r] != X_NONE ? fn->pos[fn->order[r]]
@@ -1174,6 +1242,134 @@ static int make_view(Call *c, int i, int contiguous, att_view *v,
     return 0;
 }
 
+/* The sequence of argument i (F_LEADB) that each of the call's reads,
+ * into c->idx[i] (NULL when it has the call's leading axes), and the
+ * number of its own sequences. */
+static int make_index(Call *c, int i)
+{
+    PyArrayObject *x = c->arr[i];
+    int present[MAX_AXES], nd = PyArray_NDIM(x);
+    int nl = nd - axes_present(c, &c->fn->args[i], nd, present);
+    npy_intp st[NPY_MAXDIMS], run = 1;
+    int same = nl == c->nlead;
+    for (int k = c->nlead - 1; k >= 0; k--) {   /* in sequences */
+        int xk = k - (c->nlead - nl);
+        npy_intp d = xk >= 0 ? PyArray_DIM(x, xk) : 1;
+        st[k] = d == 1 ? 0 : run;
+        run *= d;
+        same &= d == c->lead[k];
+    }
+    c->nseq[i] = run;
+    if (same) {
+        return 0;
+    }
+    if (ALLOC_POINT("indices of", arg_names[c->fn->args[i].id], 1) < 0) {
+        return -1;
+    }
+    c->idx[i] = PyMem_Malloc((size_t)(c->d.B > 0 ? c->d.B : 1) *
+                             sizeof(ptrdiff_t));
+    if (c->idx[i] == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (npy_intp b = 0; b < c->d.B; b++) {
+        npy_intp r = b, o = 0;
+        for (int k = c->nlead - 1; k >= 0; k--) {
+            o += (r % c->lead[k]) * st[k];
+            r /= c->lead[k];
+        }
+        c->idx[i][b] = o;
+    }
+    return 0;
+}
+
+static npy_intp find_root(npy_intp *parent, npy_intp b)
+{
+    while (parent[b] != b) {
+        parent[b] = parent[parent[b]];
+        b = parent[b];
+    }
+    return b;
+}
+
+/* The groups of sequences that share a query, keys or values (their
+ * gradients sum over them): c->order lists each group's sequences in
+ * order, group g at [gstart[g], gstart[g + 1]), groups by first member. */
+static int make_groups(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    npy_intp B = c->d.B;
+    int any = 0;
+    for (int i = 0; i < fn->nargs; i++) {
+        any |= c->idx[i] != NULL;
+    }
+    if (!any || B == 0 || fn->pos[X_GRAD_OUT] < 0) {
+        return 0;
+    }
+    if (ALLOC_POINT("groups of", "sequences", 1) < 0) {
+        return -1;
+    }
+    npy_intp *parent = PyMem_Malloc((size_t)B * 2 * sizeof(npy_intp));
+    c->order = PyMem_Malloc((size_t)B * sizeof(ptrdiff_t));
+    c->gstart = PyMem_Malloc((size_t)(B + 1) * sizeof(ptrdiff_t));
+    if (parent == NULL || c->order == NULL || c->gstart == NULL) {
+        PyMem_Free(parent);
+        PyErr_NoMemory();
+        return -1;
+    }
+    npy_intp *first = parent + B;     /* first sequence of each input's */
+    for (npy_intp b = 0; b < B; b++) {
+        parent[b] = b;
+    }
+    for (int i = 0; i < fn->nargs; i++) {
+        if (c->idx[i] == NULL) {
+            continue;
+        }
+        for (npy_intp e = 0; e < c->nseq[i] && e < B; e++) {
+            first[e] = -1;
+        }
+        for (npy_intp b = 0; b < B; b++) {
+            npy_intp e = c->idx[i][b], *f = &first[e];
+            if (*f < 0) {
+                *f = b;
+            }
+            else {
+                npy_intp ra = find_root(parent, *f), rb = find_root(parent,
+                                                                    b);
+                parent[ra > rb ? ra : rb] = ra < rb ? ra : rb;
+            }
+        }
+    }
+    /* group ids in order of first member; counting sort of the members */
+    npy_intp ng = 0;
+    for (npy_intp b = 0; b < B; b++) {
+        npy_intp r = find_root(parent, b);
+        first[b] = r == b ? ng++ : first[r];
+    }
+    for (npy_intp g = 0; g <= ng; g++) {
+        c->gstart[g] = 0;
+    }
+    for (npy_intp b = 0; b < B; b++) {
+        c->gstart[first[b] + 1]++;
+    }
+    for (npy_intp g = 0; g < ng; g++) {
+        c->gstart[g + 1] += c->gstart[g];
+    }
+    for (npy_intp b = 0; b < B; b++) {
+        parent[b] = c->gstart[first[b]]++;
+    }
+    for (npy_intp b = 0; b < B; b++) {
+        c->order[parent[b]] = b;
+    }
+    for (npy_intp g = ng; g > 0; g--) {
+        c->gstart[g] = c->gstart[g - 1];
+    }
+    c->gstart[0] = 0;
+    c->ngroups = ng;
+    PyMem_Free(parent);
+    return 0;
+}
+
 /* Step 4a: each view as the kernels read it (attention.h att_view): per
  * sequence b of the call's leading axes, the offset of its first element;
  * the strides of its query and key axes, in elements (0 where it
@@ -1194,7 +1390,13 @@ static int make_views(Call *c)
             return -1;
         }
     }
-    return 0;
+    for (int i = 0; fn->score && i < fn->nargs; i++) {
+        if (c->arr[i] != NULL && (fn->args[i].flags & F_LEADB) &&
+            make_index(c, i) < 0) {
+            return -1;
+        }
+    }
+    return make_groups(c);
 }
 
 /* Whether key t is visible to query i of sequence b: the key mask, the
@@ -1520,8 +1722,11 @@ done:
     for (int i = 0; i < MAX_ARGS; i++) {
         Py_XDECREF(c.arr[i]);
         PyMem_Free(c.offs[i]);
+        PyMem_Free(c.idx[i]);
     }
     PyMem_Free(c.doffs);
+    PyMem_Free(c.order);
+    PyMem_Free(c.gstart);
     for (int k = 0; k < MAX_OUTS; k++) {
         Py_XDECREF(c.out[k]);
     }

@@ -153,6 +153,10 @@ typedef struct {
     REAL *eq, *ek, *dvpart;  /* additive backward: (B Tq | B T | B, apad) */
     REAL *dkp;               /* general backward: dL/dkp (B T, Hq)        */
     unsigned char *live_k, *live_q;   /* (B T), (B Tq); NULL: no mask     */
+    unsigned char *live_kr;  /* keys' rows (Bk T) some query sees: the
+                                projection's backward leaves out the rest */
+    ptrdiff_t Bq, Bk, Bv;    /* query, key, value sequences               */
+    ptrdiff_t ngroups;       /* backward: groups sharing q, k or v        */
     uint32_t keep_min;       /* dropout: the least word kept (philox.h)   */
     REAL keep_scale;         /* 1 / (1 - p)                               */
     REAL *dbias_parts;       /* bias shared: partial dbias 1 .. nparts-1  */
@@ -164,6 +168,13 @@ typedef struct {
 } SFX(fjob);
 
 #define VIEW_AT(v, b) ((v)->off != NULL ? (v)->off[b] : (b) * (v)->bs)
+/* The query, key and value sequence that sequence b reads. */
+#define QB(j, b) ((j)->in->qidx != NULL ? (j)->in->qidx[b] : (b))
+#define KB(j, b) ((j)->in->kidx != NULL ? (j)->in->kidx[b] : (b))
+#define VB(j, b) ((j)->in->values == NULL ? KB(j, b)                         \
+                  : (j)->in->vidx != NULL ? (j)->in->vidx[b] : (b))
+#define SHARED(in) ((in)->qidx != NULL || (in)->kidx != NULL ||              \
+                    (in)->vidx != NULL)
 #define MASKED(in) ((in)->mask.p != NULL || (in)->attn_mask.p != NULL ||    \
                     (in)->bias.p != NULL)
 
@@ -191,19 +202,22 @@ static void SFX(plan_backward)(SFX(fjob) *j)
 {
     const att_fdims *f = &j->f;
     int bias = j->in == NULL || j->in->bias.p != NULL;
-    j->nparts = f->B;
+    j->ngroups = j->in != NULL && j->in->order != NULL ? j->in->ngroups
+                                                       : f->B;
+    j->nparts = j->ngroups;
     if (bias && f->bias_shared) {
         ptrdiff_t fit = ((ptrdiff_t)64 << 20) /
                         (f->nbias > 0 ? f->nbias * (ptrdiff_t)sizeof(REAL)
                                       : 1);
-        j->nparts = f->B < 8 ? f->B : 8;
+        j->nparts = j->ngroups < 8 ? j->ngroups : 8;
         j->nparts = fit < j->nparts ? fit : j->nparts;
         j->nparts = j->nparts < 1 ? 1 : j->nparts;
     }
     /* few long sequences and no bias: the keys' blocks in parallel, then
      * the queries' (each gradient summed in the same order as in one
      * pass) */
-    j->two_pass = j->stream && !bias && f->B < 8;
+    j->two_pass = j->stream && !bias && f->B < 8 &&
+                  (j->in == NULL || !SHARED(j->in));
 }
 
 /* Carves the call's scratch from work (or only counts it, work NULL);
@@ -218,7 +232,7 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                   (j->in == NULL || j->in->kproj == NULL ||
                    (additive && j->apad != f->P));
     int dropout = f->dropout;
-    ptrdiff_t BT = mul_or_neg(f->B, f->T), BTq = mul_or_neg(f->B, f->Tq);
+    ptrdiff_t BT = mul_or_neg(j->Bk, f->T), BTq = mul_or_neg(j->Bq, f->Tq);
     ptrdiff_t kw = additive ? j->apad : f->P;
     j->kbuf = arena_take(&ar, mul_or_neg(make_kp ? BT : 0, kw),
                          sizeof(REAL));
@@ -235,8 +249,10 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                         sizeof(REAL));
     int masked = !f->stream &&
                  (j->in == NULL || MASKED(j->in) || f->causal);
-    j->live_k = arena_take(&ar, masked ? BT : 0, 1);
-    j->live_q = arena_take(&ar, masked ? BTq : 0, 1);
+    j->live_k = arena_take(&ar, masked ? mul_or_neg(f->B, f->T) : 0, 1);
+    j->live_q = arena_take(&ar, masked ? mul_or_neg(f->B, f->Tq) : 0, 1);
+    /* the keys' rows some query sees, for dW_k (general backward) */
+    j->live_kr = arena_take(&ar, general && backward ? BT : 0, 1);
     if (backward) {
         SFX(plan_backward)(j);
         j->dbias_parts = arena_take(&ar, mul_or_neg(f->bias_shared
@@ -275,7 +291,9 @@ static int SFX(family_init)(SFX(fjob) *j, const att_fdims *f,
         f->score < ATT_SCORE_ADDITIVE || f->score > ATT_SCORE_GENERAL ||
         (f->score == ATT_SCORE_DOT && f->Hq != f->H) ||
         (f->score == ATT_SCORE_GENERAL && f->P != f->Hq) ||
-        (f->score == ATT_SCORE_ADDITIVE && (f->stream || f->dropout)) ||
+        (f->score == ATT_SCORE_ADDITIVE && (f->stream || f->dropout ||
+                                            f->Bq || f->Bk || f->Bv)) ||
+        f->Bq < 0 || f->Bk < 0 || f->Bv < 0 ||
         f->P > PTRDIFF_MAX / 2 || f->T > ((ptrdiff_t)1 << 34) ||
         (in != NULL && (!(in->dropout >= 0 && in->dropout < 1) ||
                         f->dropout != (in->dropout > 0) ||
@@ -291,6 +309,9 @@ static int SFX(family_init)(SFX(fjob) *j, const att_fdims *f,
     j->out = out;
     j->stream = f->stream;
     j->apad = (f->P + j->ops.vlen - 1) / j->ops.vlen * j->ops.vlen;
+    j->Bq = f->Bq > 0 ? f->Bq : f->B;
+    j->Bk = f->Bk > 0 ? f->Bk : f->B;
+    j->Bv = f->Bv > 0 ? f->Bv : f->B;
     if (in != NULL) {
         j->keep_min = att_keep_threshold(in->dropout);
         j->keep_scale = (REAL)(1 / (1 - in->dropout));
@@ -474,7 +495,7 @@ static void SFX(project)(SFX(fjob) *j)
 {
     const att_fdims *f = &j->f;
     const FIN *in = j->in;
-    ptrdiff_t BT = f->B * f->T, BTq = f->B * f->Tq, A = f->P;
+    ptrdiff_t BT = j->Bk * f->T, BTq = j->Bq * f->Tq, A = f->P;
     if (f->score == ATT_SCORE_DOT) {
         return;
     }
@@ -557,7 +578,7 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t b = task / nqb, i0 = task % nqb * j->qblk;
     ptrdiff_t nq = f->Tq - i0 < j->qblk ? f->Tq - i0 : j->qblk;
     ptrdiff_t row = b * f->Tq + i0;           /* first query's row */
-    ptrdiff_t T = f->T;
+    ptrdiff_t qrow = QB(j, b) * f->Tq + i0, kb = KB(j, b), T = f->T;
     REAL *alpha = j->out->alpha + row * T;    /* scores, then weights */
     REAL *dropped = work + j->ops.gemm_work;  /* (nq, T) with dropout */
     unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
@@ -566,8 +587,8 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     /* 1. the scores */
     if (f->score == ATT_SCORE_ADDITIVE) {
         for (ptrdiff_t i = 0; i < nq; i++) {
-            j->ops.add_scores(T, j->apad, j->qp + (row + i) * j->apad,
-                              j->kp + b * T * j->ldk, j->ldk, j->vp,
+            j->ops.add_scores(T, j->apad, j->qp + (qrow + i) * j->apad,
+                              j->kp + kb * T * j->ldk, j->ldk, j->vp,
                               SFX(vis_row)(j, b, i0 + i, 0, T, vis),
                               alpha + i * T);
         }
@@ -575,8 +596,8 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     else {           /* S = scale Q K^T, or Q kp^T: K^T read transposed */
         int dot = f->score == ATT_SCORE_DOT;
         SFX(product)(j, nq, T, f->Hq, dot ? in->scale : 1,
-                     in->query + row * f->Hq, f->Hq, 1,
-                     dot ? in->keys + b * T * f->H : j->kp + b * T *
+                     in->query + qrow * f->Hq, f->Hq, 1,
+                     dot ? in->keys + kb * T * f->H : j->kp + kb * T *
                      j->ldk, 1, dot ? f->H : j->ldk, NULL, 0, alpha, T,
                      work);
     }
@@ -595,7 +616,8 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
         }
         w = dropped;
     }
-    SFX(product)(j, nq, f->Hv, T, 1, w, T, 1, j->vals + b * T * f->Hv,
+    SFX(product)(j, nq, f->Hv, T, 1, w, T, 1,
+                 j->vals + VB(j, b) * T * f->Hv,
                  f->Hv, 1, j->live_k ? j->live_k + b * T : NULL, 0,
                  j->out->out + row * f->Hv, f->Hv, work);
 }
@@ -639,11 +661,11 @@ static const REAL *SFX(score_keys)(const SFX(fjob) *j, ptrdiff_t b,
     if (f->score == ATT_SCORE_DOT) {
         *ldk = f->H;
         *scale = j->in->scale;
-        return j->in->keys + b * f->T * f->H;
+        return j->in->keys + KB(j, b) * f->T * f->H;
     }
     *ldk = j->ldk;
     *scale = 1;
-    return j->kp + b * f->T * j->ldk;
+    return j->kp + KB(j, b) * f->T * j->ldk;
 }
 
 /* Keys a causal block of queries [i0, i0 + nq) sees: [0, end). */
@@ -676,8 +698,8 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB, Hv = f->Hv, ldk;
     REAL scale;
     const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
-    const REAL *Q = in->query + (b * f->Tq + i0) * f->Hq;
-    const REAL *V = j->vals + b * f->T * Hv;
+    const REAL *Q = in->query + (QB(j, b) * f->Tq + i0) * f->Hq;
+    const REAL *V = j->vals + VB(j, b) * f->T * Hv;
     REAL *O = j->out->out + (b * f->Tq + i0) * Hv;
     REAL *lse = j->out->lse + b * f->Tq + i0;
     ptrdiff_t kend = SFX(keys_seen)(f, i0, nq);
@@ -744,9 +766,11 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
     ptrdiff_t Hv = f->Hv, Hq = f->Hq, ldk, row = b * f->Tq + i0;
     REAL scale;
     const REAL *K = SFX(score_keys)(j, b, &ldk, &scale) + k0 * ldk;
-    const REAL *Q = in->query + row * Hq, *G = in->grad_out + row * Hv;
+    ptrdiff_t qrow = QB(j, b) * f->Tq + i0, krow = KB(j, b) * f->T + k0;
+    ptrdiff_t vrow = VB(j, b) * f->T + k0;
+    const REAL *Q = in->query + qrow * Hq, *G = in->grad_out + row * Hv;
     const REAL *O = in->out + row * Hv, *lse = in->lse + row;
-    const REAL *V = j->vals + (b * f->T + k0) * Hv;
+    const REAL *V = j->vals + vrow * Hv;
     SFX(product)(j, nq, nk, Hq, scale, Q, Hq, 1, K, 1, ldk, NULL, 0, sb->S,
                  nk, work);
     SFX(product)(j, nq, nk, Hv, 1, G, Hv, 1, V, 1, Hv, NULL, 0, sb->dP, nk,
@@ -786,16 +810,17 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
             SFX(add_dbias)(j, part, b, i0 + i, k0, nk, dp);
         }
     }
+    for (ptrdiff_t t = 0; (what & 1) && j->live_kr != NULL && t < nk; t++) {
+        j->live_kr[krow + t] |= sb->klive[t];
+    }
     if (what & 1) {
-        REAL *dV = (in->values ? out->dvalues : out->dkeys) +
-                   (b * f->T + k0) * Hv;
+        REAL *dV = (in->values ? out->dvalues : out->dkeys) + vrow * Hv;
         const REAL *pd = in->dropout > 0 ? sb->Pd : sb->S;
         SFX(product)(j, nk, Hv, nq, 1, pd, 1, nk, G, Hv, 1, sb->qlive, 1,
                      dV, Hv, work);
         REAL *dK = f->score == ATT_SCORE_DOT
-                   ? out->dkeys + (b * f->T + k0) * f->H
-                   : (out->dkproj ? out->dkproj : j->dkp) +
-                     (b * f->T + k0) * f->P;
+                   ? out->dkeys + krow * f->H
+                   : (out->dkproj ? out->dkproj : j->dkp) + krow * f->P;
         SFX(product)(j, nk, Hq, nq, scale, sb->dP, 1, nk, Q, Hq, 1,
                      sb->qlive, 1, dK, f->score == ATT_SCORE_DOT ? f->H
                                                                   : f->P,
@@ -803,35 +828,7 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
     }
     if (what & 2) {
         SFX(product)(j, nq, Hq, nk, scale, sb->dP, nk, 1, K, ldk, 1,
-                     sb->klive, 1, out->dquery + row * Hq, Hq, work);
-    }
-}
-
-/* Zero rows [r0, r0 + n) of sequence b of the gradients a streamed task
- * owns (`what` as stream_block). */
-static void SFX(stream_zero)(const SFX(fjob) *j, ptrdiff_t b, ptrdiff_t r0,
-                             ptrdiff_t n, int what)
-{
-    const att_fdims *f = &j->f;
-    FOUT *out = j->out;
-    if (what & 1) {
-        ptrdiff_t wk = f->score == ATT_SCORE_DOT ? f->H : f->P;
-        REAL *dK = f->score == ATT_SCORE_DOT ? out->dkeys
-                   : (out->dkproj ? out->dkproj : j->dkp);
-        memset(dK + (b * f->T + r0) * wk, 0, (size_t)(n * wk) *
-               sizeof(REAL));
-        if (j->in->values != NULL) {
-            memset(out->dvalues + (b * f->T + r0) * f->Hv, 0,
-                   (size_t)(n * f->Hv) * sizeof(REAL));
-        }
-        else if (f->score != ATT_SCORE_DOT) {   /* dV goes to dkeys */
-            memset(out->dkeys + (b * f->T + r0) * f->H, 0,
-                   (size_t)(n * f->H) * sizeof(REAL));
-        }
-    }
-    if (what & 2) {
-        memset(out->dquery + (b * f->Tq + r0) * f->Hq, 0,
-               (size_t)(n * f->Hq) * sizeof(REAL));
+                     sb->klive, 1, out->dquery + qrow * Hq, Hq, work);
     }
 }
 
@@ -841,8 +838,6 @@ static void SFX(stream_sequence)(const SFX(fjob) *j, const SFX(sblock) *sb,
                                  REAL *work, ptrdiff_t b, ptrdiff_t part)
 {
     const att_fdims *f = &j->f;
-    SFX(stream_zero)(j, b, 0, f->T, 1);
-    SFX(stream_zero)(j, b, 0, f->Tq, 2);
     for (ptrdiff_t k0 = 0; k0 < f->T; k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
         for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
@@ -862,7 +857,6 @@ static void SFX(stream_keys_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t nkb = (f->T + SKB - 1) / SKB;
     ptrdiff_t b = task / nkb, k0 = task % nkb * SKB;
     ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
-    SFX(stream_zero)(j, b, k0, nk, 1);
     for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
         ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
@@ -878,7 +872,6 @@ static void SFX(stream_queries_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t nqb = (f->Tq + SQB - 1) / SQB;
     ptrdiff_t b = task / nqb, i0 = task % nqb * SQB;
     ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
-    SFX(stream_zero)(j, b, i0, nq, 2);
     for (ptrdiff_t k0 = 0; k0 < SFX(keys_seen)(f, i0, nq); k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
@@ -955,12 +948,13 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
     REAL *dropped = delta + Tq * T;           /* (Tq, T) with dropout */
     unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
                                                       ? Tq * T : 0) + T);
+    ptrdiff_t qb = QB(j, b), kb = KB(j, b), vb = VB(j, b);
     const REAL *G = in->grad_out + b * Tq * Hv, *al = in->alpha + b * Tq * T;
-    const REAL *Q = in->query + b * Tq * f->Hq, *K = in->keys + b * T * f->H;
+    const REAL *Q = in->query + qb * Tq * f->Hq, *K = in->keys + kb * T * f->H;
     const unsigned char *lk = j->live_k ? j->live_k + b * T : NULL;
     const unsigned char *lq = j->live_q ? j->live_q + b * Tq : NULL;
     /* out = alpha V  ->  gamma = G V^T + ga;  dV = alpha^T G */
-    SFX(product)(j, Tq, T, Hv, 1, G, Hv, 1, j->vals + b * T * Hv, 1, Hv,
+    SFX(product)(j, Tq, T, Hv, 1, G, Hv, 1, j->vals + vb * T * Hv, 1, Hv,
                  NULL, 0, delta, T, work);
     for (ptrdiff_t i = 0; i < Tq; i++) {
         const REAL *ga = in->grad_alpha ? in->grad_alpha + (b * Tq + i) * T
@@ -983,25 +977,26 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
             SFX(add_dbias)(j, part, b, i, 0, T, row);
         }
     }
-    REAL *dV = in->values ? out->dvalues + b * T * Hv
-                          : out->dkeys + b * T * f->H;
+    /* the gradients were zeroed: every product adds (sequences that
+     * share a query, keys or values sum into them, in order) */
+    REAL *dV = in->values ? out->dvalues + vb * T * Hv
+                          : out->dkeys + kb * T * f->H;
     SFX(product)(j, T, Hv, Tq, 1, in->dropout > 0 ? dropped : al, 1, T, G,
-                 Hv, 1, lq, 0, dV, Hv, work);
+                 Hv, 1, lq, 1, dV, Hv, work);
     /* the scores' backward */
-    REAL beta_k = in->values ? 0 : 1;           /* dkeys already holds dV */
     if (f->score == ATT_SCORE_DOT) {            /* dQ = s D K, dK = s D^T Q */
         SFX(product)(j, Tq, f->H, T, in->scale, delta, T, 1, K, f->H, 1, lk,
-                     0, out->dquery + b * Tq * f->Hq, f->Hq, work);
+                     1, out->dquery + qb * Tq * f->Hq, f->Hq, work);
         SFX(product)(j, T, f->H, Tq, in->scale, delta, 1, T, Q, f->Hq, 1, lq,
-                     beta_k, out->dkeys + b * T * f->H, f->H, work);
+                     1, out->dkeys + kb * T * f->H, f->H, work);
     }
     else if (f->score == ATT_SCORE_GENERAL) {   /* on kp: dQ, dkp */
         REAL *dkp = out->dkproj ? out->dkproj : j->dkp;
         SFX(product)(j, Tq, f->Hq, T, 1, delta, T, 1,
-                     j->kp + b * T * j->ldk, j->ldk, 1, lk, 0,
-                     out->dquery + b * Tq * f->Hq, f->Hq, work);
-        SFX(product)(j, T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, 1, lq, 0,
-                     dkp + b * T * f->P, f->P, work);
+                     j->kp + kb * T * j->ldk, j->ldk, 1, lk, 1,
+                     out->dquery + qb * Tq * f->Hq, f->Hq, work);
+        SFX(product)(j, T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, 1, lq, 1,
+                     dkp + kb * T * f->P, f->P, work);
     }
     else {                                      /* eq, ek, dv by pairs */
         REAL *eq = j->eq + b * Tq * j->apad, *ek = j->ek + b * T * j->apad;
@@ -1026,11 +1021,16 @@ static void SFX(backward_task)(void *arg, ptrdiff_t p, int thread)
 {
     const SFX(fjob) *j = arg;
     const att_fdims *f = &j->f;
-    ptrdiff_t b0 = p * f->B / j->nparts, b1 = (p + 1) * f->B / j->nparts;
+    const FIN *in = j->in;
+    ptrdiff_t g0 = p * j->ngroups / j->nparts;
+    ptrdiff_t g1 = (p + 1) * j->ngroups / j->nparts;
+    ptrdiff_t b0 = in->order ? in->gstart[g0] : g0;
+    ptrdiff_t b1 = in->order ? in->gstart[g1] : g1;
     ptrdiff_t part = f->bias_shared ? p : 0;
     REAL *work = SFX(thread_scratch)(j, thread);
     SFX(sblock) sb = SFX(stream_scratch)(j, thread);
-    for (ptrdiff_t b = b0; b < b1; b++) {
+    for (ptrdiff_t r = b0; r < b1; r++) {
+        ptrdiff_t b = in->order ? in->order[r] : r;
         if (j->stream) {
             SFX(stream_sequence)(j, &sb, work, b, part);
         }
@@ -1061,7 +1061,7 @@ static void SFX(project_backward)(SFX(fjob) *j)
     const att_fdims *f = &j->f;
     const FIN *in = j->in;
     FOUT *out = j->out;
-    ptrdiff_t BT = f->B * f->T, BTq = f->B * f->Tq, P = f->P, ld = in->ldw;
+    ptrdiff_t BT = j->Bk * f->T, BTq = j->Bq * f->Tq, P = f->P, ld = in->ldw;
     REAL beta_k = in->values ? 0 : 1;
     int stop = out->dkproj != NULL;   /* the caller differentiates kp */
     const REAL *dk = f->score == ATT_SCORE_ADDITIVE ? j->ek : j->dkp;
@@ -1096,7 +1096,8 @@ static void SFX(project_backward)(SFX(fjob) *j)
     SFX(par_gemm)(j, BT, f->H, P, 1, dk, ldd, 1, in->W, ld, 1, NULL, beta_k,
                   out->dkeys, f->H);
     SFX(par_gemm)(j, P, f->H, BT, 1, dk, 1, ldd, in->keys, f->H, 1,
-                  j->live_k, 0, out->dW, ld);
+                  f->score == ATT_SCORE_GENERAL ? j->live_kr : j->live_k, 0,
+                  out->dW, ld);
 }
 
 int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
@@ -1109,6 +1110,30 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
                        in->grad_alpha != NULL)) ||
         SFX(family_start)(&j, f, ex, in, out, work, 1) < 0) {
         return ATT_EINVAL;
+    }
+    /* every product adds to the gradients (see backward_sequence) */
+    ptrdiff_t Hkd = f->score == ATT_SCORE_DOT ? f->H : f->P;
+    if (f->score != ATT_SCORE_ADDITIVE) {
+        memset(out->dquery, 0, (size_t)(j.Bq * f->Tq * f->Hq) * sizeof(REAL));
+        memset(f->score == ATT_SCORE_DOT ? out->dkeys
+               : out->dkproj ? out->dkproj : j.dkp, 0,
+               (size_t)(j.Bk * f->T * Hkd) * sizeof(REAL));
+    }
+    if (in->values != NULL) {
+        memset(out->dvalues, 0, (size_t)(j.Bv * f->T * f->Hv) *
+               sizeof(REAL));
+    }
+    else if (f->score != ATT_SCORE_DOT) {       /* dV goes to dkeys */
+        memset(out->dkeys, 0, (size_t)(j.Bk * f->T * f->H) * sizeof(REAL));
+    }
+    if (j.live_kr != NULL) {  /* the stored path knows; streams record */
+        memset(j.live_kr, 0, (size_t)(j.Bk * f->T));
+        for (ptrdiff_t b = 0; !f->stream && b < f->B; b++) {
+            unsigned char *kr = j.live_kr + KB(&j, b) * f->T;
+            for (ptrdiff_t t = 0; t < f->T; t++) {
+                kr[t] |= j.live_k == NULL || j.live_k[b * f->T + t];
+            }
+        }
     }
     REAL *dbias = (REAL *)(uintptr_t)out->dbias.p;
     ptrdiff_t nparts = dbias != NULL && f->bias_shared ? j.nparts : 1;
