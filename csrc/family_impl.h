@@ -213,10 +213,11 @@ static void SFX(plan_backward)(SFX(fjob) *j)
         j->nparts = fit < j->nparts ? fit : j->nparts;
         j->nparts = j->nparts < 1 ? 1 : j->nparts;
     }
-    /* few long sequences and no bias: the keys' blocks in parallel, then
-     * the queries' (each gradient summed in the same order as in one
-     * pass) */
-    j->two_pass = j->stream && !bias && f->B < 8 &&
+    /* fewer sequences than threads (and no bias): the keys' blocks in
+     * parallel, then the queries'.  Each gradient is summed in the same
+     * order as in one pass, so the results are the same bits: the choice
+     * may follow the threads. */
+    j->two_pass = j->stream && !bias && f->B < j->threads &&
                   (j->in == NULL || !SHARED(j->in));
 }
 
@@ -679,6 +680,15 @@ static ptrdiff_t SFX(keys_seen)(const att_fdims *f, ptrdiff_t i0,
     return end < 0 ? 0 : (end < f->T ? end : f->T);
 }
 
+/* Of the block of nk keys from k0, those the queries [i0, i0 + nq) can
+ * see (causal: the rest are never computed). */
+static ptrdiff_t SFX(block_keys)(const att_fdims *f, ptrdiff_t i0,
+                                 ptrdiff_t nq, ptrdiff_t k0, ptrdiff_t nk)
+{
+    ptrdiff_t seen = SFX(keys_seen)(f, i0, nq) - k0;
+    return seen < nk ? seen : nk;
+}
+
 /* The first query of the causal block structure that sees key k0. */
 static ptrdiff_t SFX(first_query)(const att_fdims *f, ptrdiff_t k0)
 {
@@ -842,7 +852,8 @@ static void SFX(stream_sequence)(const SFX(fjob) *j, const SFX(sblock) *sb,
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
         for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
             ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
-            SFX(stream_block)(j, sb, work, b, i0, nq, k0, nk, 3, part);
+            SFX(stream_block)(j, sb, work, b, i0, nq, k0,
+                              SFX(block_keys)(f, i0, nq, k0, nk), 3, part);
         }
     }
 }
@@ -860,7 +871,7 @@ static void SFX(stream_keys_task)(void *arg, ptrdiff_t task, int thread)
     for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
         ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
-                          k0, nk, 1, 0);
+                          k0, SFX(block_keys)(f, i0, nq, k0, nk), 1, 0);
     }
 }
 
@@ -875,7 +886,7 @@ static void SFX(stream_queries_task)(void *arg, ptrdiff_t task, int thread)
     for (ptrdiff_t k0 = 0; k0 < SFX(keys_seen)(f, i0, nq); k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
-                          k0, nk, 2, 0);
+                          k0, SFX(block_keys)(f, i0, nq, k0, nk), 2, 0);
     }
 }
 
