@@ -106,6 +106,18 @@ static double SFX(exp_shift)(ptrdiff_t n, REAL *s, REAL M,
     return total;
 }
 
+static REAL SFX(max_row)(ptrdiff_t n, const REAL *s)
+{
+    return SFX(row_max)(n, s, NULL);
+}
+
+static void SFX(ds_row)(ptrdiff_t n, const REAL *p, REAL *dp, REAL D)
+{
+    for (ptrdiff_t t = 0; t < n; t++) {
+        dp[t] = p[t] * (dp[t] - D);
+    }
+}
+
 /* The primitives of the instruction set asked for. */
 static void SFX(family_ops)(int simd, OPS *ops)
 {
@@ -125,6 +137,8 @@ static void SFX(family_ops)(int simd, OPS *ops)
     ops->softmax = SFX(seq_softmax);
     ops->softmax_backward = SFX(seq_softmax_backward);
     ops->exp_shift = SFX(exp_shift);
+    ops->max_row = SFX(max_row);
+    ops->ds_row = SFX(ds_row);
 }
 
 /* ---------------------------------------------------------------------
@@ -412,6 +426,9 @@ static const unsigned char *SFX(prepare_row)(const SFX(fjob) *j,
 {
     const att_view *bv = &j->in->bias;
     const unsigned char *m = SFX(vis_row)(j, b, i, t0, n, vis);
+    for (ptrdiff_t t = 0; m != NULL && bv->p == NULL && t < n; t++) {
+        s[t] = m[t] ? s[t] : -INFINITY;     /* the max then needs no mask */
+    }
     if (bv->p == NULL) {
         return m;
     }
@@ -421,8 +438,8 @@ static const unsigned char *SFX(prepare_row)(const SFX(fjob) *j,
         memset(vis, 1, (size_t)n);
     }
     for (ptrdiff_t t = 0; t < n; t++) {
-        s[t] += x[t * bv->cs];
-        vis[t] &= s[t] != -INFINITY;
+        s[t] = vis[t] ? s[t] + x[t * bv->cs] : -INFINITY;
+        vis[t] = s[t] != -INFINITY;
     }
     return vis;
 }
@@ -727,7 +744,7 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
             REAL *s = sb.S + i * nk;
             const unsigned char *m = SFX(prepare_row)(j, b, i0 + i, k0, nk,
                                                       s, sb.vis + i * nk);
-            REAL top = SFX(row_max)(nk, s, m);
+            REAL top = j->ops.max_row(nk, s);
             if (top == -INFINITY) {            /* sees none of these keys */
                 memset(s, 0, (size_t)nk * sizeof(REAL));
                 continue;
@@ -805,14 +822,19 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
         if (in->dropout > 0) {
             att_keep_row(in->seed, j->keep_min, b, i0 + i, k0, nk, sb->keep);
         }
-        for (ptrdiff_t t = 0; t < nk; t++) {
+        if (m == NULL && in->dropout <= 0) {    /* dS, in place */
+            j->ops.ds_row(nk, s, dp, D);
+            memset(sb->klive, 1, (size_t)nk);
+            sb->qlive[i] = 1;
+        }
+        for (ptrdiff_t t = 0; (m != NULL || in->dropout > 0) && t < nk; t++) {
             int v = m == NULL || m[t];
             int kept = in->dropout <= 0 || sb->keep[t];
             REAL gamma = kept ? dp[t] * j->keep_scale : 0;
             if (in->dropout > 0) {
                 pd[t] = kept ? s[t] * j->keep_scale : 0;
             }
-            dp[t] = v ? s[t] * (gamma - D) : 0;     /* dS, in place */
+            dp[t] = v ? s[t] * (gamma - D) : 0;
             sb->klive[t] |= v;
             sb->qlive[i] |= v;
         }

@@ -47,6 +47,8 @@
  *   exp_shift            the streamed softmax's step: s_t = exp(s_t - M)
  *                        for the visible t (vis NULL: all), 0 for the
  *                        others; returns their sum (in double).
+ *   max_row              the max of a row (-inf when empty).
+ *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
@@ -76,6 +78,8 @@
                                  R *ds);                                     \
         double (*exp_shift)(ptrdiff_t n, R *s, R M,                          \
                             const unsigned char *vis);                       \
+        R (*max_row)(ptrdiff_t n, const R *s);                               \
+        void (*ds_row)(ptrdiff_t n, const R *p, R *dp, R D);                 \
     } att_ops_##SFX;
 
 ATT_OPS_DECLARE(float, f32)

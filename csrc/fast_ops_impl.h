@@ -436,6 +436,40 @@ static double FSFX(exp_shift_row)(ptrdiff_t n, REAL *s, REAL M,
     return FSFX(v_sum)(n, s);
 }
 
+/* The max of s[0 .. n), -inf for n = 0 (a NaN need not win: exp of it
+ * makes the row NaN anyway, as in softmax_row). */
+static REAL FSFX(max_row)(ptrdiff_t n, const REAL *s)
+{
+    VEC vmax = VSET1(-INFINITY);
+    ptrdiff_t t = 0;
+    for (; t + VLEN <= n; t += VLEN) {
+        vmax = VMAX(vmax, VLOAD(s + t));
+    }
+    REAL lanes[VLEN], M = -INFINITY;
+    VSTORE(lanes, vmax);
+    for (int l = 0; l < VLEN; l++) {
+        M = FSFX(max_nan)(M, lanes[l]);
+    }
+    for (; t < n; t++) {
+        M = FSFX(max_nan)(M, s[t]);
+    }
+    return M;
+}
+
+/* dp_t = p_t (dp_t - D): the streamed backward's dL/ds of a row whose
+ * keys are all visible, without dropout. */
+static void FSFX(ds_row)(ptrdiff_t n, const REAL *p, REAL *dp, REAL D)
+{
+    VEC vD = VSET1(D);
+    ptrdiff_t t = 0;
+    for (; t + VLEN <= n; t += VLEN) {
+        VSTORE(dp + t, VMUL(VLOAD(p + t), VSUB(VLOAD(dp + t), vD)));
+    }
+    for (; t < n; t++) {
+        dp[t] = p[t] * (dp[t] - D);
+    }
+}
+
 /* ds_t = alpha_t ((g_t - g_k) - sum_j alpha_j (g_j - g_k)), k the
  * heaviest item: formulas.h's softmax_backward, vectorised (the mean is
  * summed by blocks of 64 in lanes, the blocks in double).  ds may be g. */
@@ -494,6 +528,8 @@ void FSFX(att_fast_ops)(OPS_T *ops)
     ops->softmax = FSFX(softmax_row);
     ops->softmax_backward = FSFX(softmax_backward_row);
     ops->exp_shift = FSFX(exp_shift_row);
+    ops->max_row = FSFX(max_row);
+    ops->ds_row = FSFX(ds_row);
 }
 
 #undef OPS_T
