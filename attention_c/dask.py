@@ -116,20 +116,25 @@ class AdditiveAttentionGrads(NamedTuple):
 
 
 class DotAttentionGrads(NamedTuple):
-    """Gradients of :func:`dot_attention_backward`, as Dask arrays."""
+    """Gradients of :func:`dot_attention_backward`, as Dask arrays
+    (``values`` None when no values were given, ``bias`` without a
+    bias)."""
 
     query: da.Array
     keys: da.Array
     values: da.Array | None
+    bias: da.Array | None
 
 
 class GeneralAttentionGrads(NamedTuple):
-    """Gradients of :func:`general_attention_backward`, as Dask arrays."""
+    """Gradients of :func:`general_attention_backward`, as Dask arrays
+    (``bias`` None without a bias)."""
 
     query: da.Array
     keys: da.Array
     values: da.Array | None
     W: da.Array
+    bias: da.Array | None
 
 
 # --------------------------------------------------------------------------
@@ -164,24 +169,34 @@ def _sum(*parts: np.ndarray) -> np.ndarray:
 
 
 def _batch_error(name: str, shape: tuple[int, ...], ref: str,
-                 ref_shape: tuple[int, ...], nlead: int) -> ValueError:
+                 ref_shape: tuple[int, ...],
+                 lead: tuple[int, ...]) -> ValueError:
     return ValueError(
         f"{name} has shape {shape}; expected the leading (batch) axes "
-        f"{ref_shape[:nlead]} of {ref} with shape {ref_shape} in front (or "
-        f"1 where the in-memory function broadcasts)")
+        f"{lead} in front (those of {ref} with shape {ref_shape} and the "
+        f"other arguments), or 1 or fewer axes where the in-memory "
+        f"function broadcasts")
 
 
 def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
            weights: dict[str, Any], literals: dict[str, Any],
-           fields: Sequence[str], kinds: str) -> list[Any]:
+           fields: Sequence[str], follows: Sequence[str | None],
+           cores: dict[str, int]) -> list[Any]:
     """Run ``fn`` chunk by chunk over the batch.
 
-    ``data`` are the batched arguments (None: absent), ``ref`` the one that
-    sets the batch and its chunks (``h`` or ``keys``); ``weights`` are
-    shared by the whole batch (one graph key each); ``literals`` go to
-    every call as they are.  ``fields`` name the flat results of ``fn`` and
-    ``kinds`` says for each whether it is batched data ('d', chunked like
-    the batch) or a parameter gradient ('p', summed over the chunks).
+    ``data`` are the batched arguments (None: absent); ``cores[name]`` is
+    the number of trailing axes of each that are not batch axes (2 for
+    keys (..., T, H), 1 for a key mask (..., T), ...): the axes in front
+    are its batch axes, right-aligned with the others' as NumPy
+    broadcasts them, and it may have fewer (or size-1) ones, which it
+    shares along the batch.  ``ref`` is the argument whose chunks set
+    the batch's (``h`` or ``keys``).  ``weights`` are shared by the
+    whole batch (one graph key each); ``literals`` go to every call as
+    they are.  ``fields`` name the flat results of ``fn``; ``follows``
+    says for each how it is laid out: ``""`` along the whole batch (an
+    output), the name of a ``data`` argument whose shape it has (its
+    gradient: summed over the chunks along which that argument is
+    shared), or None (a parameter gradient, summed over every chunk).
     Returns one Dask array per result of ``fn`` (None where it gave None).
     """
     arrays: dict[str, Any] = {
@@ -191,57 +206,98 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
         if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
             raise ValueError(f"{n} has unknown chunk sizes {x.chunks}; call "
                              f"{n}.compute_chunk_sizes() first")
+    # Batch axes of each argument; one with fewer axes than its core
+    # (bad input) is given whole to the in-memory check below.
+    nb = {n: max(x.ndim - cores[n], 0) for n, x in arrays.items()}
+    nlead = max(nb.values())
     ref_shape = tuple(arrays[ref].shape)
-    nlead = len(ref_shape) - 2
     if nlead < 1:
         raise ValueError(
             f"{ref} has shape {ref_shape}; attention_c.dask splits the "
             f"leading (batch) axes, so it needs (B, ..., T, H); for one "
             f"sequence call attention_c.{fn.__name__} directly")
-    lead = ref_shape[:nlead]
-
-    def broadcast(x: Any, i: int) -> bool:
-        return bool(x.shape[i] == 1 and lead[i] != 1)
-
-    for n, x in arrays.items():
-        if x.ndim < nlead or any(s != m and not broadcast(x, i)
-                                 for i, (s, m) in enumerate(
-                                     zip(x.shape[:nlead], lead))):
-            raise _batch_error(n, tuple(x.shape), ref, ref_shape, nlead)
-
-    # Check shapes and dtypes now, and learn the results' shapes and dtypes,
-    # with the in-memory function on empty stand-ins: each batch axis 0 (1
-    # where an argument broadcasts).
-    stand_ins = {n: np.empty(tuple(int(broadcast(x, i))
-                                   for i in range(nlead))
-                             + tuple(x.shape[nlead:]), x.dtype)
-                 for n, x in arrays.items()}
+    lead_list = [1] * nlead
+    for n in (ref, *arrays):
+        x = arrays[n]
+        for j in range(nb[n]):
+            i, s = nlead - nb[n] + j, x.shape[j]
+            if lead_list[i] == 1:
+                lead_list[i] = s
+    lead = tuple(lead_list)
     shared: dict[str, Any] = {
         n: w if isinstance(w, da.Array) else np.asarray(w)
         for n, w in weights.items() if w is not None}
-    stand_ins.update({n: np.zeros(w.shape, w.dtype) if isinstance(
-        w, da.Array) else w for n, w in shared.items()})
-    try:
-        metas = _flat(fn(**stand_ins, **literals))
-    except ValueError as exc:
-        given = ", ".join(f"{n} {tuple(x.shape)}" for n, x in arrays.items())
-        raise ValueError(f"{exc} [attention_c.dask checks shapes on empty "
-                         f"stand-ins whose batch axes have length 0; the "
-                         f"shapes given: {given}]") from exc
+    weight_stand_ins = {n: np.zeros(w.shape, w.dtype) if isinstance(
+        w, da.Array) else w for n, w in shared.items()}
 
-    # Chunks: the batch's (those of ref), whole along every other axis.
-    lead_chunks: tuple[tuple[int, ...], ...] = (
-        arrays[ref].chunks[:nlead] if isinstance(arrays[ref], da.Array)
-        else tuple((m,) for m in lead))
+    def check(stand_ins: dict[str, Any]) -> tuple[Any, ...]:
+        """The in-memory function on stand-ins: its checks, and the
+        results' shapes and dtypes."""
+        try:
+            return _flat(fn(**stand_ins, **weight_stand_ins, **literals))
+        except ValueError as exc:
+            given = ", ".join(f"{n} {tuple(x.shape)}"
+                              for n, x in arrays.items())
+            raise ValueError(
+                f"{exc} [attention_c.dask checks shapes on empty stand-ins "
+                f"whose batch axes have length 0; the shapes given: "
+                f"{given}]") from exc
+
     for n, x in arrays.items():
-        target = tuple((1,) if broadcast(x, i) else lead_chunks[i]
-                       for i in range(nlead)) + tuple(
-                           (s,) for s in x.shape[nlead:])
+        if any(s not in (1, lead[nlead - nb[n] + j])
+               for j, s in enumerate(x.shape[:nb[n]])):
+            # The in-memory function's message when it has one (a
+            # per-query mask given as mask=, ...), else ours.
+            check({m: np.empty(tuple(0 if s != 1 else 1
+                                     for s in y.shape[:nb[m]])
+                               + tuple(y.shape[nb[m]:]), y.dtype)
+                   for m, y in arrays.items()})
+            raise _batch_error(n, tuple(x.shape), ref, ref_shape, lead)
+
+    def axis(n: str, j: int) -> int:
+        """The batch axis of the call that axis j of argument n is."""
+        return nlead - nb[n] + j
+
+    def shared_along(n: str, j: int) -> bool:
+        return bool(arrays[n].shape[j] == 1 and lead[axis(n, j)] != 1)
+
+    # Check shapes and dtypes now, and learn the results' shapes and dtypes,
+    # with the in-memory function on empty stand-ins: each batch axis 0 (1
+    # where an argument is shared along it).
+    stand_ins = {n: np.empty(tuple(int(shared_along(n, j))
+                                   for j in range(nb[n]))
+                             + tuple(x.shape[nb[n]:]), x.dtype)
+                 for n, x in arrays.items()}
+    metas = check(stand_ins)
+
+    # Chunks of the batch: those of ref along its batch axes (of the first
+    # argument that spans an axis where ref is shared); whole with dropout.
+    lead_chunks: list[tuple[int, ...]] = [(m,) for m in lead]
+    for i in range(nlead):
+        for n in (ref, *arrays):
+            x, j = arrays[n], i - (nlead - nb[n])
+            if j >= 0 and not shared_along(n, j) and isinstance(x, da.Array):
+                lead_chunks[i] = x.chunks[j]
+                break
+    if literals.get("dropout") and any(len(c) > 1 for c in lead_chunks):
+        warnings.warn(
+            f"dropout > 0: the keep bits of sequence b are drawn from its "
+            f"flat index b in the whole batch, and attention_c's functions "
+            f"have no argument to start a chunk at its offset, so "
+            f"attention_c.dask computes the batch {lead} in one chunk "
+            f"(chunks {tuple(lead_chunks)} given) to give the bits of the "
+            f"in-memory call.",
+            da.PerformanceWarning, stacklevel=_caller_level())
+        lead_chunks = [(m,) for m in lead]
+    for n, x in arrays.items():
+        target = tuple((1,) if shared_along(n, j) else lead_chunks[axis(n, j)]
+                       for j in range(nb[n])) + tuple(
+                           (s,) for s in x.shape[nb[n]:])
         if not isinstance(x, da.Array):
             arrays[n] = da.from_array(  # type: ignore[no-untyped-call]
                 x, chunks=target)
             continue
-        split = [i for i in range(nlead, x.ndim) if len(x.chunks[i]) > 1]
+        split = [i for i in range(nb[n], x.ndim) if len(x.chunks[i]) > 1]
         if split:
             warnings.warn(
                 f"{n} is chunked along axes {split}, not only along the "
@@ -259,6 +315,11 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
             shared[n] = da.from_array(  # type: ignore[no-untyped-call]
                 w, chunks=w.shape)
 
+    def block(n: str, idx: tuple[int, ...]) -> tuple[int, ...]:
+        """The block of argument n's batch axes that chunk idx reads."""
+        return tuple(0 if shared_along(n, j) else idx[axis(n, j)]
+                     for j in range(nb[n]))
+
     # One task per chunk of the batch, calling fn on it.
     names = (*arrays, *shared)
     inputs = [*arrays.values(), *shared.values()]
@@ -270,33 +331,49 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
     blocks = list(np.ndindex(*map(len, lead_chunks)))
     tasks: dict[Any, Any] = {}
     for idx in blocks:
-        keys = [(x.name, *[idx[i] if x.numblocks[i] > 1 else 0
-                           for i in range(nlead)],
-                 *[0] * (x.ndim - nlead)) for x in arrays.values()]
+        keys = [(x.name, *block(n, idx), *[0] * (x.ndim - nb[n]))
+                for n, x in arrays.items()]
         keys += [(w.name, *[0] * w.ndim) for w in shared.values()]
         tasks[(tmp_name, *idx)] = (call, *keys)
     graph = HighLevelGraph.from_collections(tmp_name, tasks,
                                             dependencies=inputs)
     tmp: Any = da.Array(  # type: ignore[no-untyped-call]
-        graph, tmp_name, lead_chunks, meta=np.empty((0,) * nlead, object))
+        graph, tmp_name, tuple(lead_chunks),
+        meta=np.empty((0,) * nlead, object))
 
     results: list[Any] = []
-    for j, (field, kind, meta) in enumerate(zip(fields, kinds, metas)):
+    for j, (field, follow, meta) in enumerate(zip(fields, follows, metas)):
         if meta is None:
             results.append(None)
             continue
         name = f"{prefix}{field}-{token}"
-        if kind == "d":
-            core = tuple(meta.shape[nlead:])
-            layer: dict[Any, Any] = {
-                (name, *idx, *[0] * len(core)): (getitem, (tmp_name, *idx), j)
-                for idx in blocks}
-            chunks = lead_chunks + tuple((s,) for s in core)
+        # Where each chunk's result goes: the block of the argument it
+        # follows (parts landing on one block are summed by a tree).
+        where: dict[tuple[int, ...], tuple[int, ...]]
+        if follow is None:
+            nres, where = 0, {idx: () for idx in blocks}
+            res_chunks: list[tuple[int, ...]] = []
+        elif follow == "":
+            nres, where = nlead, {idx: idx for idx in blocks}
+            res_chunks = list(lead_chunks)
         else:
-            layer = _tree_sum(name, meta.ndim,
-                              [(getitem, (tmp_name, *idx), j)
-                               for idx in blocks])
-            chunks = tuple((s,) for s in meta.shape)
+            x = arrays[follow]
+            nres = nb[follow]
+            where = {idx: block(follow, idx) for idx in blocks}
+            res_chunks = [x.chunks[k] for k in range(nres)]
+        core = tuple(meta.shape[nres:])
+        groups: dict[tuple[int, ...], list[Any]] = {}
+        for idx in blocks:
+            groups.setdefault(where[idx], []).append(
+                (getitem, (tmp_name, *idx), j))
+        layer: dict[Any, Any] = {}
+        for out_idx, parts in groups.items():
+            key = (name, *out_idx, *[0] * len(core))
+            if len(parts) == 1:
+                layer[key] = parts[0]
+            else:
+                layer.update(_tree_sum(name, key, parts))
+        chunks = tuple(res_chunks) + tuple((s,) for s in core)
         graph = HighLevelGraph.from_collections(name, layer,
                                                 dependencies=[tmp])
         empty = np.empty((0,) * len(chunks), meta.dtype)
@@ -318,20 +395,22 @@ def _caller_level() -> int:
     return level
 
 
-def _tree_sum(name: str, ndim: int, parts: list[Any]) -> dict[Any, Any]:
-    """Tasks summing ``parts`` (tasks or keys, in chunk order) into the key
-    ``(name, 0, ..., 0)`` by a tree of fixed shape (FAN_IN per node)."""
+def _tree_sum(name: str, key: tuple[Any, ...], parts: list[Any]
+              ) -> dict[Any, Any]:
+    """Tasks summing ``parts`` (tasks or keys, in chunk order) into
+    ``key`` by a tree of fixed shape (FAN_IN per node); ``name`` names
+    the partial sums."""
     layer: dict[Any, Any] = {}
     depth = 0
     while len(parts) > FAN_IN:
         groups = [parts[g:g + FAN_IN] for g in range(0, len(parts), FAN_IN)]
         parts = []
         for g, group in enumerate(groups):
-            key = (f"{name}-partial", depth, g)
-            layer[key] = (_sum, *group)
-            parts.append(key)
+            partial = (f"{name}-partial", *key[1:], depth, g)
+            layer[partial] = (_sum, *group)
+            parts.append(partial)
         depth += 1
-    layer[(name, *[0] * ndim)] = (_sum, *parts)
+    layer[key] = (_sum, *parts)
     return layer
 
 
@@ -404,7 +483,7 @@ def context_attention(h: _Input, W: _Input, v: _Input, *,
     outs = _apply(
         _ac.context_attention, "h", {"h": h, "mask": mask},
         {"W": W, "v": v, "b": b}, {"keep_activations": keep_activations},
-        ("out", "alpha", "activations"), "ddd")
+        ("out", "alpha", "activations"), ("", "", ""), _CONTEXT_CORES)
     return tuple(x for x in outs if x is not None)
 
 
@@ -452,16 +531,37 @@ def context_attention_backward(grad_out: _Input, h: _Input, W: _Input,
         _ac.context_attention_backward, "h",
         {"grad_out": grad_out, "h": h, "alpha": alpha, "mask": mask,
          "grad_alpha": grad_alpha, "activations": activations},
-        {"W": W, "v": v, "b": b}, {}, AttentionGrads._fields, "dppp"))
+        {"W": W, "v": v, "b": b}, {}, AttentionGrads._fields,
+        ("h", None, None, None), _CONTEXT_CORES))
 
 
 # --------------------------------------------------------------------------
 # The attention family
 
 
+def _family_cores(query: _Input, keys: _Input) -> dict[str, int]:
+    """The non-batch axes of each family argument: one query per sequence
+    when ``query`` has one axis fewer than ``keys``, else (..., Tq, .)."""
+    single = _ndim(query) == _ndim(keys) - 1
+    q = 1 if single else 2
+    return {"query": q, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
+            "attn_mask": 2, "bias": q, "alpha": q, "grad_alpha": q,
+            "out": q, "grad_out": q, "lse": q - 1}
+
+
+def _ndim(x: _Input) -> int:
+    """The axes of a Dask array or an array-like, computing nothing."""
+    n = getattr(x, "ndim", None)
+    return int(n) if n is not None else np.ndim(x)
+
+
+_CONTEXT_CORES = {"h": 2, "mask": 1, "alpha": 1, "grad_alpha": 1,
+                  "grad_out": 1, "activations": 2}
+
 @keyword_only
 def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
                        b: _Input | None = None, mask: _Input | None = None,
+                       attn_mask: _Input | None = None, causal: bool = False,
                        values: _Input | None = None,
                        key_proj: _Input | None = None
                        ) -> tuple[da.Array, da.Array]:
@@ -476,8 +576,8 @@ def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
     W : array_like (A, H + Hq)
     v : array_like (A,)
     b : array_like (A,), optional
-    mask : dask.array.Array or array_like of bool, optional
-        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast.
+    mask, attn_mask, causal
+        As in memory (see :func:`dot_attention`).
     values : dask.array.Array or array_like (B, ..., T, Hv), optional
     key_proj : dask.array.Array or array_like (B, ..., T, A), optional
         ``project_keys(keys, W)``.
@@ -501,9 +601,10 @@ def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
     """
     out, alpha = _apply(
         _ac.additive_attention, "keys",
-        {"query": query, "keys": keys, "mask": mask, "values": values,
-         "key_proj": key_proj}, {"W": W, "v": v, "b": b}, {},
-        ("out", "alpha"), "dd")
+        {"query": query, "keys": keys, "mask": mask, "attn_mask": attn_mask,
+         "values": values, "key_proj": key_proj}, {"W": W, "v": v, "b": b},
+        {"causal": causal}, ("out", "alpha"), ("", ""),
+        _family_cores(query, keys))
     return out, alpha
 
 
@@ -511,6 +612,7 @@ def additive_attention(query: _Input, keys: _Input, W: _Input, v: _Input, *,
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
@@ -521,6 +623,7 @@ def additive_attention_backward(
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None,
         stop_at_key_proj: Literal[True]
@@ -531,6 +634,7 @@ def additive_attention_backward(
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None, stop_at_key_proj: bool = ...
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]: ...
@@ -540,6 +644,7 @@ def additive_attention_backward(
 def additive_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input, v: _Input,
         alpha: _Input, *, b: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
         values: _Input | None = None, grad_alpha: _Input | None = None,
         key_proj: _Input | None = None, stop_at_key_proj: bool = False
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, da.Array]:
@@ -548,7 +653,7 @@ def additive_attention_backward(
     Parameters
     ----------
     grad_out : dask.array.Array or array_like, the shape of ``out``
-    query, keys, W, v, b, mask, values, key_proj
+    query, keys, W, v, b, mask, attn_mask, causal, values, key_proj
         As given to :func:`additive_attention`.
     alpha : dask.array.Array or array_like, the forward's ``alpha``
     grad_alpha : dask.array.Array or array_like, optional
@@ -579,12 +684,14 @@ def additive_attention_backward(
     """
     outs = _apply(_ac.additive_attention_backward, "keys",
                   {"grad_out": grad_out, "query": query, "keys": keys,
-                   "alpha": alpha, "mask": mask, "values": values,
-                   "grad_alpha": grad_alpha, "key_proj": key_proj},
+                   "alpha": alpha, "mask": mask, "attn_mask": attn_mask,
+                   "values": values, "grad_alpha": grad_alpha,
+                   "key_proj": key_proj},
                   {"W": W, "v": v, "b": b},
-                  {"stop_at_key_proj": stop_at_key_proj},
+                  {"causal": causal, "stop_at_key_proj": stop_at_key_proj},
                   (*AdditiveAttentionGrads._fields, "grad_key_proj"),
-                  "dddpppd")
+                  ("query", "keys", "values", None, None, None, "key_proj"),
+                  _family_cores(query, keys))
     grads = AdditiveAttentionGrads(*outs[:6])
     if len(outs) > 6:
         return grads, outs[6]
@@ -593,8 +700,11 @@ def additive_attention_backward(
 
 @keyword_only
 def dot_attention(query: _Input, keys: _Input, *,
-                  mask: _Input | None = None, values: _Input | None = None,
-                  scale: float | None = None
+                  mask: _Input | None = None,
+                  attn_mask: _Input | None = None, causal: bool = False,
+                  bias: _Input | None = None, dropout: float = 0.0,
+                  seed: int | None = None, values: _Input | None = None,
+                  scale: float | None = None, return_weights: bool = True
                   ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.dot_attention` chunk by chunk of the batch.
 
@@ -603,38 +713,70 @@ def dot_attention(query: _Input, keys: _Input, *,
     query : dask.array.Array or array_like (B, ..., H) or (B, ..., Tq, H)
     keys : dask.array.Array or array_like (B, ..., T, H)
         Chunked along the leading (batch) axes.
-    mask : dask.array.Array or array_like of bool, optional
-        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast,
-        e.g. a causal mask ``np.tril(np.ones((1, Tq, T), bool))``.
+    mask : dask.array.Array or array_like of bool (B, ..., T), optional
+        The key mask, shared by every query; leading axes of size 1 (or
+        missing) broadcast.
+    attn_mask : dask.array.Array or array_like of bool, optional
+        Broadcastable to (B, ..., Tq, T): chunked like the batch along the
+        batch axes it has, given whole to every chunk when it has none
+        (e.g. ``np.tril(np.ones((Tq, T), bool))``, one graph key).
+    causal : bool, optional
+        Key t visible to query i iff ``t <= i + (T - Tq)``.
+    bias : dask.array.Array or array_like, optional
+        Float, broadcastable to (B, ..., Tq, T) (to (B, ..., T) with one
+        query); split like ``attn_mask``.
+    dropout : float, optional
+        p in [0, 1).  The keep bits of sequence b are drawn from its flat
+        index b in the whole batch, and the in-memory functions take no
+        offset at which a chunk would start: with ``dropout > 0`` the
+        batch is computed in one chunk (a ``PerformanceWarning`` says so
+        when it was split), which gives the bits of the in-memory call.
+    seed : int, optional
+        Required when ``dropout > 0``.
     values : dask.array.Array or array_like (B, ..., T, Hv), optional
     scale : float, optional
         Default ``1/sqrt(H)``.
+    return_weights : bool, optional
+        False: return ``(out, lse)`` instead of ``(out, alpha)``.
 
     Returns
     -------
     out : dask.array.Array (B, ..., Hv) or (B, ..., Tq, Hv)
     alpha : dask.array.Array (B, ..., T) or (B, ..., Tq, T)
+        Or ``lse`` (B, ...) or (B, ..., Tq) with ``return_weights=False``.
 
     Examples
     --------
     >>> import numpy as np, dask.array as da, attention_c.dask as acd
     >>> x = da.from_array(np.random.default_rng(0).standard_normal(
     ...     (8, 6, 4)), chunks=(2, 6, 4))
-    >>> causal = np.tril(np.ones((1, 6, 6), bool))     # broadcast
-    >>> out, alpha = acd.dot_attention(x, x, mask=causal)
+    >>> out, alpha = acd.dot_attention(x, x, causal=True)
     >>> out.numblocks, float(alpha[0, 0, 1].compute())
     ((4, 1, 1), 0.0)
+    >>> out, lse = acd.dot_attention(x, x, causal=True, return_weights=False)
+    >>> lse.shape
+    (8, 6)
     """
-    out, alpha = _apply(
+    out, w = _apply(
         _ac.dot_attention, "keys",
-        {"query": query, "keys": keys, "mask": mask, "values": values},
-        {}, {"scale": scale}, ("out", "alpha"), "dd")
-    return out, alpha
+        {"query": query, "keys": keys, "mask": mask, "attn_mask": attn_mask,
+         "bias": bias, "values": values}, {},
+        {"causal": causal, "dropout": dropout, "seed": seed, "scale": scale,
+         "return_weights": return_weights},
+        ("out", "alpha" if return_weights else "lse"), ("", ""),
+        _family_cores(query, keys))
+    return out, w
 
 
 @keyword_only
 def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
-                           alpha: _Input, *, mask: _Input | None = None,
+                           alpha: _Input | None = None, *,
+                           out: _Input | None = None,
+                           lse: _Input | None = None,
+                           mask: _Input | None = None,
+                           attn_mask: _Input | None = None,
+                           causal: bool = False, bias: _Input | None = None,
+                           dropout: float = 0.0, seed: int | None = None,
                            values: _Input | None = None,
                            scale: float | None = None,
                            grad_alpha: _Input | None = None
@@ -644,38 +786,53 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
     Parameters
     ----------
     grad_out : dask.array.Array or array_like, the shape of ``out``
-    query, keys, mask, values, scale
+    query, keys, mask, attn_mask, causal, bias, dropout, seed, values, scale
         As given to :func:`dot_attention`.
-    alpha : dask.array.Array or array_like, the forward's ``alpha``
+    alpha : dask.array.Array or array_like, optional
+        The forward's ``alpha``; or give ``out=`` and ``lse=``.
+    out, lse : dask.array.Array or array_like, optional
+        From a ``return_weights=False`` forward.
     grad_alpha : dask.array.Array or array_like, optional
+        Only with ``alpha``.
 
     Returns
     -------
     DotAttentionGrads
         ``query``, ``keys``, ``values`` (None when not given), chunked
-        like the batch.
+        like the batch; ``bias`` (None without a bias) of the bias's
+        shape, summed over the chunks along which it is shared by a tree
+        of fixed shape.
 
     Examples
     --------
     >>> import numpy as np, dask.array as da, attention_c.dask as acd
     >>> x = da.from_array(np.random.default_rng(0).standard_normal(
     ...     (8, 6, 4)), chunks=(2, 6, 4))
-    >>> out, alpha = acd.dot_attention(x, x)
-    >>> g = acd.dot_attention_backward(da.ones_like(out), x, x, alpha)
-    >>> g.keys.chunks[0], g.values
-    ((2, 2, 2, 2), None)
+    >>> bias = np.zeros((6, 6))                         # shared: one key
+    >>> out, lse = acd.dot_attention(x, x, bias=bias, return_weights=False)
+    >>> g = acd.dot_attention_backward(da.ones_like(out), x, x, out=out,
+    ...                                lse=lse, bias=bias)
+    >>> g.keys.chunks[0], g.values, g.bias.shape, g.bias.numblocks
+    ((2, 2, 2, 2), None, (6, 6), (1, 1))
     """
     return DotAttentionGrads(*_apply(
         _ac.dot_attention_backward, "keys",
         {"grad_out": grad_out, "query": query, "keys": keys, "alpha": alpha,
-         "mask": mask, "values": values, "grad_alpha": grad_alpha},
-        {}, {"scale": scale}, DotAttentionGrads._fields, "ddd"))
+         "out": out, "lse": lse, "mask": mask, "attn_mask": attn_mask,
+         "bias": bias, "values": values, "grad_alpha": grad_alpha}, {},
+        {"causal": causal, "dropout": dropout, "seed": seed, "scale": scale},
+        DotAttentionGrads._fields, ("query", "keys", "values", "bias"),
+        _family_cores(query, keys)))
 
 
 @keyword_only
 def general_attention(query: _Input, keys: _Input, W: _Input, *,
-                      mask: _Input | None = None, values: _Input | None = None,
-                      key_proj: _Input | None = None
+                      mask: _Input | None = None,
+                      attn_mask: _Input | None = None, causal: bool = False,
+                      bias: _Input | None = None, dropout: float = 0.0,
+                      seed: int | None = None, values: _Input | None = None,
+                      key_proj: _Input | None = None,
+                      return_weights: bool = True
                       ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.general_attention` chunk by chunk of the batch.
 
@@ -685,8 +842,8 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
     keys : dask.array.Array or array_like (B, ..., T, H)
         Chunked along the leading (batch) axes.
     W : array_like (Hq, H)
-    mask : dask.array.Array or array_like of bool, optional
-        (B, ..., T) or (B, ..., Tq, T); leading axes of size 1 broadcast.
+    mask, attn_mask, causal, bias, dropout, seed, return_weights
+        As in :func:`dot_attention` (``dropout > 0``: one chunk).
     values : dask.array.Array or array_like (B, ..., T, Hv), optional
     key_proj : dask.array.Array or array_like (B, ..., T, Hq), optional
 
@@ -694,6 +851,7 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
     -------
     out : dask.array.Array (B, ..., Hv) or (B, ..., Tq, Hv)
     alpha : dask.array.Array (B, ..., T) or (B, ..., Tq, T)
+        Or ``lse`` with ``return_weights=False``.
 
     Examples
     --------
@@ -708,18 +866,25 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
     >>> out.shape, alpha.numblocks
     ((6, 2, 4), (2, 1, 1))
     """
-    out, alpha = _apply(
+    out, w = _apply(
         _ac.general_attention, "keys",
-        {"query": query, "keys": keys, "mask": mask, "values": values,
-         "key_proj": key_proj}, {"W": W}, {}, ("out", "alpha"), "dd")
-    return out, alpha
+        {"query": query, "keys": keys, "mask": mask, "attn_mask": attn_mask,
+         "bias": bias, "values": values, "key_proj": key_proj}, {"W": W},
+        {"causal": causal, "dropout": dropout, "seed": seed,
+         "return_weights": return_weights},
+        ("out", "alpha" if return_weights else "lse"), ("", ""),
+        _family_cores(query, keys))
+    return out, w
 
 
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input, *,
-        mask: _Input | None = None, values: _Input | None = None,
+        alpha: _Input | None = None, *, out: _Input | None = None,
+        lse: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
+        bias: _Input | None = None, dropout: float = 0.0,
+        seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> GeneralAttentionGrads: ...
@@ -728,8 +893,11 @@ def general_attention_backward(
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input, *,
-        mask: _Input | None = None, values: _Input | None = None,
+        alpha: _Input | None = None, *, out: _Input | None = None,
+        lse: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
+        bias: _Input | None = None, dropout: float = 0.0,
+        seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
@@ -738,8 +906,11 @@ def general_attention_backward(
 @overload
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input, *,
-        mask: _Input | None = None, values: _Input | None = None,
+        alpha: _Input | None = None, *, out: _Input | None = None,
+        lse: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
+        bias: _Input | None = None, dropout: float = 0.0,
+        seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
@@ -748,8 +919,11 @@ def general_attention_backward(
 @keyword_only
 def general_attention_backward(
         grad_out: _Input, query: _Input, keys: _Input, W: _Input,
-        alpha: _Input, *,
-        mask: _Input | None = None, values: _Input | None = None,
+        alpha: _Input | None = None, *, out: _Input | None = None,
+        lse: _Input | None = None, mask: _Input | None = None,
+        attn_mask: _Input | None = None, causal: bool = False,
+        bias: _Input | None = None, dropout: float = 0.0,
+        seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
         stop_at_key_proj: bool = False
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]:
@@ -758,10 +932,15 @@ def general_attention_backward(
     Parameters
     ----------
     grad_out : dask.array.Array or array_like, the shape of ``out``
-    query, keys, W, mask, values, key_proj
+    query, keys, W, mask, attn_mask, causal, bias, dropout, seed, values, \
+key_proj
         As given to :func:`general_attention`.
-    alpha : dask.array.Array or array_like, the forward's ``alpha``
+    alpha : dask.array.Array or array_like, optional
+        The forward's ``alpha``; or give ``out=`` and ``lse=``.
+    out, lse : dask.array.Array or array_like, optional
+        From a ``return_weights=False`` forward.
     grad_alpha : dask.array.Array or array_like, optional
+        Only with ``alpha``.
     stop_at_key_proj : bool, optional
         With ``key_proj``: also return ``grad_key_proj``, as in memory.
 
@@ -769,7 +948,9 @@ def general_attention_backward(
     -------
     GeneralAttentionGrads
         ``query``, ``keys``, ``values`` chunked like the batch; ``W``
-        summed over the chunks by a tree of fixed shape.
+        summed over the chunks by a tree of fixed shape; ``bias`` (None
+        without a bias) of the bias's shape, summed over the chunks along
+        which it is shared by the same tree.
     grad_key_proj : dask.array.Array (B, ..., T, Hq)
         Only with ``stop_at_key_proj=True``.
 
@@ -783,19 +964,23 @@ def general_attention_backward(
     >>> out, alpha = acd.general_attention(query, keys, W)
     >>> g = acd.general_attention_backward(da.ones_like(out), query, keys,
     ...                                    W, alpha)
-    >>> g.W.compute().shape
-    (3, 4)
+    >>> g.W.compute().shape, g.bias
+    ((3, 4), None)
     """
     outs = _apply(_ac.general_attention_backward, "keys",
                   {"grad_out": grad_out, "query": query, "keys": keys,
-                   "alpha": alpha, "mask": mask, "values": values,
+                   "alpha": alpha, "out": out, "lse": lse, "mask": mask,
+                   "attn_mask": attn_mask, "bias": bias, "values": values,
                    "grad_alpha": grad_alpha, "key_proj": key_proj},
-                  {"W": W}, {"stop_at_key_proj": stop_at_key_proj},
+                  {"W": W},
+                  {"causal": causal, "dropout": dropout, "seed": seed,
+                   "stop_at_key_proj": stop_at_key_proj},
                   (*GeneralAttentionGrads._fields, "grad_key_proj"),
-                  "dddpd")
-    grads = GeneralAttentionGrads(*outs[:4])
-    if len(outs) > 4:
-        return grads, outs[4]
+                  ("query", "keys", "values", None, "bias", "key_proj"),
+                  _family_cores(query, keys))
+    grads = GeneralAttentionGrads(*outs[:5])
+    if len(outs) > 5:
+        return grads, outs[5]
     return grads
 
 
@@ -821,7 +1006,8 @@ def project_keys(keys: _Input, W: _Input) -> da.Array:
     ((3, 3), (7,), (5,))
     """
     key_proj: da.Array = _apply(_ac.project_keys, "keys", {"keys": keys},
-                                {"W": W}, {}, ("key_proj",), "d")[0]
+                                {"W": W}, {}, ("key_proj",), ("keys",),
+                                {"keys": 2})[0]
     return key_proj
 
 
@@ -855,5 +1041,6 @@ def project_keys_backward(grad_proj: _Input, keys: _Input, W: _Input
     """
     dkeys, dW = _apply(_ac.project_keys_backward, "keys",
                        {"grad_proj": grad_proj, "keys": keys}, {"W": W}, {},
-                       ("keys", "W"), "dp")
+                       ("keys", "W"), ("keys", None),
+                       {"grad_proj": 2, "keys": 2})
     return dkeys, dW

@@ -70,6 +70,18 @@ def _positive(**sizes: int) -> None:
                          f"{', '.join(map(str, sizes.values()))}")
 
 
+def _dropout_p(p: float) -> float:
+    """The dropout probability, checked: 0 <= p < 1."""
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    return p
+
+
+def _dropout_config(p: float) -> str:
+    return f", dropout={p}" if p else ""
+
+
 def _last_call(cache: _T | None) -> _T:
     """What the last call kept for the backward; an error before any call."""
     if cache is None:
@@ -398,6 +410,10 @@ class AttentionInputGrads(NamedTuple):
         With the values' gradient included when no values were given.
     values : ndarray (..., T, Hv) or None
         None when no values were given (the keys were the values).
+    bias : ndarray, the shape of the bias, or None
+        None when the call had no ``bias`` (always for
+        :class:`AdditiveAttention`); summed over the axes along which the
+        bias was broadcast.
 
     Examples
     --------
@@ -408,25 +424,47 @@ class AttentionInputGrads(NamedTuple):
     >>> layer = DotAttention()
     >>> out = layer(q, k, values=rng.standard_normal((2, 6, 3)))
     >>> g = layer.backward(np.ones_like(out))       # AttentionInputGrads
-    >>> g.query.shape, g.keys.shape, g.values.shape
-    ((2, 4), (2, 6, 4), (2, 6, 3))
+    >>> g.query.shape, g.keys.shape, g.values.shape, g.bias
+    ((2, 4), (2, 6, 4), (2, 6, 3), None)
     """
 
     query: Array
     keys: Array
     values: Array | None
+    bias: Array | None = None
 
 
 class _Attention(_Layer):
     """Forward and backward bookkeeping of the attention family layers;
-    a subclass says how to attend (:meth:`_attend`, :meth:`_attend_backward`)
-    and has the public ``__call__``."""
+    a subclass says which functions attend (:attr:`_function`,
+    :attr:`_function_backward`), with which weights (:meth:`_weights`,
+    :meth:`_options`), and has the public ``__call__``.
+
+    ``training`` (True by default, as in PyTorch) switches the dropout of
+    the layers that have one: :meth:`train` and :meth:`eval` set it.
+    """
+
+    _function: Any = None           # staticmethods of the subclasses
+    _function_backward: Any = None
 
     def __init__(self, dtype: npt.DTypeLike) -> None:
         super().__init__(dtype)
-        # query, keys, values, mask, key_proj, alpha of the last call
-        self._cache: tuple[Array, Array, Array | None, Any, Array | None,
-                           Array] | None = None
+        self.training = True
+        self.dropout = 0.0
+        self._rng: np.random.Generator | None = None
+        # query, keys, the keyword arguments of both calls, and what the
+        # backward needs of the forward's results (alpha, or out and lse)
+        self._cache: tuple[Array, Array, dict[str, Any],
+                           dict[str, Array]] | None = None
+
+    def train(self, mode: bool = True) -> _Attention:
+        """Set :attr:`training` (dropout on when True); returns the layer."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> _Attention:
+        """``train(False)``: no dropout; returns the layer."""
+        return self.train(False)
 
     def _cast(self, x: npt.ArrayLike) -> Array:
         return np.asarray(x, dtype=self.dtype)
@@ -434,14 +472,39 @@ class _Attention(_Layer):
     def _cast_opt(self, x: npt.ArrayLike | None) -> Array | None:
         return None if x is None else self._cast(x)
 
+    def _weights(self) -> tuple[Array, ...]:
+        """The parameters the functions take by position."""
+        return ()
+
+    def _options(self) -> dict[str, Any]:
+        """The layer's own keyword arguments of both functions."""
+        return {}
+
     def _forward(self, query: npt.ArrayLike, keys: npt.ArrayLike,
-                 values: npt.ArrayLike | None, mask: npt.ArrayLike | None,
-                 key_proj: npt.ArrayLike | None = None) -> Array:
+                 return_weights: bool = True, **options: Any) -> Array:
         q, k = self._cast(query), self._cast(keys)
-        vals, kp = self._cast_opt(values), self._cast_opt(key_proj)
-        out, alpha = self._attend(q, k, vals, mask, kp)
+        kw: dict[str, Any] = {
+            n: self._cast(x) if n in ("values", "key_proj", "bias") else x
+            for n, x in options.items()
+            if x is not None and x is not False}
+        if self.training and self.dropout > 0:
+            # A fresh seed per call (like a fresh mask), kept for the
+            # backward, which regenerates the same keep bits.
+            assert self._rng is not None
+            kw["dropout"] = self.dropout
+            kw["seed"] = int(self._rng.integers(0, 2**63))
+        if return_weights:
+            out, alpha = type(self)._function(q, k, *self._weights(), **kw,
+                                              **self._options())
+            saved = {"alpha": alpha}
+        else:
+            out, lse = type(self)._function(q, k, *self._weights(), **kw,
+                                            **self._options(),
+                                            return_weights=False)
+            saved = {"out": out, "lse": lse}
+            alpha = None
         self.attention_weights = alpha
-        self._cache = (q, k, vals, mask, kp, alpha)
+        self._cache = (q, k, kw, saved)
         return out
 
     @keyword_only
@@ -452,7 +515,8 @@ class _Attention(_Layer):
 
         Stores the parameter gradients (summed over the batch and the
         queries) for :meth:`grads`, replacing those of any earlier
-        backward.
+        backward.  With dropout, the same keep bits as the forward's
+        (regenerated from its seed, never stored).
 
         Parameters
         ----------
@@ -461,31 +525,31 @@ class _Attention(_Layer):
         grad_alpha : array_like, the shape of :attr:`attention_weights`, \
 optional
             Gradient of the loss with respect to the weights, if the loss
-            uses them.
+            uses them (only after a call with ``return_weights=True``).
 
         Returns
         -------
         AttentionInputGrads
-            Named tuple ``(query, keys, values)``; ``values`` is None when
-            the call had no values (``keys`` then includes their gradient).
-            Masked keys get 0.
+            Named tuple ``(query, keys, values, bias)``; ``values`` is None
+            when the call had no values (``keys`` then includes their
+            gradient), ``bias`` when it had no bias.  Masked keys get 0.
         """
-        q, k, vals, mask, kp, alpha = _last_call(self._cache)
-        g = self._attend_backward(self._cast(grad_out), q, k, vals, mask,
-                                  kp, alpha, self._cast_opt(grad_alpha))
+        q, k, kw, saved = _last_call(self._cache)
+        if grad_alpha is not None and "alpha" not in saved:
+            raise ValueError(
+                "grad_alpha needs the weights, which the last call did not "
+                "keep (return_weights=False); call the layer with "
+                "return_weights=True to use them in the loss")
+        alpha = saved.get("alpha")
+        opt = {n: x for n, x in saved.items() if n != "alpha"}
+        if grad_alpha is not None:
+            opt["grad_alpha"] = self._cast(grad_alpha)
+        g = type(self)._function_backward(
+            self._cast(grad_out), q, k, *self._weights(), alpha, **kw,
+            **opt, **self._options())
         self._store_grads(g)
-        return AttentionInputGrads(g.query, g.keys, g.values)
-
-    def _attend(self, query: Array, keys: Array, values: Array | None,
-                mask: Any, key_proj: Array | None
-                ) -> tuple[Array, Array]:
-        raise NotImplementedError
-
-    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
-                         values: Array | None, mask: Any,
-                         key_proj: Array | None, alpha: Array,
-                         grad_alpha: Array | None) -> Any:
-        raise NotImplementedError
+        return AttentionInputGrads(g.query, g.keys, g.values,
+                                   getattr(g, "bias", None))
 
 
 class AdditiveAttention(_Attention):
@@ -635,6 +699,8 @@ class AdditiveAttention(_Attention):
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
                  mask: npt.ArrayLike | None = None,
+                 attn_mask: npt.ArrayLike | None = None,
+                 causal: bool = False,
                  key_proj: npt.ArrayLike | None = None) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
 
@@ -647,9 +713,14 @@ class AdditiveAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T) or (..., Tq, T), optional
-            True marks a valid key; per query only with several queries.
-            A query with no valid key gives 0.
+        mask : array_like of bool (..., T), optional
+            The key mask, the same for every query: True marks a valid
+            key.  A query with no visible key gives 0.
+        attn_mask : array_like of bool, optional
+            Broadcastable to (..., Tq, T): True where query i may attend
+            to key t (several queries only).
+        causal : bool, optional
+            Key t visible to query i iff ``t <= i + (T - Tq)``.
         key_proj : array_like (..., T, A), optional
             :meth:`project_keys` of these keys, to skip projecting them
             again (e.g. once per step of a decoder).  The results, and the
@@ -659,23 +730,18 @@ class AdditiveAttention(_Attention):
         -------
         out : ndarray (..., Hv) or (..., Tq, Hv)
         """
-        return self._forward(query, keys, values, mask, key_proj)
+        return self._forward(query, keys, values=values, mask=mask,
+                             attn_mask=attn_mask, causal=causal,
+                             key_proj=key_proj)
 
-    def _attend(self, query: Array, keys: Array, values: Array | None,
-                mask: Any, key_proj: Array | None
-                ) -> tuple[Array, Array]:
-        out, alpha = additive_attention(query, keys, self.W, self.v, b=self.b,
-                                        mask=mask, values=values,
-                                        key_proj=key_proj)
-        return out, alpha
+    _function = staticmethod(additive_attention)
+    _function_backward = staticmethod(additive_attention_backward)
 
-    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
-                         values: Array | None, mask: Any,
-                         key_proj: Array | None, alpha: Array,
-                         grad_alpha: Array | None) -> Any:
-        return additive_attention_backward(
-            grad_out, query, keys, self.W, self.v, alpha, b=self.b, mask=mask,
-            values=values, grad_alpha=grad_alpha, key_proj=key_proj)
+    def _weights(self) -> tuple[Array, ...]:
+        return (self.W, self.v)
+
+    def _options(self) -> dict[str, Any]:
+        return {"b": self.b}
 
     def _config(self) -> str:
         return (f"key_size={self.key_size}, query_size={self.query_size}, "
@@ -694,6 +760,13 @@ class DotAttention(_Attention):
     ----------
     scale : float, optional
         Default ``1/sqrt(H)`` (H = the features of a key and of a query).
+    dropout : float, optional
+        p in [0, 1): dropout on the weights while :attr:`training`
+        (``out_i = sum_t alpha_it keep_it / (1 - p) val_t``).
+    seed : int or numpy.random.Generator, optional
+        Where the dropout's seeds come from: each call in training draws
+        a new one, so the same seed gives the same sequence of keep
+        patterns.
     dtype : dtype, optional
         float32 or float64 (default float64, as for the other layers): the
         dtype of the computation and of every result.  Inputs are converted
@@ -702,7 +775,10 @@ class DotAttention(_Attention):
     Attributes
     ----------
     attention_weights : ndarray (..., T) or (..., Tq, T), or None
-        The weights of the last call (0 for masked keys).
+        The weights of the last call (0 for masked keys; before dropout),
+        None after a call with ``return_weights=False``.
+    training : bool
+        Dropout on (default True); :meth:`train` and :meth:`eval`.
 
     Examples
     --------
@@ -718,15 +794,21 @@ class DotAttention(_Attention):
     """
 
     @keyword_only
-    def __init__(self, *, scale: float | None = None,
+    def __init__(self, *, scale: float | None = None, dropout: float = 0.0,
+                 seed: int | np.random.Generator | None = None,
                  dtype: npt.DTypeLike = np.float64) -> None:
         super().__init__(dtype)
         self.scale = None if scale is None else float(scale)
+        self.dropout = _dropout_p(dropout)
+        self._rng = np.random.default_rng(seed)
 
     @keyword_only
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
-                 mask: npt.ArrayLike | None = None) -> Array:
+                 mask: npt.ArrayLike | None = None,
+                 attn_mask: npt.ArrayLike | None = None,
+                 causal: bool = False, bias: npt.ArrayLike | None = None,
+                 return_weights: bool = True) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
 
         Parameters
@@ -737,33 +819,40 @@ class DotAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T) or (..., Tq, T), optional
-            True marks a valid key; per query only with several queries.
-            A query with no valid key gives 0.
+        mask : array_like of bool (..., T), optional
+            The key mask, the same for every query: True marks a valid
+            key.  A query with no visible key gives 0.
+        attn_mask : array_like of bool, optional
+            Broadcastable to (..., Tq, T): True where query i may attend
+            to key t (several queries only).
+        causal : bool, optional
+            Key t visible to query i iff ``t <= i + (T - Tq)``.
+        bias : array_like, optional
+            Float, broadcastable to (..., Tq, T) ((..., T) with one
+            query), added to the scores; -inf masks.  :meth:`backward`
+            returns its gradient.
+        return_weights : bool, optional
+            True (default): keep the weights in :attr:`attention_weights`
+            for the backward.  False: never form them (the streaming
+            kernel; :attr:`attention_weights` is None) and keep the output
+            and the log-sum-exp of the scores instead.
 
         Returns
         -------
         out : ndarray (..., Hv) or (..., Tq, Hv)
         """
-        return self._forward(query, keys, values, mask)
+        return self._forward(query, keys, return_weights, values=values,
+                             mask=mask, attn_mask=attn_mask, causal=causal,
+                             bias=bias)
 
-    def _attend(self, query: Array, keys: Array, values: Array | None,
-                mask: Any, key_proj: Array | None
-                ) -> tuple[Array, Array]:
-        out, alpha = dot_attention(query, keys, mask=mask, values=values,
-                                   scale=self.scale)
-        return out, alpha
+    _function = staticmethod(dot_attention)
+    _function_backward = staticmethod(dot_attention_backward)
 
-    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
-                         values: Array | None, mask: Any,
-                         key_proj: Array | None, alpha: Array,
-                         grad_alpha: Array | None) -> Any:
-        return dot_attention_backward(grad_out, query, keys, alpha, mask=mask,
-                                      values=values, scale=self.scale,
-                                      grad_alpha=grad_alpha)
+    def _options(self) -> dict[str, Any]:
+        return {"scale": self.scale}
 
     def _config(self) -> str:
-        return f"scale={self.scale}"
+        return f"scale={self.scale}" + _dropout_config(self.dropout)
 
 
 class GeneralAttention(_Attention):
@@ -783,9 +872,13 @@ class GeneralAttention(_Attention):
     dtype : dtype, optional
         float32 or float64 (default float64): the dtype of the parameters,
         of the computation and of every result.  Inputs are converted to it.
+    dropout : float, optional
+        p in [0, 1): dropout on the weights while :attr:`training`
+        (``out_i = sum_t alpha_it keep_it / (1 - p) val_t``).
     seed : int or numpy.random.Generator, optional
         Seed of the initialisation, like ``torch.nn.Linear(H, Hq,
-        bias=False)``: ``W`` is ``U(-1/sqrt(H), 1/sqrt(H))``.
+        bias=False)``: ``W`` is ``U(-1/sqrt(H), 1/sqrt(H))``; then of the
+        dropout's seeds (a new one per call in training).
 
     Attributes
     ----------
@@ -793,7 +886,10 @@ class GeneralAttention(_Attention):
         ``W_a``, the layout of ``torch.nn.Linear(H, Hq).weight`` applied to
         the keys.
     attention_weights : ndarray (..., T) or (..., Tq, T), or None
-        The weights of the last call (0 for masked keys).
+        The weights of the last call (0 for masked keys; before dropout),
+        None after a call with ``return_weights=False``.
+    training : bool
+        Dropout on (default True); :meth:`train` and :meth:`eval`.
 
     Examples
     --------
@@ -812,15 +908,17 @@ class GeneralAttention(_Attention):
 
     @keyword_only
     def __init__(self, query_size: int, key_size: int, *,
-                 dtype: npt.DTypeLike = np.float64,
+                 dropout: float = 0.0, dtype: npt.DTypeLike = np.float64,
                  seed: int | np.random.Generator | None = None) -> None:
         super().__init__(dtype)
         _positive(query_size=query_size, key_size=key_size)
         self.query_size, self.key_size = int(query_size), int(key_size)
+        self.dropout = _dropout_p(dropout)
         rng = np.random.default_rng(seed)
         self.W: Array = _uniform(rng, 1.0 / np.sqrt(self.key_size),
                                  (self.query_size, self.key_size),
                                  self.dtype)
+        self._rng = rng
 
     @classmethod
     @keyword_only
@@ -855,7 +953,10 @@ class GeneralAttention(_Attention):
     def __call__(self, query: npt.ArrayLike, keys: npt.ArrayLike, *,
                  values: npt.ArrayLike | None = None,
                  mask: npt.ArrayLike | None = None,
-                 key_proj: npt.ArrayLike | None = None) -> Array:
+                 attn_mask: npt.ArrayLike | None = None,
+                 causal: bool = False, bias: npt.ArrayLike | None = None,
+                 key_proj: npt.ArrayLike | None = None,
+                 return_weights: bool = True) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
 
         Parameters
@@ -867,39 +968,45 @@ class GeneralAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T) or (..., Tq, T), optional
-            True marks a valid key; per query only with several queries.
-            A query with no valid key gives 0.
+        mask : array_like of bool (..., T), optional
+            The key mask, the same for every query: True marks a valid
+            key.  A query with no visible key gives 0.
+        attn_mask : array_like of bool, optional
+            Broadcastable to (..., Tq, T): True where query i may attend
+            to key t (several queries only).
+        causal : bool, optional
+            Key t visible to query i iff ``t <= i + (T - Tq)``.
+        bias : array_like, optional
+            Float, broadcastable to (..., Tq, T) ((..., T) with one
+            query), added to the scores; -inf masks.  :meth:`backward`
+            returns its gradient.
         key_proj : array_like (..., T, Hq), optional
             :meth:`project_keys` of these keys, to skip projecting them
             again (e.g. once per step of a decoder).  The results, and the
             gradients of :meth:`backward`, are the same.
+        return_weights : bool, optional
+            True (default): keep the weights in :attr:`attention_weights`
+            for the backward.  False: never form them (the streaming
+            kernel; :attr:`attention_weights` is None) and keep the output
+            and the log-sum-exp of the scores instead.
 
         Returns
         -------
         out : ndarray (..., Hv) or (..., Tq, Hv)
         """
-        return self._forward(query, keys, values, mask, key_proj)
+        return self._forward(query, keys, return_weights, values=values,
+                             mask=mask, attn_mask=attn_mask, causal=causal,
+                             bias=bias, key_proj=key_proj)
 
-    def _attend(self, query: Array, keys: Array, values: Array | None,
-                mask: Any, key_proj: Array | None
-                ) -> tuple[Array, Array]:
-        out, alpha = general_attention(query, keys, self.W, mask=mask,
-                                       values=values,
-                                       key_proj=key_proj)
-        return out, alpha
+    _function = staticmethod(general_attention)
+    _function_backward = staticmethod(general_attention_backward)
 
-    def _attend_backward(self, grad_out: Array, query: Array, keys: Array,
-                         values: Array | None, mask: Any,
-                         key_proj: Array | None, alpha: Array,
-                         grad_alpha: Array | None) -> Any:
-        return general_attention_backward(
-            grad_out, query, keys, self.W, alpha, mask=mask, values=values,
-            grad_alpha=grad_alpha,
-            key_proj=key_proj)
+    def _weights(self) -> tuple[Array, ...]:
+        return (self.W,)
 
     def _config(self) -> str:
-        return f"query_size={self.query_size}, key_size={self.key_size}"
+        return (f"query_size={self.query_size}, key_size={self.key_size}"
+                + _dropout_config(self.dropout))
 
 
 # --------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def case(name, dtype, rng):
         keys = f(B, T, H)
         return ("additive_attention",
                 {"query": f(B, Tq, Hq), "keys": keys,
-                 "mask": ragged_mask(rng, (B, Tq), T),
+                 "attn_mask": ragged_mask(rng, (B, Tq), T),
                  "key_proj": ac.project_keys(keys, W)},
                 {"W": W, "v": f(A), "b": None}, {},
                 {"stop_at_key_proj": True})
@@ -79,8 +79,28 @@ def case(name, dtype, rng):
         x = f(B, 3, T, H)
         return ("dot_attention",
                 {"query": x, "keys": x,
-                 "mask": np.tril(np.ones((1, 1, T, T), bool))},
+                 "attn_mask": np.tril(np.ones((1, 1, T, T), bool))},
                 {}, {"scale": 0.3}, {})
+    if name == "dot_heads_bias":     # a bias per head, shared by the batch
+        x = f(B, 3, T, H)
+        bias = f(3, T, T)
+        bias[1, 2] = -np.inf            # a query that sees no key
+        return ("dot_attention",
+                {"query": x, "keys": x, "bias": bias,
+                 "mask": ragged_mask(rng, (B, 1), T)},
+                {}, {"causal": True}, {})
+    if name == "dot_lse":        # return_weights=False: out= and lse=
+        bias = f(B, Tq, T)
+        bias[3, 1] = -np.inf
+        return ("dot_attention",
+                {"query": f(B, Tq, H), "keys": f(B, T, H),
+                 "values": f(B, T, 2), "mask": ragged_mask(rng, (B,), T),
+                 "attn_mask": rng.random((Tq, T)) < 0.7, "bias": bias},
+                {}, {"causal": True, "return_weights": False}, {})
+    if name == "dot_one_query":  # one query: a bias (..., T)
+        return ("dot_attention",
+                {"query": f(B, H), "keys": f(B, T, H), "bias": f(1, T)},
+                {}, {"return_weights": False}, {})
     if name == "dot":
         return ("dot_attention",
                 {"query": f(B, H), "keys": f(B, T, H), "values": f(B, T, 2)},
@@ -93,17 +113,34 @@ def case(name, dtype, rng):
                  "mask": ragged_mask(rng, (B,), T),
                  "key_proj": ac.project_keys(keys, W)},
                 {"W": W}, {}, {"grad_alpha": f(B, Tq, T)})
+    if name == "general_sec5":   # shared causal bias, out= and lse=
+        W = f(Hq, H) * 0.5
+        keys = f(B, T, H)
+        return ("general_attention",
+                {"query": f(B, Tq, Hq), "keys": keys,
+                 "attn_mask": rng.random((B, 1, T)) < 0.8,
+                 "bias": f(Tq, T), "key_proj": ac.project_keys(keys, W)},
+                {"W": W}, {"causal": True, "return_weights": False},
+                {"stop_at_key_proj": True})
     raise AssertionError(name)
 
 
 CASES = ["context", "context_activations", "additive", "additive_key_proj",
-         "dot_heads", "dot", "general"]
+         "dot_heads", "dot_heads_bias", "dot_lse", "dot_one_query", "dot",
+         "general", "general_sec5"]
 FORWARD_OUT = ("out", "alpha", "activations")
+FORWARD_ONLY = ("keep_activations", "return_weights")
+
+
+def batched(x):
+    """Whether x has the batch axis B in front (else it is shared: a
+    broadcast 1, or no batch axis; no other axis of the cases is B)."""
+    return x.ndim > 0 and x.shape[0] == B
 
 
 def chunked(x, chunk):
-    """x split along its first axis (unless it is a broadcast 1)."""
-    if x.shape[0] == 1:
+    """x split along its first axis (unless it is shared by the batch)."""
+    if not batched(x):
         return da.from_array(x, chunks=-1)
     return da.from_array(x, chunks=(chunk,) + (-1,) * (x.ndim - 1))
 
@@ -117,13 +154,14 @@ def run(name, dtype, chunk=CHUNK, scheduler="threads", client=None):
     rng = np.random.default_rng(8)
     fwd = getattr(ac, fn)(**data, **weights, **lit)
     grad_out = rng.standard_normal(fwd[0].shape).astype(dtype)
-    saved = {"alpha": fwd[1]}
+    saved = ({"alpha": fwd[1]} if lit.get("return_weights", True) else
+             {"out": fwd[0], "lse": fwd[1]})
     if lit.get("keep_activations"):
         saved["activations"] = fwd[2]
     # extra: arrays (grad_alpha) and flags (stop_at_key_proj) of the
     # backward only
     bwd_lit = {k: x for k, x in {**lit, **extra}.items()
-               if not isinstance(x, np.ndarray) and k != "keep_activations"}
+               if not isinstance(x, np.ndarray) and k not in FORWARD_ONLY}
     bwd_data = {**data, **saved, "grad_out": grad_out,
                 **{k: x for k, x in extra.items()
                    if isinstance(x, np.ndarray)}}
@@ -141,7 +179,7 @@ def run(name, dtype, chunk=CHUNK, scheduler="threads", client=None):
     # Per chunk, in memory: what the fixed-order tree sums.
     per_chunk = []
     for start in range(0, B, chunk):
-        part = {k: x if x.shape[0] == 1 else x[start:start + chunk]
+        part = {k: x[start:start + chunk] if batched(x) else x
                 for k, x in bwd_data.items()}
         per_chunk.append(grads(getattr(ac, fn + "_backward")(
             **part, **weights, **bwd_lit)))
@@ -150,7 +188,10 @@ def run(name, dtype, chunk=CHUNK, scheduler="threads", client=None):
     dask_fwd = getattr(acd, fn)(**dd, **weights, **lit)
     dbwd_data = {k: chunked(x, chunk) for k, x in bwd_data.items()
                  if k not in saved}
-    dbwd_data.update(zip(("alpha", "activations"), dask_fwd[1:]))
+    if "alpha" in saved:
+        dbwd_data.update(zip(("alpha", "activations"), dask_fwd[1:]))
+    else:
+        dbwd_data.update(out=dask_fwd[0], lse=dask_fwd[1])
     dask_bwd = grads(getattr(acd, fn + "_backward")(**dbwd_data, **weights,
                                                     **bwd_lit))
     if client is not None:
@@ -158,7 +199,10 @@ def run(name, dtype, chunk=CHUNK, scheduler="threads", client=None):
     else:
         computed = dask.compute([list(dask_fwd), dask_bwd],
                                 scheduler=scheduler)[0]
-    return (fwd, mem_bwd), computed, per_chunk, weights
+    # Gradients summed over the chunks: of the weights and of the data
+    # shared by the batch (a bias without a batch axis).
+    reduced = {*weights, *(k for k, x in data.items() if not batched(x))}
+    return (fwd, mem_bwd), computed, per_chunk, reduced
 
 
 def on_cluster(client, collections):
@@ -182,7 +226,7 @@ def tree_sum(parts):
     return left_to_right(parts)
 
 
-def check(name, mem, computed, per_chunk, weights, dtype):
+def check(name, mem, computed, per_chunk, reduced, dtype):
     (fwd, mem_bwd), (dask_fwd, dask_bwd) = mem, computed
     assert len(dask_fwd) == len(fwd)
     for what, x, ref in zip(FORWARD_OUT, dask_fwd, fwd):
@@ -192,7 +236,7 @@ def check(name, mem, computed, per_chunk, weights, dtype):
     for what, ref in mem_bwd.items():
         x = dask_bwd[what]
         assert x.dtype == ref.dtype and x.shape == ref.shape, what
-        if what in weights:     # parameter gradient
+        if what in reduced:     # summed over the chunks
             assert rel_err(x, ref) <= TOL[np.dtype(dtype).type], (name, what)
             np.testing.assert_array_equal(
                 x, tree_sum([g[what] for g in per_chunk]),
@@ -206,8 +250,8 @@ def check(name, mem, computed, per_chunk, weights, dtype):
 def test_equals_in_memory(name, dtype):
     """Forward and input gradients bitwise, parameter gradients within
     rounding of the in-memory call and bitwise in the documented order."""
-    mem, computed, per_chunk, weights = run(name, dtype)
-    check(name, mem, computed, per_chunk, weights, dtype)
+    mem, computed, per_chunk, reduced = run(name, dtype)
+    check(name, mem, computed, per_chunk, reduced, dtype)
 
 
 @pytest.mark.parametrize("name", ["context", "additive"])
@@ -311,6 +355,168 @@ def test_bad_input_raises_when_the_graph_is_built():
         acd.context_attention(unknown, W, v)
 
 
+@pytest.mark.parametrize("fn", ["dot_attention", "general_attention"])
+def test_dropout_is_the_in_memory_call_bit_for_bit(fn):
+    """The keep bits depend on the flat batch index, which a chunk cannot
+    offset: a batch split in chunks is computed in one, with a warning,
+    and forward and backward are the in-memory call's bits."""
+    rng = np.random.default_rng(11)
+    q, k = rng.standard_normal((6, 2, 5, 4)), rng.standard_normal((6, 2, 7, 4))
+    W = (rng.standard_normal((4, 4)),) if fn == "general_attention" else ()
+    opts = {"dropout": 0.3, "seed": 2**40 + 5, "causal": True,
+            "bias": rng.standard_normal((2, 5, 7))}
+    out, alpha = getattr(ac, fn)(q, k, *W, **opts)
+    g = rng.standard_normal(out.shape)
+    ref = getattr(ac, fn + "_backward")(g, q, k, *W, alpha, **opts)
+    qd, kd = (da.from_array(x, chunks=(2, 1, -1, -1)) for x in (q, k))
+    with pytest.warns(da.PerformanceWarning, match=r"dropout > 0.*one chunk"):
+        dout, dalpha = getattr(acd, fn)(qd, kd, *W, **opts)
+    with pytest.warns(da.PerformanceWarning, match="dropout"):
+        grads = getattr(acd, fn + "_backward")(g, qd, kd, *W, dalpha, **opts)
+    assert dout.numblocks[:2] == (1, 1)
+    got = dask.compute(dout, dalpha, *grads)
+    np.testing.assert_array_equal(got[0], out)
+    np.testing.assert_array_equal(got[1], alpha)
+    for x, r in zip(got[2:], ref):
+        if r is None:
+            assert x is None
+        else:
+            np.testing.assert_array_equal(x, r)
+    # The dropout acted: without it, another output; another seed, too.
+    plain = getattr(ac, fn)(q, k, *W, **{**opts, "dropout": 0.0})[0]
+    assert not np.array_equal(plain, got[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # one chunk already: silent
+        again = getattr(acd, fn)(q, k, *W, **opts)[0].compute()
+        other = getattr(acd, fn)(q, k, *W, **{**opts, "seed": 6})[0]
+    np.testing.assert_array_equal(again, out)
+    assert not np.array_equal(other.compute(), out)
+
+
+def test_dropout_keep_bits_are_the_reference_ones():
+    """One query row of the output rebuilt from reference.dropout_keep at
+    the flat batch index b of the whole batch."""
+    from attention_c import reference
+    rng = np.random.default_rng(12)
+    Bb, Tq, T, H, p, seed = 5, 3, 9, 4, 0.4, 123
+    q, k = rng.standard_normal((Bb, Tq, H)), rng.standard_normal((Bb, T, H))
+    with pytest.warns(da.PerformanceWarning):
+        out, alpha = acd.dot_attention(da.from_array(q, chunks=(2, -1, -1)),
+                                       k, dropout=p, seed=seed)
+    out, alpha = dask.compute(out, alpha)
+    for b in range(Bb):
+        keep = reference.dropout_keep(seed, p, b, Tq, T)
+        want = (alpha[b] * keep / (1 - p)) @ k[b]
+        np.testing.assert_allclose(out[b], want, rtol=1e-12, atol=1e-12)
+
+
+def test_bias_shared_along_one_axis_is_summed_over_those_chunks_only():
+    """bias (B, 1, Tq, T) against (B, heads, ...) chunked along both: its
+    gradient stays chunked along B and is summed over the head chunks."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((6, 4, 5, 3))
+    bias = rng.standard_normal((6, 1, 5, 5))
+    out, alpha = ac.dot_attention(x, x, bias=bias)
+    g = rng.standard_normal(out.shape)
+    ref = ac.dot_attention_backward(g, x, x, alpha, bias=bias)
+    xd = da.from_array(x, chunks=(2, 1, -1, -1))
+    bd = da.from_array(bias, chunks=(3, 1, -1, -1))     # rechunked to 2
+    dout, dalpha = acd.dot_attention(xd, xd, bias=bd)
+    grads = acd.dot_attention_backward(g, xd, xd, dalpha, bias=bd)
+    assert grads.bias.chunks == ((2, 2, 2), (1,), (5,), (5,))
+    np.testing.assert_array_equal(dout.compute(), out)
+    np.testing.assert_array_equal(grads.keys.compute(), ref.keys)
+    per_head = [ac.dot_attention_backward(
+        g[:, h:h + 1], x[:, h:h + 1], x[:, h:h + 1], alpha[:, h:h + 1],
+        bias=bias).bias for h in range(4)]
+    np.testing.assert_array_equal(grads.bias.compute(), tree_sum(per_head))
+    assert rel_err(grads.bias.compute(), ref.bias) <= TOL[np.float64]
+
+
+def test_grouped_query_keys_are_shared_and_their_gradient_summed():
+    """Keys (B, Hkv, 1, T, d) against queries (B, Hkv, G, Tq, d) chunked
+    along G: every chunk reads the same keys block, and their gradient
+    is the fixed tree over the G chunks."""
+    rng = np.random.default_rng(17)
+    q = rng.standard_normal((4, 2, 3, 5, 4))
+    k = rng.standard_normal((4, 2, 1, 6, 4))
+    out, lse = ac.dot_attention(q, k, causal=True, return_weights=False)
+    g = rng.standard_normal(out.shape)
+    ref = ac.dot_attention_backward(g, q, k, out=out, lse=lse, causal=True)
+    qd = da.from_array(q, chunks=(2, 1, 1, -1, -1))
+    kd = da.from_array(k, chunks=(2, 1, 1, -1, -1))
+    dout, dlse = acd.dot_attention(qd, kd, causal=True, return_weights=False)
+    grads = acd.dot_attention_backward(g, qd, kd, out=dout, lse=dlse,
+                                       causal=True)
+    assert grads.keys.chunks[:3] == ((2, 2), (1, 1), (1,))
+    np.testing.assert_array_equal(dout.compute(), out)
+    np.testing.assert_array_equal(grads.query.compute(), ref.query)
+    per_group = [ac.dot_attention_backward(
+        g[:, :, j:j + 1], q[:, :, j:j + 1], k, out=out[:, :, j:j + 1],
+        lse=lse[:, :, j:j + 1], causal=True).keys for j in range(3)]
+    np.testing.assert_array_equal(grads.keys.compute(), tree_sum(per_group))
+    assert rel_err(grads.keys.compute(), ref.keys) <= TOL[np.float64]
+
+
+def test_shared_masks_and_bias_are_one_key():
+    """attn_mask and bias without batch axes are given whole to every
+    task, as a weight is, never split or copied per chunk."""
+    rng = np.random.default_rng(14)
+    T, H = 6, 3
+    x = da.from_array(rng.standard_normal((8, T, H)), chunks=(2, -1, -1))
+    am = np.tril(np.ones((T, T), bool))
+    bias = rng.standard_normal((T, T))
+    out, lse = acd.dot_attention(x, x, attn_mask=am, bias=bias,
+                                 return_weights=False)
+    deps = out.__dask_graph__().get_all_dependencies()
+    for a in (am, bias):
+        key = (da.from_array(a, chunks=a.shape).name, 0, 0)
+        assert len([k for k, d in deps.items() if key in d]) == 4
+    xs = x.compute()
+    ref = ac.dot_attention(xs, xs, attn_mask=am, bias=bias,
+                           return_weights=False)
+    np.testing.assert_array_equal(out.compute(), ref[0])
+    np.testing.assert_array_equal(lse.compute(), ref[1])
+    assert lse.chunks == ((2, 2, 2, 2), (T,))
+
+
+def test_key_mask_without_batch_axes_is_not_read_as_the_batch():
+    """A key mask (T,) with B == T: broadcast over the batch as in
+    memory (never taken for a (B,) mask)."""
+    rng = np.random.default_rng(15)
+    T = 5
+    q, k = rng.standard_normal((T, 3, 4)), rng.standard_normal((T, T, 4))
+    mask = np.array([True, False, True, True, False])
+    ref = ac.dot_attention(q, k, mask=mask)
+    out, alpha = acd.dot_attention(da.from_array(q, chunks=(2, -1, -1)), k,
+                                   mask=mask)
+    np.testing.assert_array_equal(out.compute(), ref[0])
+    np.testing.assert_array_equal(alpha.compute(), ref[1])
+    assert not alpha.compute()[..., 1].any()
+
+
+def test_section5_bad_input_raises_when_the_graph_is_built():
+    rng = np.random.default_rng(16)
+    x = da.from_array(rng.standard_normal((4, 5, 3)), chunks=(2, -1, -1))
+    tril = np.tril(np.ones((4, 5, 5), bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        acd.dot_attention(x, x, mask=tril)
+    with pytest.raises(ValueError, match="seed"):
+        acd.dot_attention(x, x, dropout=0.1)
+    with pytest.raises(ValueError, match="dropout"):
+        acd.general_attention(x, x, np.eye(3), dropout=1.0, seed=0)
+    with pytest.raises(TypeError, match="bias="):
+        acd.dot_attention(x, x, attn_mask=np.ones((5, 5)))
+    with pytest.raises(ValueError, match="causal"):
+        acd.dot_attention(x[:, 0], x, causal=True)
+    out, lse = acd.dot_attention(x, x, return_weights=False)
+    with pytest.raises(ValueError, match="grad_alpha"):
+        acd.dot_attention_backward(out, x, x, out=out, lse=lse,
+                                   grad_alpha=np.ones((4, 5, 5)))
+    with pytest.raises(ValueError, match="lse"):
+        acd.dot_attention_backward(out, x, x, lse=lse)
+
+
 FUNCTIONS = ["context_attention", "context_attention_backward",
              "additive_attention", "additive_attention_backward",
              "dot_attention", "dot_attention_backward", "general_attention",
@@ -326,13 +532,17 @@ def test_every_function_is_here():
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_signature_is_the_in_memory_one(name):
     """The in-memory function's arguments, in its order, with its
-    defaults; what has a default is keyword-only, the rest positional."""
+    defaults; what has a default is keyword-only, the rest positional
+    (but the backward's alpha, which out= and lse= replace)."""
     mine = inspect.signature(getattr(acd, name)).parameters.values()
     theirs = inspect.signature(getattr(ac, name)).parameters.values()
     assert [(p.name, p.kind, p.default) for p in mine] == [
         (p.name, p.kind, p.default) for p in theirs]
     for p in mine:
-        assert p.kind is (p.POSITIONAL_OR_KEYWORD if p.default is p.empty
+        positional = p.default is p.empty or (
+            p.name == "alpha" and name in ("dot_attention_backward",
+                                           "general_attention_backward"))
+        assert p.kind is (p.POSITIONAL_OR_KEYWORD if positional
                           else p.KEYWORD_ONLY), p
 
 
@@ -348,7 +558,8 @@ def test_a_positional_mask_asks_for_a_keyword():
         acd.additive_attention(q, k, W, v, mask)
     assert str(err.value) == (
         "additive_attention() takes 4 positional arguments but 5 were given; "
-        "b, mask, values, key_proj are keyword-only (pass them by name, e.g. "
+        "b, mask, attn_mask, causal, values, key_proj are keyword-only (pass "
+        "them by name, e.g. "
         "b=...). Argument 5 is a boolean array: did you mean mask=...?")
     with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 "
                                         r"were given; .*did you mean "
@@ -367,7 +578,8 @@ def test_every_positional_option_asks_for_a_keyword(name):
     TypeError word for word, which names the keyword-only arguments (and
     guesses mask= only for a boolean array, here a Dask one)."""
     params = inspect.signature(getattr(acd, name)).parameters.values()
-    args = [np.zeros((2, 3, 4))] * sum(p.default is p.empty for p in params)
+    args = [np.zeros((2, 3, 4))] * sum(p.kind is p.POSITIONAL_OR_KEYWORD
+                                       for p in params)
     messages = []
     for extra in [np.zeros((2, 3)), np.ones((2, 3), bool),
                   da.ones((2, 3), dtype=bool, chunks=1)]:
@@ -425,8 +637,8 @@ def client():
 @pytest.mark.parametrize("name", ["context", "additive_key_proj",
                                   "dot_heads", "general"])
 def test_distributed_equals_in_memory(client, name):
-    mem, computed, per_chunk, weights = run(name, np.float64, client=client)
-    check(name, mem, computed, per_chunk, weights, np.float64)
+    mem, computed, per_chunk, reduced = run(name, np.float64, client=client)
+    check(name, mem, computed, per_chunk, reduced, np.float64)
 
 
 def test_distributed_sends_each_weight_once_per_worker(client):

@@ -49,7 +49,7 @@ def inputs(kind, seed=0, several=True, mask="random", values=True,
     if mask == "causal":
         m = np.tril(np.ones((TQ, T), bool), 1) & np.ones((B, 1, 1), bool)
         m[1, 0] = False
-        args["mask"] = m
+        args["attn_mask"] = m           # a per-query mask (section 5)
     else:
         args["mask"] = make_mask(rng, (B,), T, mask)
     return args, rng
@@ -58,23 +58,24 @@ def inputs(kind, seed=0, several=True, mask="random", values=True,
 def functions(kind, layer, args, grad_out, grad_alpha):
     """(out, alpha, grads) of the functional API with the layer's
     parameters."""
-    q, k, m, vals = args["query"], args["keys"], args["mask"], args["values"]
+    q, k, vals = args["query"], args["keys"], args["values"]
+    m = {n: args[n] for n in ("mask", "attn_mask") if n in args}
     if kind == "additive":
         out, alpha = ac.additive_attention(q, k, layer.W, layer.v, b=layer.b,
-                                           mask=m, values=vals)
+                                           **m, values=vals)
         g = ac.additive_attention_backward(grad_out, q, k, layer.W, layer.v,
-                                           alpha, b=layer.b, mask=m,
+                                           alpha, b=layer.b, **m,
                                            values=vals,
                                            grad_alpha=grad_alpha)
     elif kind == "general":
-        out, alpha = ac.general_attention(q, k, layer.W, mask=m, values=vals)
+        out, alpha = ac.general_attention(q, k, layer.W, **m, values=vals)
         g = ac.general_attention_backward(grad_out, q, k, layer.W, alpha,
-                                          mask=m,
+                                          **m,
                                           values=vals, grad_alpha=grad_alpha)
     else:
-        out, alpha = ac.dot_attention(q, k, mask=m, values=vals,
+        out, alpha = ac.dot_attention(q, k, **m, values=vals,
                                       scale=layer.scale)
-        g = ac.dot_attention_backward(grad_out, q, k, alpha, mask=m,
+        g = ac.dot_attention_backward(grad_out, q, k, alpha, **m,
                                       values=vals,
                                       scale=layer.scale, grad_alpha=grad_alpha)
     return out, alpha, g
@@ -172,12 +173,19 @@ def positional(f):
             if p.kind is not p.KEYWORD_ONLY]
 
 
+KEYWORDS = {
+    "additive": ["values", "mask", "attn_mask", "causal", "key_proj"],
+    "dot": ["values", "mask", "attn_mask", "causal", "bias",
+            "return_weights"],
+    "general": ["values", "mask", "attn_mask", "causal", "bias", "key_proj",
+                "return_weights"]}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_optional_arguments_are_keyword_only(kind):
     layer = make_layer(kind)
     assert positional(layer) == ["query", "keys"]
-    keywords = ["values", "mask"] + ["key_proj"] * (kind != "dot")
-    assert list(inspect.signature(layer).parameters)[2:] == keywords
+    assert list(inspect.signature(layer).parameters)[2:] == KEYWORDS[kind]
     assert positional(layer.backward) == ["grad_out"]
     assert positional(type(layer)) == {
         "additive": ["key_size", "query_size", "attention_size"],
@@ -201,7 +209,7 @@ def test_a_positional_mask_asks_for_a_keyword(kind, several):
     args, _ = inputs(kind, several=several)
     q, k, vals, m = (args[n] for n in ["query", "keys", "values", "mask"])
     name = type(layer).__name__
-    keywords = "values, mask" + ", key_proj" * (kind != "dot")
+    keywords = ", ".join(KEYWORDS[kind])
     no_guess = (f"{name}.__call__() takes 2 positional arguments but 3 were "
                 f"given; {keywords} are keyword-only (pass them by name, "
                 f"e.g. values=...)")
@@ -246,10 +254,11 @@ def test_constructors_and_loaders_ask_for_keywords():
          r"given; bias, dtype, seed are keyword-only \(pass them by name, "
          r"e\.g\. bias=\.\.\.\)$"),
         (lambda: ac.GeneralAttention(HQ, H, np.float32),
-         r"^GeneralAttention\(\) takes 2 .*; dtype, seed are keyword-only"),
+         r"^GeneralAttention\(\) takes 2 .*; dropout, dtype, seed are "
+         r"keyword-only"),
         (lambda: ac.DotAttention(0.5),
          r"^DotAttention\(\) takes 0 positional arguments but 1 was given; "
-         r"scale, dtype are keyword-only"),
+         r"scale, dropout, seed, dtype are keyword-only"),
         # checked before the PyTorch layers are looked at
         (lambda: ac.AdditiveAttention.from_torch(None, None, H, np.float32),
          r"^AdditiveAttention\.from_torch\(\) takes 3 .*; dtype is "
@@ -406,7 +415,8 @@ def test_adam_training_reduces_the_loss(kind):
     args["query"] = rng.standard_normal((16, TQ, HQ))
     args["keys"] = rng.standard_normal((16, T, H))
     args["values"] = rng.standard_normal((16, T, HV))
-    args["mask"] = np.broadcast_to(args["mask"][0], (16, TQ, T))
+    args["attn_mask"] = args["attn_mask"][0]      # broadcast
+
     teacher = make_layer(kind, seed=11)
     teacher.W *= 6
     target = teacher(**args)
@@ -528,3 +538,161 @@ def test_from_torch_rejects_wrong_shapes():
         ac.AdditiveAttention.from_d2l(torch.nn.Linear(H, A),
                                       torch.nn.Linear(HQ, A),
                                       torch.nn.Linear(3, 1))
+
+
+# --------------------------------------------------------------------------
+# Section 5: key mask, attn_mask, causal, bias, dropout, return_weights
+
+
+def sec5_args(kind, rng, dtype=np.float64):
+    """A call with every section 5 argument the layer takes: a key mask, a
+    shared per-query mask, causal, and (dot, general) a bias broadcast over
+    the batch with a row of -inf (a query that sees no key)."""
+    args, _ = inputs(kind, 21, several=True, dtype=dtype)
+    args["attn_mask"] = rng.random((TQ, T)) < 0.8
+    args["causal"] = True
+    if kind != "additive":
+        bias = rng.standard_normal((1, TQ, T)).astype(dtype)
+        bias[0, 2] = -np.inf
+        args["bias"] = bias
+    return args
+
+
+def function_call(kind, layer, args, **extra):
+    fn = getattr(ac, f"{kind}_attention")
+    weights = ((layer.W, layer.v) if kind == "additive" else
+               (layer.W,) if kind == "general" else ())
+    opts = ({"b": layer.b} if kind == "additive" else
+            {"scale": layer.scale} if kind == "dot" else {})
+    q, k = args["query"], args["keys"]
+    kw = {n: x for n, x in args.items() if n not in ("query", "keys")}
+    return fn(q, k, *weights, **kw, **opts, **extra), (
+        lambda g, *saved, **more: getattr(ac, f"{kind}_attention_backward")(
+            g, q, k, *weights, *saved, **kw, **opts, **more))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_section5_arguments_equal_the_functions(kind):
+    rng = np.random.default_rng(20)
+    layer = make_layer(kind)
+    args = sec5_args(kind, rng)
+    out = layer(**args)
+    (ref_out, alpha), backward = function_call(kind, layer, args)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(layer.attention_weights, alpha)
+    g = rng.standard_normal(out.shape)
+    ga = rng.standard_normal(alpha.shape)
+    grads = layer.backward(g, grad_alpha=ga)
+    ref = backward(g, alpha, grad_alpha=ga)
+    for name in ("query", "keys", "values"):
+        np.testing.assert_array_equal(getattr(grads, name),
+                                      getattr(ref, name))
+    if kind == "additive":
+        assert grads.bias is None
+    else:
+        assert grads.bias.shape == (1, TQ, T)
+        np.testing.assert_array_equal(grads.bias, ref.bias)
+        assert not grads.bias[0, 2].any()       # the query that sees none
+        assert not out[:, 2].any()
+
+
+@pytest.mark.parametrize("kind", ["dot", "general"])
+def test_return_weights_false_keeps_out_and_lse(kind):
+    rng = np.random.default_rng(22)
+    layer = make_layer(kind)
+    args = sec5_args(kind, rng)
+    out = layer(**args, return_weights=False)
+    assert layer.attention_weights is None
+    (ref_out, lse), backward = function_call(kind, layer, args,
+                                             return_weights=False)
+    np.testing.assert_array_equal(out, ref_out)
+    g = rng.standard_normal(out.shape)
+    grads = layer.backward(g)
+    ref = backward(g, out=ref_out, lse=lse)
+    for name in ("query", "keys", "values", "bias"):
+        np.testing.assert_array_equal(getattr(grads, name),
+                                      getattr(ref, name))
+    # Within rounding of the stored-weights path.
+    with_weights = make_layer(kind)
+    np.testing.assert_allclose(with_weights(**args), out, rtol=1e-12,
+                               atol=1e-12)
+    g2 = with_weights.backward(g)
+    for name in ("query", "keys", "values", "bias"):
+        np.testing.assert_allclose(getattr(g2, name), getattr(grads, name),
+                                   rtol=1e-10, atol=1e-12)
+    if kind == "general":
+        np.testing.assert_allclose(with_weights.grads()["W"],
+                                   layer.grads()["W"], rtol=1e-10)
+    with pytest.raises(ValueError, match="return_weights=True"):
+        layer.backward(g, grad_alpha=np.ones((B, TQ, T)))
+
+
+def test_a_per_query_mask_as_mask_names_attn_mask():
+    layer = make_layer("dot")
+    args, _ = inputs("dot", 23, several=True)
+    args["mask"] = np.tril(np.ones((B, TQ, T), bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        layer(**args)
+
+
+@pytest.mark.parametrize("kind", ["dot", "general"])
+def test_dropout_is_reproducible_and_regenerated_in_backward(kind):
+    """A seed gives the same sequence of keep patterns (a new one per
+    call); the backward uses the forward's; eval() turns dropout off."""
+    rng = np.random.default_rng(24)
+    args = sec5_args(kind, rng)
+    del args["bias"]
+    make = {"dot": lambda: ac.DotAttention(dropout=0.3, seed=5),
+            "general": lambda: ac.GeneralAttention(HQ, H, dropout=0.3,
+                                                   seed=5)}[kind]
+    a, b = make(), make()
+    outs_a = [a(**args) for _ in range(2)]
+    outs_b = [b(**args) for _ in range(2)]
+    np.testing.assert_array_equal(outs_a[0], outs_b[0])
+    np.testing.assert_array_equal(outs_a[1], outs_b[1])
+    assert not np.array_equal(outs_a[0], outs_a[1])   # a new pattern
+    # The seed of the second call, as the layer draws it.
+    draw = np.random.default_rng(5)
+    if kind == "general":
+        draw.uniform(size=(HQ, H))                     # W first
+    seeds = [int(draw.integers(0, 2**63)) for _ in range(2)]
+    (ref_out, alpha), backward = function_call(kind, a, args, dropout=0.3,
+                                               seed=seeds[1])
+    np.testing.assert_array_equal(outs_a[1], ref_out)
+    np.testing.assert_array_equal(a.attention_weights, alpha)   # pre-drop
+    g = rng.standard_normal(ref_out.shape)
+    grads = a.backward(g)
+    ref = backward(g, alpha, dropout=0.3, seed=seeds[1])
+    np.testing.assert_array_equal(grads.query, ref.query)
+    np.testing.assert_array_equal(grads.keys, ref.keys)
+    np.testing.assert_array_equal(grads.values, ref.values)
+    # eval: no dropout, the plain function
+    assert a.eval() is a and not a.training
+    (plain, _), _ = function_call(kind, a, args)
+    np.testing.assert_array_equal(a(**args), plain)
+    assert a.train().training
+    assert not np.array_equal(a(**args), plain)
+
+
+def test_dropout_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="dropout"):
+        ac.DotAttention(dropout=1.0)
+    with pytest.raises(ValueError, match="dropout"):
+        ac.GeneralAttention(HQ, H, dropout=-0.1)
+    assert "dropout=0.1" in repr(ac.DotAttention(dropout=0.1))
+
+
+def test_bias_gradient_matches_finite_differences():
+    rng = np.random.default_rng(25)
+    args, _ = inputs("dot", 26, several=True)
+    bias = rng.standard_normal((TQ, T))
+    layer = make_layer("dot")
+    G = rng.standard_normal((B, TQ, HV))
+
+    def loss():
+        return float((layer(**args, bias=bias, causal=True) * G).sum())
+
+    loss()
+    grads = layer.backward(G)
+    num = numerical_grad(loss, bias)
+    assert rel_err(grads.bias, num) <= 1e-6

@@ -40,3 +40,13 @@ assert_type(acd.dot_attention_backward(out, h, h, alpha),
 out, alpha = acd.general_attention(query, h, rng.standard_normal((3, 4)))
 assert_type(acd.general_attention_backward(out, query, h, Wa[:, :4], alpha),
             acd.GeneralAttentionGrads)
+# Section 5: return_weights=False gives (out, lse); the backward takes
+# out= and lse=, and its tuple has the bias's gradient.
+x = da.from_array(rng.standard_normal((6, 5, 4)), chunks=(2, 5, 4))
+out, lse = acd.dot_attention(x, x, causal=True, bias=np.zeros((5, 5)),
+                             return_weights=False)
+dg = acd.dot_attention_backward(out, x, x, out=out, lse=lse, causal=True,
+                                bias=np.zeros((5, 5)))
+assert_type(dg.bias, da.Array | None)
+gg = acd.general_attention_backward(out, x, x, Wa[:, :4], out=out, lse=lse)
+assert_type(gg.bias, da.Array | None)
