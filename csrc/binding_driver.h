@@ -1205,9 +1205,10 @@ static int make_view(Call *c, int i, int contiguous, att_view *v,
     npy_intp want[NPY_MAXDIMS + MAX_AXES], st[NPY_MAXDIMS + MAX_AXES];
     npy_intp cst[NPY_MAXDIMS], item = PyArray_ITEMSIZE(x);
     int nt = view_target(c, i, want), nd = PyArray_NDIM(x);
-    for (int k = nd - 1, run = 1; k >= 0; k--) {   /* C-contiguous */
+    npy_intp run = 1;
+    for (int k = nd - 1; k >= 0; k--) {          /* C-contiguous */
         cst[k] = run;
-        run *= (int)PyArray_DIM(x, k);
+        run *= PyArray_DIM(x, k);
     }
     for (int k = 0; k < nt; k++) {     /* aligned: strides / item */
         int xk = k - (nt - nd);
