@@ -85,7 +85,7 @@ def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config(file: IO[str] | None = None) -> dict[str, Any]: ...
 
-# The attention family (docs/contract.md section 4)
+# The attention family (docs/contract.md sections 4 and 5)
 
 class AdditiveAttentionGrads(NamedTuple):
     query: _Array
@@ -99,90 +99,96 @@ class DotAttentionGrads(NamedTuple):
     query: _Array
     keys: _Array
     values: _Array | None
+    bias: _Array | None
 
 class GeneralAttentionGrads(NamedTuple):
     query: _Array
     keys: _Array
     values: _Array | None
     W: _Array
+    bias: _Array | None
+
+_Opt = npt.ArrayLike | None
 
 def additive_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
-    v: npt.ArrayLike, *, b: npt.ArrayLike | None = None, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
+    v: npt.ArrayLike, *, b: _Opt = None, mask: _Mask = None,
+    attn_mask: _Mask = None, causal: bool = False, values: _Opt = None,
+    key_proj: _Opt = None,
 ) -> tuple[_Array, _Array]: ...
 @overload
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: Literal[False] = False,
+    *, b: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: Literal[False] = False,
 ) -> AdditiveAttentionGrads: ...
 @overload
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: Literal[True],
+    *, b: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: Literal[True],
 ) -> tuple[AdditiveAttentionGrads, _Array]: ...
 @overload
 def additive_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
     W: npt.ArrayLike, v: npt.ArrayLike, alpha: npt.ArrayLike,
-    *, b: npt.ArrayLike | None = None, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: bool = ...,
+    *, b: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: bool = ...,
 ) -> AdditiveAttentionGrads | tuple[AdditiveAttentionGrads, _Array]: ...
+
+# return_weights=True returns (out, alpha), False (out, lse): both arrays.
 def dot_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, *, mask: _Mask = None,
-    values: npt.ArrayLike | None = None, scale: float | None = None,
+    attn_mask: _Mask = None, causal: bool = False, bias: _Opt = None,
+    dropout: float = 0.0, seed: int | None = None, values: _Opt = None,
+    scale: float | None = None, return_weights: bool = True,
 ) -> tuple[_Array, _Array]: ...
 def dot_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    alpha: npt.ArrayLike, *, mask: _Mask = None,
-    values: npt.ArrayLike | None = None, scale: float | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
+    alpha: _Opt = None, *, out: _Opt = None, lse: _Opt = None,
+    mask: _Mask = None, attn_mask: _Mask = None, causal: bool = False,
+    bias: _Opt = None, dropout: float = 0.0, seed: int | None = None,
+    values: _Opt = None, scale: float | None = None,
+    grad_alpha: _Opt = None,
 ) -> DotAttentionGrads: ...
 def general_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
-    *, mask: _Mask = None, values: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
+    *, mask: _Mask = None, attn_mask: _Mask = None, causal: bool = False,
+    bias: _Opt = None, dropout: float = 0.0, seed: int | None = None,
+    values: _Opt = None, key_proj: _Opt = None,
+    return_weights: bool = True,
 ) -> tuple[_Array, _Array]: ...
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: Literal[False] = False,
+    W: npt.ArrayLike, alpha: _Opt = None, *, out: _Opt = None,
+    lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
+    seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: Literal[False] = False,
 ) -> GeneralAttentionGrads: ...
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: Literal[True],
+    W: npt.ArrayLike, alpha: _Opt = None, *, out: _Opt = None,
+    lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
+    seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: Literal[True],
 ) -> tuple[GeneralAttentionGrads, _Array]: ...
 @overload
 def general_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
-    W: npt.ArrayLike, alpha: npt.ArrayLike, *, mask: _Mask = None,
-    values: npt.ArrayLike | None = None,
-    grad_alpha: npt.ArrayLike | None = None,
-    key_proj: npt.ArrayLike | None = None,
-    stop_at_key_proj: bool = ...,
+    W: npt.ArrayLike, alpha: _Opt = None, *, out: _Opt = None,
+    lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+    causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
+    seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
+    key_proj: _Opt = None, stop_at_key_proj: bool = ...,
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,

@@ -2,9 +2,11 @@
 
 Computes context-pooled attention on a random masked batch, shows one
 sequence's weights and output, checks the C kernels and their gradients
-(the layer and the three scores of the attention family) against the plain
-NumPy reference in float32 and float64, and times the fused C layer against
-the reference.  Exits with status 1 if a check fails.
+(the layer, the three scores of the attention family with masks and
+causal attention, and the streamed self-attention path with bias and
+dropout) against the plain NumPy reference in float32 and float64, and
+times the fused C layer against the reference.  Exits with status 1 if a
+check fails.
 """
 
 import argparse
@@ -53,8 +55,8 @@ def check(rng, dtype):
 
 def check_family(rng, dtype):
     """Max normwise errors of the three family scores (several queries,
-    per-query causal mask with a fully masked query, values) vs reference;
-    each score's forward and every gradient."""
+    a key mask, a per-query mask with a fully masked query, causal,
+    values) vs reference; each score's forward and every gradient."""
     B, Tq, T, H, Hq, Hv, A = 3, 5, 7, 6, 4, 3, 5
     q, k, vals = (rng.standard_normal(s) for s in
                   ((B, Tq, Hq), (B, T, H), (B, T, Hv)))
@@ -62,8 +64,9 @@ def check_family(rng, dtype):
     Wadd, v, b = (rng.standard_normal((A, H + Hq)) / 3,
                   rng.standard_normal(A), rng.standard_normal(A))
     Wgen = rng.standard_normal((Hq, H)) / 3
-    mask = np.tril(np.ones((B, Tq, T), bool), 1)
-    mask[0, 2] = False                             # a query with no key
+    mask = np.arange(T) < np.array([[T], [T], [4]])   # padded keys
+    attn_mask = rng.random((B, Tq, T)) < 0.8
+    attn_mask[0, 2] = False                        # a query with no key
     go, ga = rng.standard_normal((B, Tq, Hv)), rng.standard_normal((B, Tq, T))
     calls = {
         "additive": ((q, k, Wadd, v), "additive_attention",
@@ -73,27 +76,76 @@ def check_family(rng, dtype):
         "general": ((q, k, Wgen), "general_attention",
                     lambda a, x: (x[3], x[0], x[1], x[2], a)),
     }
+    visibility = dict(mask=mask, attn_mask=attn_mask, causal=True)
     errors = {}
     for score, (args, fn, bwd_args) in calls.items():
         cast = tuple(x.astype(dtype) for x in args)
-        extra = dict(mask=mask, values=vals.astype(dtype))
+        extra = dict(values=vals.astype(dtype))
         if score == "additive":
             extra["b"] = b.astype(dtype)
-        out, alpha = getattr(ac, fn)(*cast, **extra)
+        out, alpha = getattr(ac, fn)(*cast, **extra, **visibility)
         grads = getattr(ac, fn + "_backward")(
             *bwd_args(alpha, cast + (go.astype(dtype),)),
-            grad_alpha=ga.astype(dtype), **extra)
+            grad_alpha=ga.astype(dtype), **extra, **visibility)
         f64 = tuple(x.astype(np.float64) for x in cast)
-        r_extra = {name: x.astype(np.float64) if name != "mask" else x
-                   for name, x in extra.items()}
-        r_out, r_alpha = getattr(ref, fn)(*f64, **r_extra)
+        r_extra = {name: x.astype(np.float64) for name, x in extra.items()}
+        r_out, r_alpha = getattr(ref, fn)(*f64, **r_extra, **visibility)
         r_grads = getattr(ref, fn + "_backward")(
             *bwd_args(r_alpha, f64 + (go.astype(dtype).astype(np.float64),)),
-            grad_alpha=ga.astype(dtype).astype(np.float64), **r_extra)
+            grad_alpha=ga.astype(dtype).astype(np.float64), **r_extra,
+            **visibility)
         fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
-        bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads))
+        bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads)
+                  if r is not None)
         ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype] and out.dtype == dtype
-              and np.all(alpha[0, 2] == 0) and np.all(grads.query[0, 2] == 0))
+              and np.all(alpha[0, 2] == 0) and np.all(grads.query[0, 2] == 0)
+              and np.all(alpha[2, :, 4:] == 0))
+        errors[score] = (fwd, bwd, ok)
+    return errors
+
+
+def check_streamed(rng, dtype):
+    """Max normwise errors of the streamed path of the dot and general
+    scores (return_weights=False: out and lse; the backward from out= and
+    lse=) vs reference, on causal self-attention with a key mask, a float
+    bias whose -inf leaves query 0 no visible key, and dropout; and its
+    out against the stored-weights path's."""
+    B, T, H, Hv = 3, 9, 6, 4
+    x, vals = rng.standard_normal((B, T, H)), rng.standard_normal((B, T, Hv))
+    Wgen = rng.standard_normal((H, H)) / 3
+    bias = rng.standard_normal((T, T))       # one (T, T) bias for the batch
+    bias[0, 0] = -np.inf                     # query 0 (causal) sees key 0 only
+    go = rng.standard_normal((B, T, Hv)).astype(dtype)
+    common = dict(mask=np.arange(T) < np.array([[T], [T], [6]]),
+                  causal=True, dropout=0.25, seed=2024)
+    calls = {"dot": ((x, x), "dot_attention"),
+             "general": ((x, x, Wgen), "general_attention")}
+    errors = {}
+    for score, (args, fn) in calls.items():
+        cast = tuple(a.astype(dtype) for a in args)
+        extra = dict(common, bias=bias.astype(dtype),
+                     values=vals.astype(dtype))
+        out, lse = getattr(ac, fn)(*cast, return_weights=False, **extra)
+        out_w, _ = getattr(ac, fn)(*cast, **extra)       # stored weights
+        grads = getattr(ac, fn + "_backward")(go, *cast, out=out, lse=lse,
+                                              **extra)
+        f64 = tuple(a.astype(np.float64) for a in cast)
+        r_extra = dict(common, bias=bias.astype(dtype).astype(np.float64),
+                       values=vals.astype(dtype).astype(np.float64))
+        r_out, r_lse = getattr(ref, fn)(*f64, return_weights=False,
+                                        **r_extra)
+        r_grads = getattr(ref, fn + "_backward")(
+            go.astype(np.float64), *f64, out=r_out, lse=r_lse, **r_extra)
+        seen = np.isfinite(r_lse)
+        fwd = max(rel_err(out, r_out), rel_err(lse[seen], r_lse[seen]),
+                  rel_err(out_w, out))
+        bwd = max(rel_err(g, r) for g, r in zip(grads, r_grads)
+                  if r is not None)
+        ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype] and out.dtype == dtype
+              and lse.shape == (B, T) and grads.bias.shape == (T, T)
+              and np.array_equal(np.isfinite(lse), seen)
+              and not seen[:, 0].any()
+              and np.all(out[:, 0] == 0) and np.all(grads.query[:, 0] == 0))
         errors[score] = (fwd, bwd, ok)
     return errors
 
@@ -152,9 +204,18 @@ def main(argv=None):
         print(f"  {np.dtype(dtype).name:8s} forward {fwd:.1e}  "
               f"gradients {bwd:.1e}  (tolerance {TOL[dtype]:.0e})  "
               f"{'ok' if ok else 'FAILED'}")
-    print("the attention family (several queries, causal mask, values):")
+    print("the attention family (several queries, key mask, attn_mask, "
+          "causal, values):")
     for dtype in (np.float32, np.float64):
         for score, (fwd, bwd, ok) in check_family(rng, dtype).items():
+            all_ok &= ok
+            print(f"  {score:8s} {np.dtype(dtype).name:8s} forward "
+                  f"{fwd:.1e}  gradients {bwd:.1e}  "
+                  f"{'ok' if ok else 'FAILED'}")
+    print("self-attention, streamed (return_weights=False, backward from "
+          "out and lse;\n  causal, key mask, bias with -inf, dropout):")
+    for dtype in (np.float32, np.float64):
+        for score, (fwd, bwd, ok) in check_streamed(rng, dtype).items():
             all_ok &= ok
             print(f"  {score:8s} {np.dtype(dtype).name:8s} forward "
                   f"{fwd:.1e}  gradients {bwd:.1e}  "

@@ -40,10 +40,12 @@ Examples
 
 def add_newdoc(name, doc, grads=None, shapes=False):
     """attention_c.<name>: _core's function with docstring ``doc`` (with
-    the family's shapes for ``{shapes}``) and, for a backward, its
-    gradients as the named tuple ``grads``."""
+    shapes=True, ``{shapes}``, ``{masks}``, ... replaced by the pieces of
+    _DOCS, defined with the family) and, for a backward, its gradients as
+    the named tuple ``grads``."""
     if shapes:
-        doc = doc.replace("{shapes}", _FAMILY_SHAPES)
+        for key, text in _DOCS.items():
+            doc = doc.replace("{" + key + "}", text)
     return _core._publish(name, doc, grads)
 
 
@@ -373,8 +375,10 @@ Gradients of the whole layer (docs/contract.md section 2) in one call.
 
 
 # --------------------------------------------------------------------------
-# The attention family (docs/contract.md section 4): a query scored against
-# keys, masked softmax, weighted sum of values.
+# The attention family (docs/contract.md sections 4 and 5): a query scored
+# against keys, masked softmax, weighted sum of values; for the dot and
+# general scores also a float bias, dropout and a streamed path that never
+# forms the weights.
 
 AdditiveAttentionGrads = namedtuple(
     "AdditiveAttentionGrads", ["query", "keys", "values", "W", "v", "b"])
@@ -416,6 +420,9 @@ query : ndarray, the shape of ``query``
 keys : ndarray (..., T, H)
     Includes the values' share when the keys are the values.
 values : ndarray (..., T, Hv), or None when no values were given
+bias : ndarray, the shape of ``bias``, or None when no bias was given
+    ``dL/ds``, summed over the axes along which the bias was broadcast;
+    0 where a key was invisible.
 
 Examples
 --------
@@ -423,11 +430,14 @@ Examples
 >>> rng = np.random.default_rng(0)
 >>> q, k = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 7, 4))
 >>> vals = rng.standard_normal((2, 7, 5))
->>> out, alpha = ac.dot_attention(q, k, values=vals)
+>>> bias = np.zeros((3, 7))                     # shared by both sequences
+>>> out, alpha = ac.dot_attention(q, k, values=vals, bias=bias)
 >>> g = ac.dot_attention_backward(np.ones_like(out), q, k, alpha,
-...                               values=vals)
->>> g.query.shape, g.keys.shape, g.values.shape
-((2, 3, 4), (2, 7, 4), (2, 7, 5))
+...                               values=vals, bias=bias)
+>>> g._fields
+('query', 'keys', 'values', 'bias')
+>>> g.query.shape, g.keys.shape, g.values.shape, g.bias.shape
+((2, 3, 4), (2, 7, 4), (2, 7, 5), (3, 7))
 """
 
 GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
@@ -442,6 +452,8 @@ keys : ndarray (..., T, H)
     Includes the values' share when the keys are the values.
 values : ndarray (..., T, Hv), or None when no values were given
 W : ndarray (Hq, H), summed over the batch and the queries
+bias : ndarray, the shape of ``bias``, or None when no bias was given
+    Summed over the axes along which the bias was broadcast.
 
 Examples
 --------
@@ -451,28 +463,137 @@ Examples
 >>> W = rng.standard_normal((3, 4))
 >>> out, alpha = ac.general_attention(q, k, W)
 >>> g = ac.general_attention_backward(np.ones_like(out), q, k, W, alpha)
->>> g.query.shape, g.keys.shape, g.values, g.W.shape
-((2, 3), (2, 7, 4), None, (3, 4))
+>>> g._fields
+('query', 'keys', 'values', 'W', 'bias')
+>>> g.query.shape, g.keys.shape, g.values, g.W.shape, g.bias
+((2, 3), (2, 7, 4), None, (3, 4), None)
 """
 
-_FAMILY_SHAPES = """
+# Pieces shared by several docstrings, substituted by add_newdoc.
+_DOCS = {}
+
+_DOCS["shapes"] = """
     Shapes (any leading batch axes ``...``; heads are one more of them):
 
     - ``query``: (..., Hq) for one query per sequence, or (..., Tq, Hq) for
       several (when ``query.ndim == keys.ndim``);
     - ``keys``: (..., T, H); ``values``: (..., T, Hv), default the keys;
-    - ``mask``: bool, True = valid key; (..., T) for every query, or
-      (..., Tq, T) per query, only with several queries (it is per query
-      when ``mask.ndim == keys.ndim``).  Its leading axes may be 1 and
-      broadcast, e.g. a causal mask ``np.tril(np.ones((1, Tq, T), bool))``
-      for keys (B, T, H);
     - ``alpha``: (..., T) or (..., Tq, T); ``out``: (..., Hv) or
       (..., Tq, Hv).
 
-    Masked keys get exactly 0 weight and 0 gradient; a query with no valid
-    key gets ``alpha = 0``, ``out = 0`` and zero gradients (never NaN).
-    Keys masked for every query, and queries with no valid key, are
-    padding: a NaN there reaches no result.
+    The keys a query sees are those allowed by all of ``mask`` (per key),
+    ``attn_mask`` (per query and key) and ``causal``.  Invisible keys get
+    exactly 0 weight and 0 gradient; a query with no visible key gets
+    ``alpha = 0``, ``out = 0`` and zero gradients (never NaN, nor the
+    uniform weights of some libraries).  Keys invisible to every query,
+    and queries with no visible key, are padding: a NaN there reaches no
+    result.  Masks (and ``bias``) broadcast against the leading axes of
+    ``query`` and ``keys`` by NumPy rules and are read in place: one
+    (Tq, T) mask serves every sequence and head without a copy.
+"""
+
+_DOCS["masks"] = """\
+    mask : array_like of bool (..., T), optional
+        The key mask, the same for every query: True = valid key.  This is
+        its only form; a mask with a query axis, (..., Tq, T), is refused
+        (ValueError): pass it as ``attn_mask``.
+    attn_mask : array_like of bool, optional
+        A mask per query, broadcastable by NumPy rules to (..., Tq, T):
+        True = query i may attend to key t.  ``np.tril(np.ones((Tq, T),
+        bool))`` serves any batch shape.  Only with several queries.  It
+        must be boolean: for a float mask use ``bias``; PyTorch's boolean
+        masks mean True = masked, the opposite of ours (pass ``~m``).
+    causal : bool, optional
+        Key t is visible to query i iff ``t <= i + (T - Tq)``, aligned at
+        the bottom right: ``np.tril`` when Tq == T, and Tq new queries
+        appended to a cache of T - Tq keys see the whole cache.  No mask
+        array is formed.  Only with several queries.  Default False.
+"""
+
+_DOCS["bias_dropout"] = """\
+    bias : array_like of float, optional
+        Broadcastable to (..., Tq, T) ((..., T) for one query per
+        sequence): added to the scores (after ``scale``) before the
+        softmax, e.g. ALiBi, relative positions, or PyTorch's float
+        ``attn_mask``.  ``-inf`` is allowed and hides the key; a query
+        whose visible keys all have ``-inf`` has no visible key.
+    dropout : float, optional
+        Rate p, 0 <= p < 1, of dropout on the weights:
+        ``out_i = sum_t alpha_it keep_it / (1 - p) val_t``.  The returned
+        ``alpha`` is the weights before dropout.  Default 0.
+    seed : int, optional
+        0 <= seed < 2**64; required when ``dropout > 0``.  ``keep_it`` is
+        a function of (seed, sequence, i, t) only (see Notes): the same
+        for any thread count, regenerated by the backward, never stored.
+"""
+
+_DOCS["return_weights"] = """\
+    return_weights : bool, optional
+        Default True: return the weights ``alpha``.  False: return
+        ``lse`` instead, and never form the (..., Tq, T) weights (keys
+        are streamed block by block with an online softmax; the memory is
+        ``lse`` plus a few blocks per thread).  The results agree within
+        rounding.
+"""
+
+_DOCS["returns"] = """\
+    Returns
+    -------
+    out : ndarray (..., Hv) or (..., Tq, Hv)
+    alpha : ndarray (..., T) or (..., Tq, T)
+        With ``return_weights=True``: the weights, before dropout.
+    lse : ndarray (...) or (..., Tq)
+        With ``return_weights=False``, in place of ``alpha``:
+        ``lse_i = log sum_t exp(s_it)`` over the visible keys (scale and
+        bias included), ``-inf`` for a query with no visible key.  Give
+        it with ``out`` to the backward.
+"""
+
+_DOCS["philox"] = """\
+    Notes
+    -----
+    Dropout keeps key t for query i of the sequence of flat index b (the
+    row-major index in the broadcast leading shape of ``out``) when
+    ``u >= floor(p 2**32)``, with u the word ``t & 3`` of Philox4x32-10
+    (Salmon et al. 2011, as in Random123 and cuRAND) on the counter
+    ``(t >> 2, i, b mod 2**32, b >> 32)`` with the key
+    ``(seed mod 2**32, seed >> 32)``; i = 0 for one query per sequence.
+    The pattern depends on nothing else (not the threads, the blocking,
+    the SIMD path or the dtype), so a run is reproducible from its seed,
+    and ``attention_c.reference.dropout_keep(seed, p, b, Tq, T)`` gives
+    the same bits in NumPy.
+"""
+
+_DOCS["backward_state"] = """\
+    alpha : array_like, the forward's ``alpha``, optional
+        The weights of a ``return_weights=True`` forward.  Either
+        ``alpha`` or ``out=`` and ``lse=``.
+    out : array_like, the shape of ``out``, optional
+        The forward's ``out``, with ``lse``: the backward recomputes the
+        weights block by block, ``P_it = exp(s_it - lse_i)``, and never
+        forms the (..., Tq, T) weights.
+    lse : array_like, optional
+        The ``lse`` of a ``return_weights=False`` forward; needs ``out``,
+        and refuses ``alpha`` and ``grad_alpha``.
+"""
+
+_DOCS["backward_args"] = """\
+    mask, attn_mask, causal, bias, dropout, seed
+        As given to the forward: the same seed regenerates the same keep
+        pattern.
+    grad_alpha : array_like, the shape of ``alpha``, optional
+        Gradient of the loss with respect to ``alpha``; only with
+        ``alpha``.
+"""
+
+_DOCS["backward_formulas"] = """
+    With ``g_i = dL/dout_i``, ``P_it`` the weights (``alpha``, or
+    ``exp(s_it - lse_i)`` on the visible keys, recomputed from ``lse``),
+    ``gamma_it = (g_i . val_t) keep_it / (1 - p) (+ grad_alpha_it)`` and
+    ``D_i = g_i . out_i`` (given ``out``) or ``sum_t P_it gamma_it``
+    (given ``alpha``): ``delta_it = dL/ds_it = P_it (gamma_it - D_i)``,
+    ``dval_t = sum_i P_it keep_it / (1 - p) g_i``, and ``dbias`` is
+    ``delta`` summed back to the shape of ``bias``.
 """
 
 
@@ -483,7 +604,9 @@ Additive (Bahdanau, Luong "concat") attention of queries over keys.
     softmax of s_i``, ``out_i = sum_t alpha_it val_t``, with
     ``W = [W_k | W_q]``.  ``W_k k_t`` is computed once per key and
     ``W_q q_i + b`` once per query; the (..., Tq, T, A) activations are
-    streamed, never stored.
+    streamed, never stored.  The additive score takes no ``bias``,
+    ``dropout`` or ``return_weights`` (those are for the dot and general
+    scores).
     {shapes}
     Parameters
     ----------
@@ -495,7 +618,8 @@ Additive (Bahdanau, Luong "concat") attention of queries over keys.
         query.
     v : array_like (A,)
     b : array_like (A,), optional
-    mask : array_like of bool (..., T) or (..., Tq, T), optional
+        The bias of the hidden layer (not a bias of the scores).
+{masks}\
     values : array_like (..., T, Hv), optional
         Default: the keys.
     key_proj : array_like (..., T, A), optional
@@ -518,6 +642,17 @@ Additive (Bahdanau, Luong "concat") attention of queries over keys.
     >>> out, alpha = ac.additive_attention(query, keys, W, v)
     >>> out.shape, alpha.shape
     ((2, 4), (2, 7))
+
+    Self-attention with a causal mask, and keys 5 and 6 of the second
+    sequence padding:
+
+    >>> x = rng.standard_normal((2, 7, 4))
+    >>> W = rng.standard_normal((5, 4 + 4))
+    >>> lengths = np.array([[7], [5]])
+    >>> out, alpha = ac.additive_attention(x, x, W, v, causal=True,
+    ...                                    mask=np.arange(7) < lengths)
+    >>> bool(alpha[0, 2, 3:].any()), bool(alpha[1, 6, 5:].any())
+    (False, False)
     """, shapes=True)
 
 
@@ -534,7 +669,7 @@ Gradients of :func:`additive_attention` in one call.
     Parameters
     ----------
     grad_out : array_like, the shape of ``out``
-    query, keys, W, v, b, mask, values, key_proj
+    query, keys, W, v, b, mask, attn_mask, causal, values, key_proj
         As given to :func:`additive_attention`.
     alpha : array_like, the shape of the forward's ``alpha``
     grad_alpha : array_like, the shape of ``alpha``, optional
@@ -581,41 +716,82 @@ Gradients of :func:`additive_attention` in one call.
     >>> dkeys, dW = ac.project_keys_backward(total, keys, W)   # once
     >>> dkeys.shape, dW.shape, grad_q[0].shape
     ((2, 7, 4), (5, 7), (2, 3))
-    """, AdditiveAttentionGrads)
+
+    With a causal mask, a query's gradient has no share of later keys:
+
+    >>> x = rng.standard_normal((2, 7, 4)); W = rng.standard_normal((5, 8))
+    >>> out, alpha = ac.additive_attention(x, x, W, v, causal=True)
+    >>> g = ac.additive_attention_backward(np.ones_like(out), x, x, W, v,
+    ...                                    alpha, causal=True)
+    >>> g.query.shape, g.W.shape
+    ((2, 7, 4), (5, 8))
+    """, AdditiveAttentionGrads, shapes=True)
 
 
 dot_attention = add_newdoc("dot_attention", """\
-Dot-product (Luong "dot", scaled dot) attention.
+Dot-product (Luong "dot", scaled dot) attention, self-attention at scale.
 
-    ``s_it = scale q_i . k_t`` (Hq = H), ``alpha_i = masked softmax of
-    s_i``, ``out_i = sum_t alpha_it val_t``.  With several queries the
-    scores and the weighted sum are matrix products (``Q K^T``,
-    ``alpha V``) on the blocked product core.
+    ``s_it = scale q_i . k_t + bias_it`` (Hq = H), ``alpha_i = masked
+    softmax of s_i``, ``out_i = sum_t alpha_it val_t``.  With several
+    queries the scores and the weighted sum are matrix products
+    (``Q K^T``, ``alpha V``) on the blocked product core; with
+    ``return_weights=False`` they are streamed block by block (online
+    softmax, as FlashAttention), and with ``causal`` the blocks that no
+    query can see are skipped.
     {shapes}
     Parameters
     ----------
     query : array_like (..., H) or (..., Tq, H)
     keys : array_like (..., T, H)
-    mask : array_like of bool (..., T) or (..., Tq, T), optional
+{masks}{bias_dropout}\
     values : array_like (..., T, Hv), optional
         Default: the keys.
     scale : float, optional
         Default ``1/sqrt(H)``, as ``torch.nn.functional.
         scaled_dot_product_attention``; 1 gives Luong's "dot".
-
-    Returns
-    -------
-    out : ndarray (..., Hv) or (..., Tq, Hv)
-    alpha : ndarray (..., T) or (..., Tq, T)
-
+{return_weights}
+{returns}
+{philox}
     Examples
     --------
     >>> import numpy as np, attention_c as ac
-    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
-    >>> causal = np.tril(np.ones((1, 6, 6), bool))         # (1, Tq, T)
-    >>> out, alpha = ac.dot_attention(x, x, mask=causal)   # self-attention
+    >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))  # B, T, H
+    >>> out, alpha = ac.dot_attention(x, x, causal=True)   # self-attention
     >>> out.shape, bool(alpha[0, 0, 1] == 0)
     ((4, 6, 8), True)
+    >>> tril = np.tril(np.ones((6, 6), bool))     # (Tq, T) for every batch
+    >>> bool(np.allclose(ac.dot_attention(x, x, attn_mask=tril)[0], out))
+    True
+
+    The streamed path gives ``lse`` instead of the weights:
+
+    >>> out2, lse = ac.dot_attention(x, x, causal=True, return_weights=False)
+    >>> lse.shape, bool(np.allclose(out2, out))
+    ((4, 6), True)
+
+    ``causal`` is aligned at the bottom right: the last 2 queries against
+    all 6 keys (a decoder step with a cache) see 5 and 6 keys:
+
+    >>> _, a = ac.dot_attention(x[:, 4:], x, causal=True)
+    >>> (a[0] > 0).sum(axis=-1)
+    array([5, 6])
+
+    A float bias (here a linear distance penalty, as ALiBi); ``-inf``
+    hides a key:
+
+    >>> i = np.arange(6)
+    >>> bias = -0.5 * np.abs(i[:, None] - i[None, :])
+    >>> bias[:, 0] = -np.inf                             # key 0 for nobody
+    >>> _, a = ac.dot_attention(x, x, bias=bias)
+    >>> bool((a[..., 0] == 0).all())
+    True
+
+    Dropout is a function of its seed:
+
+    >>> o1, _ = ac.dot_attention(x, x, dropout=0.1, seed=42)
+    >>> o2, _ = ac.dot_attention(x, x, dropout=0.1, seed=42)
+    >>> bool((o1 == o2).all())
+    True
     """, shapes=True)
 
 
@@ -623,41 +799,55 @@ dot_attention_backward = add_newdoc("dot_attention_backward", """\
 Gradients of :func:`dot_attention` in one call.
 
     ``dq_i = scale sum_t delta_it k_t``, ``dk_t = scale sum_i delta_it
-    q_i (+ sum_i alpha_it g_i)``, ``dval_t = sum_i alpha_it g_i``.
-
+    q_i (+ dval_t when the values are the keys)``.
+{backward_formulas}
     Parameters
     ----------
     grad_out : array_like, the shape of ``out``
-    query, keys, mask, values, scale
+    query, keys
         As given to :func:`dot_attention`.
-    alpha : array_like, the forward's ``alpha``
-    grad_alpha : array_like, the shape of ``alpha``, optional
+{backward_state}{backward_args}\
+    values, scale
+        As given to the forward.
 
     Returns
     -------
     DotAttentionGrads
-        ``(query, keys, values)``; ``values`` is None when no values were
-        given.
+        ``(query, keys, values, bias)``; ``values`` is None when no values
+        were given, ``bias`` when no bias was.
 
     Examples
     --------
+    From the streamed forward (``out`` and ``lse``), with a bias shared
+    by the batch, whose gradient is summed over it:
+
     >>> import numpy as np, attention_c as ac
     >>> x = np.random.default_rng(0).standard_normal((4, 6, 8))
-    >>> causal = np.tril(np.ones((1, 6, 6), bool))
-    >>> out, alpha = ac.dot_attention(x, x, mask=causal)
-    >>> g = ac.dot_attention_backward(np.ones_like(out), x, x, alpha,
-    ...                               mask=causal)
-    >>> g.query.shape, g.keys.shape, g.values
-    ((4, 6, 8), (4, 6, 8), None)
-    """, DotAttentionGrads)
+    >>> bias = np.zeros((6, 6))
+    >>> out, lse = ac.dot_attention(x, x, causal=True, bias=bias,
+    ...                             return_weights=False)
+    >>> g = ac.dot_attention_backward(np.ones_like(out), x, x, out=out,
+    ...                               lse=lse, causal=True, bias=bias)
+    >>> g.query.shape, g.keys.shape, g.values, g.bias.shape
+    ((4, 6, 8), (4, 6, 8), None, (6, 6))
+
+    From the weights, the same gradients within rounding:
+
+    >>> out, alpha = ac.dot_attention(x, x, causal=True, bias=bias)
+    >>> g2 = ac.dot_attention_backward(np.ones_like(out), x, x, alpha,
+    ...                                causal=True, bias=bias)
+    >>> bool(np.allclose(g.query, g2.query) and np.allclose(g.bias, g2.bias))
+    True
+    """, DotAttentionGrads, shapes=True)
 
 
 general_attention = add_newdoc("general_attention", """\
 General (Luong "general", bilinear) attention.
 
-    ``s_it = q_i . (W_a k_t)``, ``alpha_i = masked softmax of s_i``,
-    ``out_i = sum_t alpha_it val_t``.  ``W_a k_t`` is computed once per
-    key; the scores and the weighted sum are matrix products.
+    ``s_it = q_i . (W_a k_t) + bias_it``, ``alpha_i = masked softmax of
+    s_i``, ``out_i = sum_t alpha_it val_t``.  ``W_a k_t`` is computed once
+    per key; the rest runs as :func:`dot_attention` with ``scale = 1``
+    (matrix products, or the streamed path with ``return_weights=False``).
     {shapes}
     Parameters
     ----------
@@ -666,17 +856,18 @@ General (Luong "general", bilinear) attention.
     W : array_like (Hq, H)
         ``W_a``, the layout of ``torch.nn.Linear(H, Hq, bias=False)
         .weight`` applied to the keys.
-    mask : array_like of bool (..., T) or (..., Tq, T), optional
+{masks}{bias_dropout}\
     values : array_like (..., T, Hv), optional
         Default: the keys.
     key_proj : array_like (..., T, Hq), optional
         ``project_keys(keys, W)``, computed once per sequence (see
         :func:`additive_attention`).  Results are the same as without it.
-
-    Returns
-    -------
-    out : ndarray (..., Hv) or (..., Tq, Hv)
-    alpha : ndarray (..., T) or (..., Tq, T)
+{return_weights}
+{returns}
+    Notes
+    -----
+    Dropout draws the same keep bits as :func:`dot_attention` (see its
+    Notes and ``attention_c.reference.dropout_keep``).
 
     Examples
     --------
@@ -689,6 +880,10 @@ General (Luong "general", bilinear) attention.
     >>> out, alpha = ac.general_attention(query, keys, W, mask=mask)
     >>> out.shape, alpha.shape, bool((alpha[1, :, 4:] == 0).all())
     ((2, 5, 4), (2, 5, 7), True)
+    >>> out2, lse = ac.general_attention(query, keys, W, mask=mask,
+    ...                                  causal=True, return_weights=False)
+    >>> lse.shape
+    (2, 5)
     """, shapes=True)
 
 
@@ -696,15 +891,17 @@ general_attention_backward = add_newdoc("general_attention_backward", """\
 Gradients of :func:`general_attention` in one call.
 
     ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
-    (+ sum_i alpha_it g_i)``, ``dW_a = sum_it delta_it q_i k_t^T``.
-
+    (+ dval_t when the values are the keys)``, ``dW_a = sum_it delta_it
+    q_i k_t^T``.
+{backward_formulas}
     Parameters
     ----------
     grad_out : array_like, the shape of ``out``
-    query, keys, W, mask, values, key_proj
+    query, keys, W
         As given to :func:`general_attention`.
-    alpha : array_like, the forward's ``alpha``
-    grad_alpha : array_like, the shape of ``alpha``, optional
+{backward_state}{backward_args}\
+    values, key_proj
+        As given to the forward.
     stop_at_key_proj : bool, optional
         With ``key_proj``: stop the gradient there and also return it, as
         in :func:`additive_attention_backward`.
@@ -712,8 +909,8 @@ Gradients of :func:`general_attention` in one call.
     Returns
     -------
     GeneralAttentionGrads
-        ``(query, keys, values, W)``; ``values`` is None when no values
-        were given.
+        ``(query, keys, values, W, bias)``; ``values`` is None when no
+        values were given, ``bias`` when no bias was.
     grad_key_proj : ndarray (..., T, Hq)
         Only with ``stop_at_key_proj=True``.
 
@@ -726,9 +923,21 @@ Gradients of :func:`general_attention` in one call.
     >>> out, alpha = ac.general_attention(query, keys, W)
     >>> g = ac.general_attention_backward(np.ones_like(out), query, keys, W,
     ...                                   alpha)
-    >>> g.query.shape, g.keys.shape, g.W.shape
-    ((2, 3), (2, 7, 4), (3, 4))
-    """, GeneralAttentionGrads)
+    >>> g.query.shape, g.keys.shape, g.W.shape, g.bias
+    ((2, 3), (2, 7, 4), (3, 4), None)
+
+    Self-attention with dropout, streamed both ways (the backward
+    regenerates the keep pattern from the seed):
+
+    >>> x = rng.standard_normal((2, 6, 4)); W = rng.standard_normal((4, 4))
+    >>> out, lse = ac.general_attention(x, x, W, causal=True, dropout=0.1,
+    ...                                 seed=7, return_weights=False)
+    >>> g = ac.general_attention_backward(
+    ...     np.ones_like(out), x, x, W, out=out, lse=lse, causal=True,
+    ...     dropout=0.1, seed=7)
+    >>> g.query.shape, g.W.shape
+    ((2, 6, 4), (4, 4))
+    """, GeneralAttentionGrads, shapes=True)
 
 
 project_keys = add_newdoc("project_keys", """\

@@ -155,7 +155,8 @@ def reference_results(case, p):
         for qs, gs in zip(q, G):
             out, a = ref.additive_attention(qs, k, W, v, mask=mask)
             g = ref.additive_attention_backward(gs, qs, k, W, v, a, mask=mask)
-            steps.append({"out": out, "alpha": a, **bf.grad_dict(g)})
+            steps.append({"out": out, "alpha": a,
+                          **bf.grad_dict(g, "additive")})
         return stack_steps(steps)
     if case == "decoder_once":            # gradients summed over the steps
         per_step = reference_results("decoder", p)
@@ -166,13 +167,15 @@ def reference_results(case, p):
         g = ref.additive_attention_backward(G, q, k, W, v, a, mask=mask,
                                             values=vals)
     elif case == "dot":
-        out, a = ref.dot_attention(q, k, mask=mask, values=vals)
-        g = ref.dot_attention_backward(G, q, k, a, mask=mask, values=vals)
+        vis = bf.visibility(case, p)          # causal=True on causal rows
+        out, a = ref.dot_attention(q, k, values=vals, **vis)
+        g = ref.dot_attention_backward(G, q, k, a, values=vals, **vis)
     else:
-        out, a = ref.general_attention(q, k, W, mask=mask, values=vals)
-        g = ref.general_attention_backward(G, q, k, W, a, mask=mask,
-                                           values=vals)
-    return {"out": out, "alpha": a, **bf.grad_dict(g)}
+        vis = bf.visibility(case, p)
+        out, a = ref.general_attention(q, k, W, values=vals, **vis)
+        g = ref.general_attention_backward(G, q, k, W, a, values=vals,
+                                           **vis)
+    return {"out": out, "alpha": a, **bf.grad_dict(g, case)}
 
 
 ODD = {"additive": {"B": 3, "Tq": 5, "T": 17, "H": 3, "A": 7},
@@ -208,6 +211,36 @@ def test_masks_are_the_stated_kinds():
     tri = np.tril(np.ones((size["Tq"], size["T"]), bool))
     assert np.array_equal(p["mask"], np.broadcast_to(tri, p["mask"].shape))
     assert bf.make_problem("general", "full", size)["mask"] is None
+    # Ours is told causal=True where PyTorch gets the explicit mask, a key
+    # mask stays a key mask, and no mask stays none.
+    assert bf.visibility("dot", p) == {"causal": True}
+    assert bf.visibility("general", p) == {"causal": True}
+    ragged = bf.make_problem("additive", "ragged",
+                             bf.SIZES["quick"]["additive"])
+    assert bf.visibility("additive", ragged)["mask"] is ragged["mask"]
+    assert bf.visibility("dot", bf.make_problem("dot", "full", size)) == {
+        "mask": None}
+
+
+def test_causal_is_the_explicit_mask():
+    # causal=True (ours) and the causal rows' explicit mask (PyTorch's)
+    # make the same weights, so the rows compare the same work.
+    p = bf.make_problem("dot", "causal", ODD["dot"], seed=1)
+    q, k = (p[n].astype(np.float64) for n in ("query", "keys"))
+    _, alpha = ref.dot_attention(q, k, **bf.visibility("dot", p))
+    _, want = ref.dot_attention(q, k, attn_mask=p["mask"])
+    assert np.array_equal(alpha, want)
+    assert np.all(alpha[..., 0, 1:] == 0) and np.all(alpha[..., -1, :] > 0)
+
+
+def test_grad_dict_names_every_score_s_fields():
+    g = (1, 2, None, 4, 5)                 # general: (q, k, vals, W, bias)
+    assert bf.grad_dict(g, "general") == {"dquery": 1, "dkeys": 2,
+                                          "dW": 4, "dbias": 5}
+    assert bf.grad_dict((1, 2, 3, None), "dot") == {
+        "dquery": 1, "dkeys": 2, "dvalues": 3}
+    with pytest.raises(AssertionError):
+        bf.grad_dict((1, 2, 3), "dot")
 
 
 def test_errors_catch_a_wrong_result():

@@ -41,9 +41,13 @@ same outputs and gradients.  Ratios are ours / theirs (< 1: ours faster).
   mask (no target), and with ``is_causal=True`` on the causal rows.
 
 Masks, reported as separate rows: full (no mask) and ragged (a key mask,
-lengths uniform in [T/2, T]) for additive and decoder; full and causal (an
-explicit (4, 8, Tq, T) bool mask, True = take part) for dot and general.
-No row is fully masked, so the baselines need no guard against NaN.
+lengths uniform in [T/2, T]) for additive and decoder; full and causal for
+dot and general.  On the causal rows ours is called with ``causal=True``,
+as a user writes it (no mask array), and PyTorch's eager form and
+``sdpa`` get the explicit (4, 8, Tq, T) bool mask (True = take part) that
+they need, ``sdpa_causal`` ``is_causal=True``: the same keys are visible
+to the same queries.  No row is fully masked, so the baselines need no
+guard against NaN.
 
 Accuracy, before timing: every result (out, alpha, gradients) of ours and
 of each baseline against the same PyTorch form run in float64 on the same
@@ -104,6 +108,10 @@ def make_problem(case, mask, size, seed=0):
     """The inputs of one case as float32 arrays, ``mask`` a bool array or
     None, ``G`` the gradient of the out.
 
+    ``mask`` is what the PyTorch forms take: a key mask (..., T), or on
+    the causal rows the explicit (..., Tq, T) mask; :func:`visibility`
+    gives the arguments our functions take for it.
+
     Drawn in float64 from a seed that depends on the case and the size, then
     cast, so the float64 check sees the same numbers.
     """
@@ -143,6 +151,17 @@ def make_problem(case, mask, size, seed=0):
     return p
 
 
+def visibility(case, p):
+    """Our keyword arguments for the problem's mask: ``causal=True`` on
+    the causal rows of dot and general (whose ``mask`` has a query axis,
+    for the PyTorch forms), else the key mask as ``mask=``."""
+    mask = p.get("mask")
+    if (case in ("dot", "general") and mask is not None
+            and mask.ndim == p["query"].ndim):
+        return {"causal": True}
+    return {"mask": mask}
+
+
 def input_bytes(p):
     """Bytes of a problem's arrays."""
     return sum(x.nbytes for x in p.values() if x is not None)
@@ -152,13 +171,20 @@ def input_bytes(p):
 # Ours: each form is (forward, forward + backward, results), where results
 # maps what forward + backward returned to {name: array}.
 
-GRAD_FIELDS = ("query", "keys", "values", "W", "v", "b")
+GRAD_FIELDS = {
+    "additive": ("query", "keys", "values", "W", "v", "b"),
+    "dot": ("query", "keys", "values", "bias"),
+    "general": ("query", "keys", "values", "W", "bias"),
+}
 
 
-def grad_dict(g):
-    """Our gradient tuple (fields in GRAD_FIELDS' order) as
+def grad_dict(g, case):
+    """A gradient tuple of the score of ``case`` (ours, or the
+    reference's plain tuple, fields in GRAD_FIELDS' order) as
     {'dquery': ..., ...}, None fields left out."""
-    return {"d" + k: x for k, x in zip(GRAD_FIELDS, g) if x is not None}
+    fields = GRAD_FIELDS.get(case, GRAD_FIELDS["additive"])
+    assert len(g) == len(fields), (case, len(g))
+    return {"d" + k: x for k, x in zip(fields, g) if x is not None}
 
 
 def ours_form(case, p):
@@ -189,7 +215,8 @@ def ours_form(case, p):
             return steps
 
         def results(steps):
-            return stack_steps([{"out": o, "alpha": a, **grad_dict(g)}
+            return stack_steps([{"out": o, "alpha": a,
+                                 **grad_dict(g, "additive")}
                                 for o, a, g in steps])
 
         return fwd, fwdbwd, results
@@ -228,26 +255,30 @@ def ours_form(case, p):
 
         return fwd, fwdbwd, results
     elif case == "dot":
+        vis = visibility(case, p)
+
         def fwd():
-            return ac.dot_attention(q, k, mask=mask, values=vals)
+            return ac.dot_attention(q, k, values=vals, **vis)
 
         def bwd(alpha):
-            return ac.dot_attention_backward(G, q, k, alpha, mask=mask,
-                                             values=vals)
+            return ac.dot_attention_backward(G, q, k, alpha, values=vals,
+                                             **vis)
     else:
+        vis = visibility(case, p)
+
         def fwd():
-            return ac.general_attention(q, k, W, mask=mask, values=vals)
+            return ac.general_attention(q, k, W, values=vals, **vis)
 
         def bwd(alpha):
             return ac.general_attention_backward(G, q, k, W, alpha,
-                                                 mask=mask, values=vals)
+                                                 values=vals, **vis)
 
     def fwdbwd():
         out, alpha = fwd()
         return out, alpha, bwd(alpha)
 
     def results(r):
-        return {"out": r[0], "alpha": r[1], **grad_dict(r[2])}
+        return {"out": r[0], "alpha": r[1], **grad_dict(r[2], case)}
 
     return fwd, fwdbwd, results
 

@@ -69,6 +69,22 @@ out, alpha = ac.dot_attention(keys, keys, values=values, scale=0.5)
 dg = ac.dot_attention_backward(out, keys, keys, alpha, values=values,
                                scale=0.5, grad_alpha=alpha)
 assert_type(dg, ac.DotAttentionGrads)
+assert_type(dg.bias, Array | None)
+# Self-attention (docs/contract.md section 5): per-query masks, causal,
+# bias, dropout, and the streamed path with its (out, lse) backward.
+tril = np.tril(np.ones((5, 5), dtype=bool))
+bias = np.zeros((5, 5))
+out, alpha = ac.dot_attention(keys, keys, attn_mask=tril, bias=bias,
+                              dropout=0.1, seed=3)
+out, lse = ac.dot_attention(keys, keys, mask=mask, causal=True,
+                            return_weights=False)
+assert_type(lse, Array)
+dg = ac.dot_attention_backward(out, keys, keys, out=out, lse=lse, mask=mask,
+                               causal=True)
+gg_self = ac.general_attention_backward(
+    out, keys, keys, np.eye(4), out=out, lse=lse, causal=True, bias=bias,
+    dropout=0.1, seed=3)
+assert_type(gg_self.bias, Array | None)
 Wg = rng.standard_normal((3, 4))
 out, alpha = ac.general_attention(query, keys, Wg, mask=mask)
 gg = ac.general_attention_backward(out, query, keys, Wg, alpha, mask=mask)
