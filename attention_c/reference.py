@@ -758,7 +758,8 @@ def philox4x32(counter, key):
 
     Each word may be an int or an array of them (taken mod 2**32); arrays
     broadcast, and the words come back as uint32 arrays of the broadcast
-    shape.  One round:
+    shape.  One round::
+
         p0 = M0 c0, p1 = M1 c2                      (64-bit products)
         (c0, c1, c2, c3) = (hi(p1) ^ c1 ^ k0, lo(p1), hi(p0) ^ c3 ^ k1,
                             lo(p0))
