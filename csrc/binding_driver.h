@@ -989,10 +989,13 @@ static int check_view(const Call *c, int i)
     if (!ok) {
         PyErr_Format(PyExc_ValueError,
                      "%s has shape %s; expected a shape that broadcasts to "
-                     "%s = %s (missing or size-1 axes repeat)%s%s",
+                     "%s = %s (missing or size-1 axes repeat)%s%s%s",
                      arg_names[a->id], SHAPE(got_s, x), a->shape,
                      fmt_shape(want_s, SHAPE_BUF, nt, want),
-                     a->hint ? " " : "", a->hint ? a->hint : "");
+                     a->hint ? " " : "", a->hint ? a->hint : "",
+                     a->id == X_MASK && c->several
+                     ? "; for a mask per query (..., Tq, T) use attn_mask= "
+                       "(or causal=True)" : "");
         return -1;
     }
     return 0;

@@ -170,6 +170,9 @@ typedef struct {
     unsigned char *live_kr;  /* keys' rows (Bk T) some query sees: the
                                 projection's backward leaves out the rest */
     ptrdiff_t Bq, Bk, Bv;    /* query, key, value sequences               */
+    unsigned char *bad_q, *bad_k, *bad_v, *bad_g;   /* rows holding a NaN
+                                or an infinity (queries, score keys, values,
+                                grad_out); NULL when every one is finite */
     ptrdiff_t ngroups;       /* backward: groups sharing q, k or v        */
     uint32_t keep_min;       /* dropout: the least word kept (philox.h)   */
     REAL keep_scale;         /* 1 / (1 - p)                               */
@@ -268,6 +271,13 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
     j->live_q = arena_take(&ar, masked ? mul_or_neg(f->B, f->Tq) : 0, 1);
     /* the keys' rows some query sees, for dW_k (general backward) */
     j->live_kr = arena_take(&ar, general && backward ? BT : 0, 1);
+    if (!additive) {         /* dot, general: rows that are not finite */
+        j->bad_q = arena_take(&ar, BTq, 1);
+        j->bad_k = arena_take(&ar, BT, 1);
+        j->bad_v = arena_take(&ar, mul_or_neg(j->Bv, f->T), 1);
+        j->bad_g = arena_take(&ar, backward ? mul_or_neg(f->B, f->Tq) : 0,
+                              1);
+    }
     if (backward) {
         SFX(plan_backward)(j);
         j->dbias_parts = arena_take(&ar, mul_or_neg(f->bias_shared
@@ -278,7 +288,7 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
     ptrdiff_t rows;
     if (f->stream) {         /* S (or P), dP, P dropped; vis, keep bytes */
         rows = add_or_neg(3 * SQB * SKB + 2 * SQB + 2 * SKB,
-                          (2 * SQB * SKB + SKB + SQB) /
+                          (2 * SQB * SKB + 3 * SKB + 2 * SQB) /
                           (ptrdiff_t)sizeof(REAL) + 1);
     }
     else {      /* delta, the dropped weights; a row; vis, keep bytes */
@@ -286,7 +296,8 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
         rows = add_or_neg(add_or_neg(mul_or_neg(TqT, (backward ? 1 : 0) +
                                                      (dropout ? 1 : 0)),
                                      f->T),
-                          mul_or_neg(f->T, 2) / (ptrdiff_t)sizeof(REAL) + 1);
+                          add_or_neg(mul_or_neg(f->T, 3), f->Tq) /
+                          (ptrdiff_t)sizeof(REAL) + 1);
     }
     ptrdiff_t own = add_or_neg(j->ops.gemm_work, rows);
     j->thread_bytes = (size_t)mul_or_neg(own, sizeof(REAL)) / 64 * 64 + 128;
@@ -437,9 +448,10 @@ static const unsigned char *SFX(prepare_row)(const SFX(fjob) *j,
     if (m == NULL) {
         memset(vis, 1, (size_t)n);
     }
-    for (ptrdiff_t t = 0; t < n; t++) {
-        s[t] = vis[t] ? s[t] + x[t * bv->cs] : -INFINITY;
-        vis[t] = s[t] != -INFINITY;
+    for (ptrdiff_t t = 0; t < n; t++) {      /* a bias of -inf masks */
+        REAL add = x[t * bv->cs];
+        vis[t] = vis[t] && add != -INFINITY;
+        s[t] = vis[t] ? s[t] + add : -INFINITY;
     }
     return vis;
 }
@@ -582,6 +594,112 @@ static void SFX(product)(const SFX(fjob) *j, ptrdiff_t M, ptrdiff_t N,
 }
 
 /* ---------------------------------------------------------------------
+ * A NaN or an infinity reaches exactly the results that see it
+ */
+
+/* Marks the rows of x (n rows of w, ld apart) that hold a NaN or an
+ * infinity; returns their number. */
+static ptrdiff_t SFX(find_bad)(ptrdiff_t n, ptrdiff_t w, const REAL *x,
+                               ptrdiff_t ld, unsigned char *bad)
+{
+    ptrdiff_t count = 0;
+    for (ptrdiff_t r = 0; r < n; r++) {
+        const REAL *row = x + r * ld;
+        int any = 0;
+        for (ptrdiff_t c = 0; c < w; c++) {   /* x - x: NaN unless finite */
+            any |= !(row[c] - row[c] == 0);
+        }
+        bad[r] = (unsigned char)any;
+        count += any;
+    }
+    return count;
+}
+
+/* The rows of the inputs that are not finite, or NULL (the usual case:
+ * the products then run as they are). */
+static void SFX(find_nonfinite)(SFX(fjob) *j, int backward)
+{
+    const att_fdims *f = &j->f;
+    const FIN *in = j->in;
+    if (j->bad_q == NULL) {
+        return;
+    }
+    int dot = f->score == ATT_SCORE_DOT;
+    ptrdiff_t vw = in->values ? f->Hv : f->H;
+    if (!SFX(find_bad)(j->Bq * f->Tq, f->Hq, in->query, f->Hq, j->bad_q)) {
+        j->bad_q = NULL;
+    }
+    if (!SFX(find_bad)(j->Bk * f->T, dot ? f->H : f->P,
+                       dot ? in->keys : j->kp, dot ? f->H : j->ldk,
+                       j->bad_k)) {
+        j->bad_k = NULL;
+    }
+    if (!SFX(find_bad)((in->values ? j->Bv : j->Bk) * f->T, vw, j->vals, vw,
+                       j->bad_v)) {
+        j->bad_v = NULL;
+    }
+    if (!backward || !SFX(find_bad)(f->B * f->Tq, f->Hv, in->grad_out,
+                                    f->Hv, j->bad_g)) {
+        j->bad_g = NULL;
+    }
+}
+
+/* Which pairs (i, k) of a product see each other: bytes (nonzero), or
+ * weights (nonzero; the stored path's alpha), at i rs + k cs; all when
+ * both are NULL. */
+typedef struct {
+    const unsigned char *bytes;
+    const REAL *alpha;
+    ptrdiff_t rs, cs;
+} SFX(pairs);
+
+static int SFX(sees)(const SFX(pairs) *v, ptrdiff_t i, ptrdiff_t k)
+{
+    ptrdiff_t e = i * v->rs + k * v->cs;
+    return v->bytes ? v->bytes[e] != 0 : v->alpha ? v->alpha[e] != 0 : 1;
+}
+
+/* product() of C = alpha A B + beta C over k, B's rows bcs = 1 apart,
+ * where the rows of B marked bad (a NaN, an infinity) are left out and
+ * added back only to the results whose pair (i, k) sees them: a loop over
+ * the visible pairs would give the same, and 0 x NaN none.  kbuf: K bytes
+ * of scratch. */
+static void SFX(product_seen)(const SFX(fjob) *j, ptrdiff_t M, ptrdiff_t N,
+                              ptrdiff_t K, REAL alpha, const REAL *A,
+                              ptrdiff_t ars, ptrdiff_t acs, const REAL *B,
+                              ptrdiff_t brs, const unsigned char *kmask,
+                              REAL beta, REAL *C, ptrdiff_t ldc, REAL *work,
+                              const unsigned char *bad,
+                              const SFX(pairs) *seen, unsigned char *kbuf)
+{
+    ptrdiff_t nbad = 0;
+    for (ptrdiff_t k = 0; bad != NULL && k < K; k++) {
+        nbad += bad[k] && (kmask == NULL || kmask[k]);
+    }
+    if (nbad == 0) {
+        SFX(product)(j, M, N, K, alpha, A, ars, acs, B, brs, 1, kmask, beta,
+                     C, ldc, work);
+        return;
+    }
+    for (ptrdiff_t k = 0; k < K; k++) {
+        kbuf[k] = (kmask == NULL || kmask[k]) && !bad[k];
+    }
+    SFX(product)(j, M, N, K, alpha, A, ars, acs, B, brs, 1, kbuf, beta, C,
+                 ldc, work);
+    for (ptrdiff_t k = 0; k < K; k++) {
+        if (!bad[k] || (kmask != NULL && !kmask[k])) {
+            continue;
+        }
+        for (ptrdiff_t i = 0; i < M; i++) {
+            REAL a = alpha * A[i * ars + k * acs];
+            for (ptrdiff_t n = 0; SFX(sees)(seen, i, k) && n < N; n++) {
+                C[i * ldc + n] += a * B[k * brs + n];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------
  * Forward with the weights stored: one task per block of queries of one
  * sequence
  */
@@ -601,7 +719,7 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
     REAL *dropped = work + j->ops.gemm_work;  /* (nq, T) with dropout */
     unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
                                                       ? nq * T : 0) + T);
-    unsigned char *keep = vis + T;
+    unsigned char *keep = vis + T, *kbuf = keep + T;
     /* 1. the scores */
     if (f->score == ATT_SCORE_ADDITIVE) {
         for (ptrdiff_t i = 0; i < nq; i++) {
@@ -634,10 +752,13 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
         }
         w = dropped;
     }
-    SFX(product)(j, nq, f->Hv, T, 1, w, T, 1,
-                 j->vals + VB(j, b) * T * f->Hv,
-                 f->Hv, 1, j->live_k ? j->live_k + b * T : NULL, 0,
-                 j->out->out + row * f->Hv, f->Hv, work);
+    SFX(pairs) seen = {NULL, alpha, T, 1};
+    SFX(product_seen)(j, nq, f->Hv, T, 1, w, T, 1,
+                      j->vals + VB(j, b) * T * f->Hv, f->Hv,
+                      j->live_k ? j->live_k + b * T : NULL, 0,
+                      j->out->out + row * f->Hv, f->Hv, work,
+                      j->bad_v ? j->bad_v + VB(j, b) * T : NULL, &seen,
+                      kbuf);
 }
 
 /* ---------------------------------------------------------------------
@@ -651,7 +772,7 @@ static void SFX(forward_task)(void *arg, ptrdiff_t task, int thread)
  * keep bits of a row, the live keys and queries of a block. */
 typedef struct {
     REAL *S, *dP, *Pd, *mx, *sum;
-    unsigned char *vis, *keep, *klive, *qlive;
+    unsigned char *vis, *keep, *klive, *qlive, *kbuf;
 } SFX(sblock);
 
 static SFX(sblock) SFX(stream_scratch)(const SFX(fjob) *j, int thread)
@@ -667,6 +788,7 @@ static SFX(sblock) SFX(stream_scratch)(const SFX(fjob) *j, int thread)
     s.keep = s.vis + SQB * SKB;
     s.klive = s.keep + SKB;
     s.qlive = s.klive + SKB;
+    s.kbuf = s.qlive + SQB;
     return s;
 }
 
@@ -744,9 +866,13 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
             REAL *s = sb.S + i * nk;
             const unsigned char *m = SFX(prepare_row)(j, b, i0 + i, k0, nk,
                                                       s, sb.vis + i * nk);
+            if (m == NULL && j->bad_v != NULL) {   /* product_seen reads it */
+                memset(sb.vis + i * nk, 1, (size_t)nk);
+            }
             REAL top = j->ops.max_row(nk, s);
             if (top == -INFINITY) {            /* sees none of these keys */
                 memset(s, 0, (size_t)nk * sizeof(REAL));
+                memset(sb.vis + i * nk, 0, (size_t)nk);
                 continue;
             }
             /* rescale what the row has so far to the new max */
@@ -765,8 +891,11 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
                 sb.klive[t] |= m == NULL || m[t];
             }
         }
-        SFX(product)(j, nq, Hv, nk, 1, sb.S, nk, 1, V + k0 * Hv, Hv, 1,
-                     sb.klive, 1, O, Hv, work);
+        SFX(pairs) seen = {sb.vis, NULL, nk, 1};
+        SFX(product_seen)(j, nq, Hv, nk, 1, sb.S, nk, 1, V + k0 * Hv, Hv,
+                          sb.klive, 1, O, Hv, work,
+                          j->bad_v ? j->bad_v + VB(j, b) * f->T + k0 : NULL,
+                          &seen, sb.kbuf);
     }
     for (ptrdiff_t i = 0; i < nq; i++) {      /* no visible key: 0, -inf */
         REAL l = sb.sum[i], r = l > 0 ? 1 / l : 0;
@@ -803,15 +932,21 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
     SFX(product)(j, nq, nk, Hv, 1, G, Hv, 1, V, 1, Hv, NULL, 0, sb->dP, nk,
                  work);
     memset(sb->klive, 0, (size_t)nk);
+    int nonfinite = j->bad_g || j->bad_q || j->bad_k;
     for (ptrdiff_t i = 0; i < nq; i++) {
         REAL *s = sb->S + i * nk, *dp = sb->dP + i * nk;
         REAL *pd = in->dropout > 0 ? sb->Pd + i * nk : s;
         const unsigned char *m = SFX(prepare_row)(j, b, i0 + i, k0, nk, s,
                                                   sb->vis + i * nk);
+        if (m == NULL && nonfinite) {         /* product_seen reads it */
+            memset(sb->vis + i * nk, 1, (size_t)nk);
+        }
         sb->qlive[i] = 0;
         if (lse[i] == -INFINITY) {             /* no visible key at all */
             memset(s, 0, (size_t)nk * sizeof(REAL));
             memset(dp, 0, (size_t)nk * sizeof(REAL));
+            memset(pd, 0, (size_t)nk * sizeof(REAL));
+            memset(sb->vis + i * nk, 0, (size_t)nk);
             continue;
         }
         j->ops.exp_shift(nk, s, lse[i], m);
@@ -848,19 +983,25 @@ static void SFX(stream_block)(const SFX(fjob) *j, const SFX(sblock) *sb,
     if (what & 1) {
         REAL *dV = (in->values ? out->dvalues : out->dkeys) + vrow * Hv;
         const REAL *pd = in->dropout > 0 ? sb->Pd : sb->S;
-        SFX(product)(j, nk, Hv, nq, 1, pd, 1, nk, G, Hv, 1, sb->qlive, 1,
-                     dV, Hv, work);
+        SFX(pairs) seen = {sb->vis, NULL, 1, nk};   /* (key, query) */
+        SFX(product_seen)(j, nk, Hv, nq, 1, pd, 1, nk, G, Hv, sb->qlive, 1,
+                          dV, Hv, work, j->bad_g ? j->bad_g + row : NULL,
+                          &seen, sb->kbuf);
         REAL *dK = f->score == ATT_SCORE_DOT
                    ? out->dkeys + krow * f->H
                    : (out->dkproj ? out->dkproj : j->dkp) + krow * f->P;
-        SFX(product)(j, nk, Hq, nq, scale, sb->dP, 1, nk, Q, Hq, 1,
-                     sb->qlive, 1, dK, f->score == ATT_SCORE_DOT ? f->H
-                                                                  : f->P,
-                     work);
+        SFX(product_seen)(j, nk, Hq, nq, scale, sb->dP, 1, nk, Q, Hq,
+                          sb->qlive, 1, dK,
+                          f->score == ATT_SCORE_DOT ? f->H : f->P, work,
+                          j->bad_q ? j->bad_q + qrow : NULL, &seen,
+                          sb->kbuf);
     }
     if (what & 2) {
-        SFX(product)(j, nq, Hq, nk, scale, sb->dP, nk, 1, K, ldk, 1,
-                     sb->klive, 1, out->dquery + qrow * Hq, Hq, work);
+        SFX(pairs) seen = {sb->vis, NULL, nk, 1};   /* (query, key) */
+        SFX(product_seen)(j, nq, Hq, nk, scale, sb->dP, nk, 1, K, ldk,
+                          sb->klive, 1, out->dquery + qrow * Hq, Hq, work,
+                          j->bad_k ? j->bad_k + krow : NULL, &seen,
+                          sb->kbuf);
     }
 }
 
@@ -937,6 +1078,7 @@ static int SFX(family_start)(SFX(fjob) *j, const att_fdims *f,
         SFX(find_live)(j, srow, (unsigned char *)(srow + f->T));
     }
     SFX(project)(j);
+    SFX(find_nonfinite)(j, backward);
     return 0;
 }
 
@@ -981,8 +1123,12 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
     REAL *dropped = delta + Tq * T;           /* (Tq, T) with dropout */
     unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
                                                       ? Tq * T : 0) + T);
+    unsigned char *kbuf = vis + T;
     ptrdiff_t qb = QB(j, b), kb = KB(j, b), vb = VB(j, b);
     const REAL *G = in->grad_out + b * Tq * Hv, *al = in->alpha + b * Tq * T;
+    /* the pairs that see each other: alpha > 0 (key, query) or (query,
+     * key) */
+    SFX(pairs) by_key = {NULL, al, 1, T}, by_query = {NULL, al, T, 1};
     const REAL *Q = in->query + qb * Tq * f->Hq, *K = in->keys + kb * T * f->H;
     const unsigned char *lk = j->live_k ? j->live_k + b * T : NULL;
     const unsigned char *lq = j->live_q ? j->live_q + b * Tq : NULL;
@@ -1014,22 +1160,31 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
      * share a query, keys or values sum into them, in order) */
     REAL *dV = in->values ? out->dvalues + vb * T * Hv
                           : out->dkeys + kb * T * f->H;
-    SFX(product)(j, T, Hv, Tq, 1, in->dropout > 0 ? dropped : al, 1, T, G,
-                 Hv, 1, lq, 1, dV, Hv, work);
+    SFX(product_seen)(j, T, Hv, Tq, 1, in->dropout > 0 ? dropped : al, 1, T,
+                      G, Hv, lq, 1, dV, Hv, work,
+                      j->bad_g ? j->bad_g + b * Tq : NULL, &by_key, kbuf);
     /* the scores' backward */
     if (f->score == ATT_SCORE_DOT) {            /* dQ = s D K, dK = s D^T Q */
-        SFX(product)(j, Tq, f->H, T, in->scale, delta, T, 1, K, f->H, 1, lk,
-                     1, out->dquery + qb * Tq * f->Hq, f->Hq, work);
-        SFX(product)(j, T, f->H, Tq, in->scale, delta, 1, T, Q, f->Hq, 1, lq,
-                     1, out->dkeys + kb * T * f->H, f->H, work);
+        SFX(product_seen)(j, Tq, f->H, T, in->scale, delta, T, 1, K, f->H,
+                          lk, 1, out->dquery + qb * Tq * f->Hq, f->Hq, work,
+                          j->bad_k ? j->bad_k + kb * T : NULL, &by_query,
+                          kbuf);
+        SFX(product_seen)(j, T, f->H, Tq, in->scale, delta, 1, T, Q, f->Hq,
+                          lq, 1, out->dkeys + kb * T * f->H, f->H, work,
+                          j->bad_q ? j->bad_q + qb * Tq : NULL, &by_key,
+                          kbuf);
     }
     else if (f->score == ATT_SCORE_GENERAL) {   /* on kp: dQ, dkp */
         REAL *dkp = out->dkproj ? out->dkproj : j->dkp;
-        SFX(product)(j, Tq, f->Hq, T, 1, delta, T, 1,
-                     j->kp + kb * T * j->ldk, j->ldk, 1, lk, 1,
-                     out->dquery + qb * Tq * f->Hq, f->Hq, work);
-        SFX(product)(j, T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, 1, lq, 1,
-                     dkp + kb * T * f->P, f->P, work);
+        SFX(product_seen)(j, Tq, f->Hq, T, 1, delta, T, 1,
+                          j->kp + kb * T * j->ldk, j->ldk, lk, 1,
+                          out->dquery + qb * Tq * f->Hq, f->Hq, work,
+                          j->bad_k ? j->bad_k + kb * T : NULL, &by_query,
+                          kbuf);
+        SFX(product_seen)(j, T, f->P, Tq, 1, delta, 1, T, Q, f->Hq, lq, 1,
+                          dkp + kb * T * f->P, f->P, work,
+                          j->bad_q ? j->bad_q + qb * Tq : NULL, &by_key,
+                          kbuf);
     }
     else {                                      /* eq, ek, dv by pairs */
         REAL *eq = j->eq + b * Tq * j->apad, *ek = j->ek + b * T * j->apad;
