@@ -79,22 +79,40 @@ def call(kind, module, query, keys, mask):
 # Registration
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_opcheck(kind):
+OPCHECK_CASES = [("context", "plain"), ("additive", "plain"),
+                 ("additive", "sec5"), ("dot", "plain"), ("dot", "sec5"),
+                 ("dot", "lse"), ("general", "plain"), ("general", "sec5"),
+                 ("general", "lse")]
+
+
+@pytest.mark.parametrize("kind,variant", OPCHECK_CASES)
+def test_opcheck(kind, variant):
     """torch.library.opcheck: schema, fake implementation, autograd
-    registration and AOT dispatch of each forward operator."""
-    _, _, args = problem(kind, values=kind != "context")
+    registration and AOT dispatch of each forward operator; 'sec5' with
+    attn_mask, causal, bias and dropout, 'lse' with return_weights=False
+    (the (out, lse) form) as well."""
+    _, _, args = problem(kind, values=kind != "context",
+                         mask="causal" if variant != "plain" else "key")
     op = getattr(torch.ops.attention_c, OPS[KINDS.index(kind)]).default
+    sec5 = variant != "plain"
+    am, causal = args.get("attn_mask"), sec5
+    g = torch.Generator().manual_seed(4)
+    bias = (torch.randn(TQ, T, dtype=torch.float64, generator=g,
+                        requires_grad=True) if sec5 else None)
+    p, seed = (0.25, torch.tensor(-5)) if sec5 else (0.0, None)
+    weights = variant != "lse"
     if kind == "context":
         a = (args["h"], args["W"], args["v"], args["b"], args["mask"], True)
     elif kind == "dot":
-        a = (args["query"], args["keys"], args["mask"], args["values"], 0.7)
+        a = (args["query"], args["keys"], args["mask"], am, causal, bias, p,
+             seed, args["values"], 0.7, weights)
     elif kind == "general":
-        a = (args["query"], args["keys"], args["W"], args["mask"],
-             args["values"], None)
+        a = (args["query"], args["keys"], args["W"], args["mask"], am,
+             causal, bias, p, seed, args["values"], None, weights)
     else:
         a = tuple(args[n] for n in ["query", "keys", "W", "v", "b", "mask",
-                                    "values"]) + (None,)
+                                    "attn_mask"]) + (
+            causal, args["values"], None)
     torch.library.opcheck(op, a)
 
 
@@ -279,29 +297,39 @@ def test_vmap_over_batched_weights_loops():
 
 
 class AllFour(torch.nn.Module):
-    """A model with each layer: a Linear, then the four attentions, their
-    outputs summed into a head."""
+    """A model with each layer: a Linear, then the four attentions (with
+    the section 5 arguments: key mask, attn_mask, causal, a learned bias),
+    their outputs summed into a head, and the lse of a causal dot
+    attention (whose gradient takes the pure-PyTorch path)."""
 
     def __init__(self):
         super().__init__()
         self.inp = torch.nn.Linear(H, H)
         self.att = torch.nn.ModuleDict(modules(torch.float32))
+        self.rel = torch.nn.Parameter(0.1 * torch.randn(TQ, T))
         self.head = torch.nn.Linear(H, 1)
 
-    def forward(self, query, keys, mask):
+    def forward(self, query, keys, mask, attn_mask):
         k = torch.tanh(self.inp(keys))
         q_dot = k[:, :TQ]
         pooled = self.att["context"](k, mask=mask)
-        out = (self.att["additive"](query, k, mask=mask).mean(-2)
-               + self.att["dot"](q_dot, k, mask=mask).mean(-2)
-               + self.att["general"](query, k, mask=mask).mean(-2))
-        return self.head(pooled + out)[..., 0]
+        out = (self.att["additive"](query, k, mask=mask,
+                                    attn_mask=attn_mask).mean(-2)
+               + self.att["dot"](q_dot, k, mask=mask, causal=True,
+                                 bias=self.rel).mean(-2)
+               + self.att["general"](query, k, attn_mask=attn_mask,
+                                     bias=self.rel).mean(-2))
+        _, lse = act.dot_attention(q_dot, k, causal=True, bias=self.rel,
+                                   return_weights=False)
+        return self.head(pooled + out)[..., 0] + 0.1 * lse.mean(-1)
 
 
 def all_four_inputs():
     g = torch.Generator().manual_seed(3)
+    attn_mask = torch.rand(1, TQ, T, generator=g) < 0.7
+    attn_mask[..., 0] = True
     return (torch.randn(B, TQ, HQ, generator=g),
-            torch.randn(B, T, H, generator=g), torch_key_mask())
+            torch.randn(B, T, H, generator=g), torch_key_mask(), attn_mask)
 
 
 def test_compile_fullgraph_training_step():
@@ -312,7 +340,7 @@ def test_compile_fullgraph_training_step():
     eager = AllFour()
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, fullgraph=True)
-    query, keys, mask = all_four_inputs()
+    inputs = all_four_inputs()
     y = torch.randn(B)
     losses = []
     for model, fn in ((eager, eager), (compiled_model, compiled)):
@@ -320,7 +348,7 @@ def test_compile_fullgraph_training_step():
         run = []
         for _ in range(2):
             opt.zero_grad()
-            loss = F.mse_loss(fn(query, keys, mask), y)
+            loss = F.mse_loss(fn(*inputs), y)
             loss.backward()
             opt.step()
             run.append(loss.detach())
@@ -357,7 +385,7 @@ def test_low_precision(kind, dtype):
     format's unit roundoff of float32 on the same rounded values."""
     low = modules(torch.float32)[kind].to(dtype)
     ref = copy.deepcopy(low).float()
-    query, keys, mask = all_four_inputs()
+    query, keys, mask, _ = all_four_inputs()
     if kind in ("dot", "context"):
         query = keys[:, :TQ]
     q, k = query.to(dtype), keys.to(dtype).requires_grad_()
@@ -380,17 +408,17 @@ def test_autocast_bfloat16():
     and backward; the attention layers compute in float32 (their output
     is float32) from autocast's bfloat16 inputs."""
     model = AllFour()
-    query, keys, mask = all_four_inputs()
+    query, keys, mask, am = all_four_inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         k = torch.tanh(model.inp(keys))
         assert k.dtype == torch.bfloat16
         pooled = model.att["context"](k, mask=mask)
-        y = model(query, keys, mask)
+        y = model(query, keys, mask, am)
     assert pooled.dtype == torch.float32
     y.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32
                for p in model.parameters())
-    ref = model(query, keys, mask)
+    ref = model(query, keys, mask, am)
     # bfloat16 activations (the Linear layers) dominate the error here
     assert rel_err(y, ref) < 3e-2
 
@@ -457,8 +485,8 @@ def test_jit_trace_records_the_operators():
     operators (not Python nodes), and survives save/load with eager's
     outputs and gradients."""
     model = AllFour()
-    query, keys, mask = all_four_inputs()
-    traced = torch.jit.trace(model, (query, keys, mask))
+    query, keys, mask, am = all_four_inputs()
+    traced = torch.jit.trace(model, (query, keys, mask, am))
     text = str(traced.inlined_graph)
     for name in OPS:
         assert f"attention_c::{name}" in text, name
@@ -467,7 +495,7 @@ def test_jit_trace_records_the_operators():
     buf.seek(0)
     loaded = torch.jit.load(buf)
     k1, k2 = keys.clone().requires_grad_(), keys.clone().requires_grad_()
-    out, ref = loaded(query, k1, mask), model(query, k2, mask)
+    out, ref = loaded(query, k1, mask, am), model(query, k2, mask, am)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
     g, = torch.autograd.grad(out.sum(), k1)
     g_ref, = torch.autograd.grad(ref.sum(), k2)
@@ -556,3 +584,98 @@ def test_compile_step_benchmark_prints_its_tables(capsys):
     assert all(float(x) > 0 for x in rows[0][4:7])
     with pytest.raises(SystemExit):
         compile_step.parse_args(["--acts", "Softmax"])
+
+
+# --------------------------------------------------------------------------
+# Section 5 arguments under torch.func, meta tensors and torch.compile
+
+
+def sec5_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, TQ, H, dtype=torch.float64, generator=g)
+    k = torch.randn(B, T, H, dtype=torch.float64, generator=g)
+    bias = torch.randn(TQ, T, dtype=torch.float64, generator=g)
+    am = torch.rand(TQ, T, generator=g) < 0.7
+    return q, k, bias, am
+
+
+def test_vmap_with_section5_arguments():
+    """vmap over batched bias and attn_mask (fewer leading axes than the
+    query: aligned to the results' leading axes), over queries with a
+    shared bias, and with dropout (one call per example: the keep bits
+    depend on the flat batch index), against loops; per-example bias
+    gradients with vmap(grad)."""
+    q, k, bias, am = sec5_inputs()
+    biases = torch.stack([bias, -bias, 2 * bias])
+    ams = torch.stack([am, ~am, am])
+    vm = torch.func.vmap(lambda b, m: act.dot_attention(
+        q, k, bias=b, attn_mask=m, causal=True, return_weights=False))(
+        biases, ams)
+    for i in range(3):
+        out, lse = act.dot_attention(q, k, bias=biases[i], attn_mask=ams[i],
+                                     causal=True, return_weights=False)
+        assert torch.equal(vm[0][i], out) and torch.equal(vm[1][i], lse)
+    qs = torch.stack([q, q.flip(0)])
+    vm = torch.func.vmap(lambda x: act.dot_attention(
+        x, k, bias=bias, dropout=0.5, seed=7)[0])(qs)
+    for i in range(2):
+        out, _ = act.dot_attention(qs[i], k, bias=bias, dropout=0.5, seed=7)
+        assert torch.equal(vm[i], out)
+
+    def loss(b, x):
+        out, alpha = act.dot_attention(x, k, bias=b, causal=True)
+        return (out ** 2).sum() + alpha[..., 0].sum()
+
+    per = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(bias,
+                                                                    qs)
+    for i in range(2):
+        b = bias.detach().requires_grad_()
+        ref, = torch.autograd.grad(loss(b, qs[i]), b)
+        assert rel_err(per[i], ref) < 1e-13
+
+
+@pytest.mark.parametrize("several", [True, False], ids=["several", "single"])
+def test_meta_tensors_give_lse_and_bias_gradient_shapes(several):
+    """The fake implementations: (out, lse) shapes with
+    return_weights=False, and a broadcast bias's gradient in its shape."""
+    q_shape = (B, TQ, H) if several else (B, H)
+    q = torch.empty(*q_shape, device="meta", requires_grad=True)
+    k = torch.empty(B, T, H, device="meta")
+    bias = torch.empty(*((TQ, T) if several else (T,)), device="meta",
+                       requires_grad=True)
+    out, lse = act.dot_attention(q, k, bias=bias, return_weights=False,
+                                 dropout=0.1, seed=3)
+    assert out.shape == q_shape and lse.shape == q_shape[:-1]
+    W = torch.empty(HQ, H, device="meta")
+    out, lse = act.general_attention(
+        torch.empty(*q_shape[:-1], HQ, device="meta"), k, W, bias=bias,
+        return_weights=False)
+    assert out.shape == (*q_shape[:-1], H) and lse.shape == q_shape[:-1]
+    g, = torch.autograd.grad(act.dot_attention(q, k, bias=bias)[0].sum(),
+                             bias)
+    assert g.shape == bias.shape and g.device.type == "meta"
+
+
+def test_compile_module_dropout_is_reproducible():
+    """torch.compile(fullgraph=True) of a DotAttention with dropout: the
+    seed is drawn inside the graph, so torch.manual_seed reproduces the
+    output and gradients; in eval mode the compiled module has no dropout
+    and equals eager."""
+    module = act.DotAttention(dropout=0.3)
+    compiled = torch.compile(module, fullgraph=True)
+    q, k, bias, _ = sec5_inputs(1)
+    q = q.float().requires_grad_()
+    k, bias = k.float(), bias.float()
+
+    def run(seed):
+        torch.manual_seed(seed)
+        out = compiled(q, k, causal=True, bias=bias)
+        return out, torch.autograd.grad(out.sum(), q)[0]
+
+    (o1, g1), (o2, g2), (o3, _) = run(0), run(0), run(1)
+    assert torch.equal(o1, o2) and torch.equal(g1, g2)
+    assert not torch.equal(o1, o3)
+    module.eval()
+    plain = act.DotAttention()(q, k, causal=True, bias=bias)
+    torch.testing.assert_close(compiled(q, k, causal=True, bias=bias), plain,
+                               rtol=1e-6, atol=1e-7)

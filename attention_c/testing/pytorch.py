@@ -74,10 +74,46 @@ def torch_masked_softmax(s, m):
     return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
 
 
-def torch_attend(s, mask, vals, single):
+def torch_visible(s_shape, mask=None, attn_mask=None, causal=False,
+                  bias=None, single=False):
+    """The (..., Tq, T) booleans visible_it of contract section 5.1 for
+    scores of shape ``s_shape``: the key mask (..., T), the per-query
+    ``attn_mask``, ``causal`` (bottom-right aligned: t <= i + T - Tq) and
+    the -inf entries of ``bias``; None when everything is visible.
+
+    Examples
+    --------
+    >>> torch_visible((1, 2, 3), causal=True).int()
+    tensor([[[1, 1, 0],
+             [1, 1, 1]]], dtype=torch.int32)
+    """
+    import torch
+
+    Tq, T = s_shape[-2:]
+    vis = None
+
+    def both(a, b):
+        return b if a is None else a & b
+
+    if mask is not None:
+        vis = both(vis, mask.unsqueeze(-2))
+    if attn_mask is not None:
+        vis = both(vis, attn_mask)
+    if causal:
+        i, t = torch.arange(Tq)[:, None], torch.arange(T)[None, :]
+        vis = both(vis, t <= i + (T - Tq))
+    if bias is not None:
+        vis = both(vis, ~torch.isneginf(bias.unsqueeze(-2) if single
+                                        else bias))
+    return None if vis is None else vis.expand(s_shape)
+
+
+def torch_attend(s, mask, vals, single, *, attn_mask=None, causal=False,
+                 bias=None):
     """Scores s (..., Tq, T) -> (out, alpha), a key mask (..., T) applying
-    to every query; with ``single``, the query axis (of length 1) is
-    dropped from both.
+    to every query and the per-query ``attn_mask``, ``causal`` and ``bias``
+    (added to s, -inf masking) of contract section 5; with ``single``, the
+    query axis (of length 1) is dropped from both.
 
     Examples
     --------
@@ -87,15 +123,19 @@ def torch_attend(s, mask, vals, single):
     >>> out.shape, alpha.shape
     (torch.Size([1, 2, 4]), torch.Size([1, 2, 3]))
     """
-    if mask is not None and mask.ndim == s.ndim - 1:
-        mask = mask.unsqueeze(-2)
-    alpha = torch_masked_softmax(s, mask)
+    import torch
+
+    vis = torch_visible(s.shape, mask, attn_mask, causal, bias, single)
+    if bias is not None:
+        b = bias.unsqueeze(-2) if single else bias
+        s = s + torch.where(torch.isneginf(b), 0, b)
+    alpha = torch_masked_softmax(s, vis)
     out = alpha @ vals
     return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
 
 
 def torch_additive_attention(query, keys, W, v, *, b=None, mask=None,
-                             values=None):
+                             attn_mask=None, causal=False, values=None):
     """d2l.ai's AdditiveAttention: W_q(q) and W_k(k) broadcast-added, tanh,
     then w_v; the arguments of ``attention_c.torch.additive_attention``.
 
@@ -115,12 +155,13 @@ def torch_additive_attention(query, keys, W, v, *, b=None, mask=None,
                 + F.linear(keys, W[:, :Hk]).unsqueeze(-3))
     scores = F.linear(torch.tanh(features), v[None])[..., 0]
     return torch_attend(scores, mask, keys if values is None else values,
-                        single)
+                        single, attn_mask=attn_mask, causal=causal)
 
 
-def torch_general_attention(query, keys, W, *, mask=None, values=None):
-    """q_i . (W_a k_t): matmul, softmax, matmul; the arguments of
-    ``attention_c.torch.general_attention``.
+def torch_general_attention(query, keys, W, *, mask=None, attn_mask=None,
+                            causal=False, bias=None, values=None):
+    """q_i . (W_a k_t) + bias_it: matmul, softmax, matmul; the arguments
+    of ``attention_c.torch.general_attention`` (no dropout).
 
     Examples
     --------
@@ -131,15 +172,17 @@ def torch_general_attention(query, keys, W, *, mask=None, values=None):
     single = query.ndim < keys.ndim
     q = query.unsqueeze(-2) if single else query
     s = q @ (keys @ W.T).transpose(-1, -2)
-    return torch_attend(s, mask, keys if values is None else values, single)
+    return torch_attend(s, mask, keys if values is None else values, single,
+                        attn_mask=attn_mask, causal=causal, bias=bias)
 
 
-def torch_dot_attention(query, keys, *, mask=None, values=None,
-                        scale=None):
-    """out from ``F.scaled_dot_product_attention`` (same scale and mask
-    conventions; a query with no valid key gives 0 in torch 2.13), alpha
-    from matmul-softmax; the arguments of
-    ``attention_c.torch.dot_attention``.
+def torch_dot_attention(query, keys, *, mask=None, attn_mask=None,
+                        causal=False, bias=None, values=None, scale=None):
+    """out from ``F.scaled_dot_product_attention`` (same scale and boolean
+    mask conventions; ``bias`` is its float ``attn_mask``; our bottom-right
+    ``causal`` as a boolean mask; a query with no visible key set to 0),
+    alpha from matmul-softmax; the arguments of
+    ``attention_c.torch.dot_attention`` (no dropout).
 
     Examples
     --------
@@ -153,14 +196,21 @@ def torch_dot_attention(query, keys, *, mask=None, values=None,
     single = query.ndim < keys.ndim
     q = query.unsqueeze(-2) if single else query
     vals = keys if values is None else values
-    m = mask
-    if m is not None and m.ndim == q.ndim - 1:
-        m = m.unsqueeze(-2)
+    s_shape = (*q.shape[:-1], keys.shape[-2])
+    vis = torch_visible(s_shape, mask, attn_mask, causal, bias, single)
+    m = vis
+    if bias is not None:
+        b = bias.unsqueeze(-2) if single else bias
+        m = torch.where(vis, b, -math.inf).to(q.dtype)
     out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m,
                                          scale=scale)
+    if vis is not None:
+        out = torch.where(vis.any(-1, keepdim=True), out, 0)
     c = 1 / math.sqrt(keys.shape[-1]) if scale is None else scale
-    _, alpha = torch_attend(c * q @ keys.transpose(-1, -2), mask, vals, False)
-    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+    _, alpha = torch_attend(c * q @ keys.transpose(-1, -2), mask, vals,
+                            single, attn_mask=attn_mask, causal=causal,
+                            bias=bias)
+    return (out[..., 0, :], alpha) if single else (out, alpha)
 
 
 TORCH_ATTENTION = {"context": torch_context_attention,
@@ -274,7 +324,8 @@ def torch_family_problem(kind, several=True, values=False, mask="key",
     values : bool
         Give values (B, T, HV), else None (the keys are the values).
     mask : str
-        A key of TORCH_FAMILY_MASKS.
+        A key of TORCH_FAMILY_MASKS: 'key' gives ``mask`` (B, T), 'causal'
+        the per-query ``attn_mask`` (B, TQ, T) (several queries only).
     dtype : torch.dtype, optional
         float64 by default.
     bias : bool
@@ -286,7 +337,7 @@ def torch_family_problem(kind, several=True, values=False, mask="key",
     Examples
     --------
     >>> sorted(torch_family_problem("general"))
-    ['W', 'keys', 'mask', 'query', 'values']
+    ['W', 'attn_mask', 'keys', 'mask', 'query', 'values']
     """
     import torch
 
@@ -302,7 +353,9 @@ def torch_family_problem(kind, several=True, values=False, mask="key",
     args = {"query": rnd(B, TQ, hq) if several else rnd(B, hq),
             "keys": rnd(B, T, H),
             "values": rnd(B, T, HV) if values else None,
-            "mask": TORCH_FAMILY_MASKS[mask]()}
+            "mask": None, "attn_mask": None}
+    args["attn_mask" if mask == "causal" else "mask"] = (
+        TORCH_FAMILY_MASKS[mask]())
     if kind == "additive":
         args.update(W=rnd(A, H + HQ, scale=0.7), v=rnd(A),
                     b=rnd(A, scale=0.3) if bias else None)

@@ -18,6 +18,17 @@ The attention family (docs/contract.md section 4) attends from queries to keys:
     attn = AdditiveAttention(key_size=64, query_size=32, attention_size=48)
     out = attn(query, keys, mask=mask)     # query (B, 32), keys (B, T, 64)
 
+Self-attention at scale (contract section 5): ``mask`` is the key mask
+(..., T) only, ``attn_mask`` the per-query boolean mask (True = may attend,
+as in ``F.scaled_dot_product_attention``), ``causal=True`` (bottom-right
+aligned), ``bias`` a differentiable float tensor added to the scores,
+``dropout`` with ``seed`` (the modules draw the seed from torch's default
+generator in training mode), and ``return_weights=False`` for ``(out,
+lse)`` without ever forming the (..., Tq, T) weights::
+
+    attn = DotAttention(dropout=0.1)
+    out = attn(x, x, causal=True, bias=alibi)      # x (B, heads, T, d)
+
 Required data (and a function's parameters) go by position, everything
 optional by keyword: ``module(h, *, mask=None)``, ``module(query, keys, *,
 values=None, mask=None, key_proj=None)``, and the functions have the

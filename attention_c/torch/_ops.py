@@ -90,6 +90,54 @@ def _vmap_native(op: Any, data: tuple[int, ...]) -> Any:
     return rule
 
 
+# A family op's data arguments and their trailing (non-batch) axes; None:
+# a query's, 1 or 2.  bias takes the query's: (..., T) with one query.
+_CORE = {"query": None, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
+         "attn_mask": 2, "bias": None}
+# Inputs and outputs broadcast to the results' leading shape (the kernels
+# want one leading shape for these); masks and bias broadcast as they are.
+_FULL = ("query", "keys", "values", "key_proj")
+
+
+def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
+    """The vmap rule of a family forward op (argument ``names``): the
+    vmapped axis becomes the first leading axis of the call, each batched
+    input getting size-1 axes where it has fewer leading axes than the
+    results.  Batched weights, and dropout (whose keep bits depend on the
+    flat batch index, which the extra axis would change), loop."""
+
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
+             ) -> tuple[Any, Any]:
+        a = dict(zip(names, args))
+        d = dict(zip(names, in_dims))
+        if (any(d[n] is not None for n in names if n not in _CORE)
+                or a.get("dropout", 0.0) > 0):
+            return _vmap_loop(op, info, in_dims, *args)
+        logical = {n: (x.shape if d[n] is None
+                       else x.shape[:d[n]] + x.shape[d[n] + 1:])
+                   for n, x in a.items() if n in _CORE and x is not None}
+        single = len(logical["query"]) < len(logical["keys"])
+        core = {n: (1 if single else 2) if c is None else c
+                for n, c in _CORE.items()}
+        lead = _pure._broadcast_shapes(*[logical[n][:-core[n]]
+                                        for n in _FULL if n in logical])
+        N = info.batch_size
+        new = dict(a)
+        for n, shape in logical.items():
+            x, pad = a[n], len(lead) - (len(shape) - core[n])
+            if d[n] is None and n not in _FULL:
+                continue                        # broadcasts as it is
+            x = x.movedim(d[n], 0) if d[n] is not None else x[None]
+            x = x.reshape(x.shape[0], *(1,) * pad, *shape)
+            if n in _FULL:
+                x = x.expand(N, *lead, *shape[len(shape) - core[n]:])
+            new[n] = x
+        outs = op(*[new[n] for n in names])
+        return outs, (0,) * len(outs)
+
+    return rule
+
+
 def _loop_rule(op: Any) -> Any:
     def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
              ) -> tuple[Any, Any]:
@@ -160,40 +208,92 @@ def _context_bwd_fake(grad_out: torch.Tensor,
 
 
 # ---- the family: additive, dot, general
+#
+# The §5 arguments: ``mask`` the key mask (..., T), ``attn_mask`` the
+# per-query one, ``causal``, ``bias`` (dot and general), ``dropout`` with
+# its ``seed`` (an int64 tensor holding the seed's 64 bits, so that a module
+# can draw it from torch's generator inside a compiled graph), and
+# ``weights``: whether the second result is alpha (True) or lse (False).
+# A backward op takes both forward results: ``alpha`` (alpha or lse, as
+# the forward gave) and ``out`` (read only from an lse forward).
+
+def _lead(query: torch.Tensor, keys: torch.Tensor,
+          values: torch.Tensor | None) -> tuple[bool, torch.Size]:
+    """(single query?, the leading shape of the results)."""
+    single = query.ndim < keys.ndim
+    shapes = [query.shape[:-1] if single else query.shape[:-2],
+              keys.shape[:-2]]
+    if values is not None:
+        shapes.append(values.shape[:-2])
+    return single, _pure._broadcast_shapes(*shapes)
+
 
 def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
-                     values: torch.Tensor | None
+                     values: torch.Tensor | None, weights: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    lead = query.shape[:-1]
+    single, lead = _lead(query, keys, values)
+    rows = lead if single else (*lead, query.shape[-2])
     hv = (keys if values is None else values).shape[-1]
-    return query.new_empty(*lead, hv), query.new_empty(*lead, keys.shape[-2])
+    second = (query.new_empty(*rows, keys.shape[-2]) if weights
+              else query.new_empty(*rows))
+    return query.new_empty(*rows, hv), second
 
 
 def _like(x: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
     return _empty(ref) if x is None else torch.empty_like(x)
 
 
+def _seed(seed: torch.Tensor | None) -> int | None:
+    """The seed, an int in [0, 2**64), from the int64 tensor of its bits."""
+    return None if seed is None else int(seed.item()) % 2**64
+
+
+def _sec5(mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+          causal: bool, bias: torch.Tensor | None = None,
+          dropout: float = 0.0, seed: torch.Tensor | None = None
+          ) -> dict[str, Any]:
+    """The keyword arguments of section 5 for a C call."""
+    kw: dict[str, Any] = dict(mask=_np_opt(mask),
+                              attn_mask=_np_opt(attn_mask), causal=causal)
+    if bias is not None:
+        kw["bias"] = _np(bias)
+    if dropout > 0:
+        kw.update(dropout=dropout, seed=_seed(seed))
+    return kw
+
+
+def _saved_kw(alpha: torch.Tensor, out: torch.Tensor, weights: bool
+              ) -> tuple[tuple[np.ndarray, ...], dict[str, Any]]:
+    """A backward's saved forward results: alpha by position, or out= and
+    lse= (``alpha`` then holds the lse)."""
+    if weights:
+        return (_np(alpha),), {}
+    return (), dict(out=_np(out), lse=_np(alpha))
+
+
 @torch.library.custom_op(
     f"{_NS}::additive_attention", mutates_args=(),
     schema="(Tensor query, Tensor keys, Tensor W, Tensor v, Tensor? b, "
-           "Tensor? mask, Tensor? values, Tensor? key_proj) "
-           "-> (Tensor, Tensor)")
+           "Tensor? mask, Tensor? attn_mask, bool causal, Tensor? values, "
+           "Tensor? key_proj) -> (Tensor, Tensor)")
 def _additive_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                  v: torch.Tensor, b: torch.Tensor | None,
-                 mask: torch.Tensor | None, values: torch.Tensor | None,
+                 mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                 causal: bool, values: torch.Tensor | None,
                  key_proj: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     out, alpha = _ac.additive_attention(
         _np(query), _np(keys), _np(W), _np(v), b=_np_opt(b),
-        mask=_np_opt(mask),
-        values=_np_opt(values), key_proj=_np_opt(key_proj))
+        values=_np_opt(values), key_proj=_np_opt(key_proj),
+        **_sec5(mask, attn_mask, causal))
     return torch.from_numpy(out), torch.from_numpy(alpha)
 
 
 @_additive_op.register_fake
 def _additive_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                    v: torch.Tensor, b: torch.Tensor | None,
-                   mask: torch.Tensor | None, values: torch.Tensor | None,
+                   mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                   causal: bool, values: torch.Tensor | None,
                    key_proj: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values)
@@ -203,12 +303,14 @@ def _additive_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
     f"{_NS}::additive_attention_backward", mutates_args=(),
     schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
            "Tensor keys, Tensor W, Tensor v, Tensor alpha, Tensor? b, "
-           "Tensor? mask, Tensor? values, Tensor? key_proj, bool stop) "
+           "Tensor? mask, Tensor? attn_mask, bool causal, Tensor? values, "
+           "Tensor? key_proj, bool stop) "
            "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _additive_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                      query: torch.Tensor, keys: torch.Tensor,
                      W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
                      b: torch.Tensor | None, mask: torch.Tensor | None,
+                     attn_mask: torch.Tensor | None, causal: bool,
                      values: torch.Tensor | None,
                      key_proj: torch.Tensor | None, stop: bool
                      ) -> tuple[torch.Tensor, ...]:
@@ -216,17 +318,15 @@ def _additive_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
     gradient stops at ``key_proj`` (contract section 4.6)."""
     args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(v),
             _np(alpha))
-    b_, m_, val_, ga_ = (_np_opt(b), _np_opt(mask), _np_opt(values),
-                         _ga(grad_alpha))
+    kw = dict(b=_np_opt(b), values=_np_opt(values),
+              grad_alpha=_ga(grad_alpha), **_sec5(mask, attn_mask, causal))
     if stop:
         assert key_proj is not None
         dq, dk, dval, dW, dv, db, dkp = _core.additive_attention_backward(
-            *args, b=b_, mask=m_, values=val_, grad_alpha=ga_,
-            key_proj=_np(key_proj), stop_at_key_proj=True)
+            *args, key_proj=_np(key_proj), stop_at_key_proj=True, **kw)
     else:
         dq, dk, dval, dW, dv, db = _ac.additive_attention_backward(
-            *args, b=b_, mask=m_, values=val_, grad_alpha=ga_,
-            key_proj=_np_opt(key_proj))
+            *args, key_proj=_np_opt(key_proj), **kw)
         dkp = None
     return tuple(_t(x, query) for x in (dq, dk, dW, dv, db, dval, dkp))
 
@@ -236,7 +336,9 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
                        grad_alpha: torch.Tensor | None, query: torch.Tensor,
                        keys: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
                        alpha: torch.Tensor, b: torch.Tensor | None,
-                       mask: torch.Tensor | None, values: torch.Tensor | None,
+                       mask: torch.Tensor | None,
+                       attn_mask: torch.Tensor | None, causal: bool,
+                       values: torch.Tensor | None,
                        key_proj: torch.Tensor | None, stop: bool
                        ) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(query), torch.empty_like(keys),
@@ -246,113 +348,151 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::dot_attention", mutates_args=(),
-    schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? values, "
-           "float? scale) -> (Tensor, Tensor)")
+    schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? attn_mask, "
+           "bool causal, Tensor? bias, float dropout, Tensor? seed, "
+           "Tensor? values, float? scale, bool weights) -> (Tensor, Tensor)")
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
-            mask: torch.Tensor | None, values: torch.Tensor | None,
-            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, alpha = _ac.dot_attention(_np(query), _np(keys), mask=_np_opt(mask),
-                                   values=_np_opt(values), scale=scale)
-    return torch.from_numpy(out), torch.from_numpy(alpha)
+            mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+            causal: bool, bias: torch.Tensor | None, dropout: float,
+            seed: torch.Tensor | None, values: torch.Tensor | None,
+            scale: float | None, weights: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
+    out, second = _ac.dot_attention(
+        _np(query), _np(keys), values=_np_opt(values), scale=scale,
+        return_weights=weights,
+        **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+    return torch.from_numpy(out), torch.from_numpy(second)
 
 
 @_dot_op.register_fake
 def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
-              mask: torch.Tensor | None, values: torch.Tensor | None,
-              scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _family_out_fake(query, keys, values)
+              mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+              causal: bool, bias: torch.Tensor | None, dropout: float,
+              seed: torch.Tensor | None, values: torch.Tensor | None,
+              scale: float | None, weights: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _family_out_fake(query, keys, values, weights)
 
 
 @torch.library.custom_op(
     f"{_NS}::dot_attention_backward", mutates_args=(),
     schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
-           "Tensor keys, Tensor alpha, Tensor? mask, Tensor? values, "
-           "float? scale) -> (Tensor, Tensor, Tensor)")
+           "Tensor keys, Tensor alpha, Tensor out, Tensor? mask, "
+           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
+           "Tensor? seed, Tensor? values, float? scale, bool weights) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
 def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
-                mask: torch.Tensor | None, values: torch.Tensor | None,
-                scale: float | None) -> tuple[torch.Tensor, ...]:
-    """``(dq, dk, dvalues)``."""
-    g = _ac.dot_attention_backward(
-        _np(grad_out), _np(query), _np(keys), _np(alpha), mask=_np_opt(mask),
-        values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha))
-    return (torch.from_numpy(g.query), torch.from_numpy(g.keys),
-            _t(g.values, query))
+                out: torch.Tensor, mask: torch.Tensor | None,
+                attn_mask: torch.Tensor | None, causal: bool,
+                bias: torch.Tensor | None, dropout: float,
+                seed: torch.Tensor | None, values: torch.Tensor | None,
+                scale: float | None, weights: bool
+                ) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dvalues, dbias)``, dvalues and dbias empty without
+    values and bias.  ``alpha`` is the lse when not ``weights``."""
+    saved, skw = _saved_kw(alpha, out, weights)
+    backward: Any = _ac.dot_attention_backward  # alpha: by position or not
+    dq, dk, dval, dbias = backward(
+        _np(grad_out), _np(query), _np(keys), *saved,
+        values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha),
+        **skw, **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+    return tuple(_t(x, query) for x in (dq, dk, dval, dbias))
 
 
 @_dot_bwd_op.register_fake
 def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                   query: torch.Tensor, keys: torch.Tensor,
-                  alpha: torch.Tensor, mask: torch.Tensor | None,
-                  values: torch.Tensor | None, scale: float | None
+                  alpha: torch.Tensor, out: torch.Tensor,
+                  mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                  causal: bool, bias: torch.Tensor | None, dropout: float,
+                  seed: torch.Tensor | None, values: torch.Tensor | None,
+                  scale: float | None, weights: bool
                   ) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(query), torch.empty_like(keys),
-            _like(values, query))
+            _like(values, query), _like(bias, query))
 
 
 @torch.library.custom_op(
     f"{_NS}::general_attention", mutates_args=(),
     schema="(Tensor query, Tensor keys, Tensor W, Tensor? mask, "
-           "Tensor? values, Tensor? key_proj) -> (Tensor, Tensor)")
+           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
+           "Tensor? seed, Tensor? values, Tensor? key_proj, bool weights) "
+           "-> (Tensor, Tensor)")
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
-                mask: torch.Tensor | None, values: torch.Tensor | None,
-                key_proj: torch.Tensor | None
+                mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                causal: bool, bias: torch.Tensor | None, dropout: float,
+                seed: torch.Tensor | None, values: torch.Tensor | None,
+                key_proj: torch.Tensor | None, weights: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, alpha = _ac.general_attention(
-        _np(query), _np(keys), _np(W), mask=_np_opt(mask),
-        values=_np_opt(values),
-        key_proj=_np_opt(key_proj))
-    return torch.from_numpy(out), torch.from_numpy(alpha)
+    """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
+    out, second = _ac.general_attention(
+        _np(query), _np(keys), _np(W), values=_np_opt(values),
+        key_proj=_np_opt(key_proj), return_weights=weights,
+        **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+    return torch.from_numpy(out), torch.from_numpy(second)
 
 
 @_general_op.register_fake
 def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
-                  mask: torch.Tensor | None, values: torch.Tensor | None,
-                  key_proj: torch.Tensor | None
+                  mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                  causal: bool, bias: torch.Tensor | None, dropout: float,
+                  seed: torch.Tensor | None, values: torch.Tensor | None,
+                  key_proj: torch.Tensor | None, weights: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _family_out_fake(query, keys, values)
+    return _family_out_fake(query, keys, values, weights)
 
 
 @torch.library.custom_op(
     f"{_NS}::general_attention_backward", mutates_args=(),
     schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
-           "Tensor keys, Tensor W, Tensor alpha, Tensor? mask, "
-           "Tensor? values, Tensor? key_proj, bool stop) "
-           "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+           "Tensor keys, Tensor W, Tensor alpha, Tensor out, Tensor? mask, "
+           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
+           "Tensor? seed, Tensor? values, Tensor? key_proj, bool stop, "
+           "bool weights) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                     query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
-                    alpha: torch.Tensor, mask: torch.Tensor | None,
-                    values: torch.Tensor | None,
-                    key_proj: torch.Tensor | None, stop: bool
+                    alpha: torch.Tensor, out: torch.Tensor,
+                    mask: torch.Tensor | None,
+                    attn_mask: torch.Tensor | None, causal: bool,
+                    bias: torch.Tensor | None, dropout: float,
+                    seed: torch.Tensor | None, values: torch.Tensor | None,
+                    key_proj: torch.Tensor | None, stop: bool, weights: bool
                     ) -> tuple[torch.Tensor, ...]:
-    """``(dq, dk, dW, dvalues, dkey_proj)``; with ``stop`` dW is 0 (W
-    only acts through key_proj)."""
-    args = (_np(grad_out), _np(query), _np(keys), _np(W), _np(alpha))
-    m_, val_, ga_ = _np_opt(mask), _np_opt(values), _ga(grad_alpha)
+    """``(dq, dk, dW, dbias, dvalues, dkey_proj)``; with ``stop`` dW is 0
+    (W only acts through key_proj).  ``alpha`` is the lse when not
+    ``weights``."""
+    saved, skw = _saved_kw(alpha, out, weights)
+    args = (_np(grad_out), _np(query), _np(keys), _np(W), *saved)
+    kw = dict(values=_np_opt(values), grad_alpha=_ga(grad_alpha), **skw,
+              **_sec5(mask, attn_mask, causal, bias, dropout, seed))
     if stop:
         assert key_proj is not None
-        dq, dk, dval, _, dkp = _core.general_attention_backward(
-            *args, mask=m_, values=val_, grad_alpha=ga_,
-            key_proj=_np(key_proj), stop_at_key_proj=True)
+        dq, dk, dval, _, dbias, dkp = _core.general_attention_backward(
+            *args, key_proj=_np(key_proj), stop_at_key_proj=True, **kw)
         dW = np.zeros(W.shape, _np(W).dtype)
     else:
-        dq, dk, dval, dW = _ac.general_attention_backward(
-            *args, mask=m_, values=val_, grad_alpha=ga_,
-            key_proj=_np_opt(key_proj))
+        dq, dk, dval, dW, dbias = _ac.general_attention_backward(
+            *args, key_proj=_np_opt(key_proj), **kw)
         dkp = None
-    return tuple(_t(x, query) for x in (dq, dk, dW, dval, dkp))
+    return tuple(_t(x, query) for x in (dq, dk, dW, dbias, dval, dkp))
 
 
 @_general_bwd_op.register_fake
 def _general_bwd_fake(grad_out: torch.Tensor,
                       grad_alpha: torch.Tensor | None, query: torch.Tensor,
                       keys: torch.Tensor, W: torch.Tensor,
-                      alpha: torch.Tensor, mask: torch.Tensor | None,
-                      values: torch.Tensor | None,
-                      key_proj: torch.Tensor | None, stop: bool
-                      ) -> tuple[torch.Tensor, ...]:
+                      alpha: torch.Tensor, out: torch.Tensor,
+                      mask: torch.Tensor | None,
+                      attn_mask: torch.Tensor | None, causal: bool,
+                      bias: torch.Tensor | None, dropout: float,
+                      seed: torch.Tensor | None, values: torch.Tensor | None,
+                      key_proj: torch.Tensor | None, stop: bool,
+                      weights: bool) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(query), torch.empty_like(keys),
-            torch.empty_like(W), _like(values, query),
+            torch.empty_like(W), _like(bias, query), _like(values, query),
             _like(key_proj if stop else None, query))
 
 
@@ -396,32 +536,41 @@ _SPECS = {
         ("h", "W", "v", "b")),
     "additive": _Spec(
         "additive", _additive_op, _additive_bwd_op,
-        ("query", "keys", "W", "v", "b", "mask", "values", "key_proj"),
+        ("query", "keys", "W", "v", "b", "mask", "attn_mask", "causal",
+         "values", "key_proj"),
         ("grad_out", "grad_alpha", "query", "keys", "W", "v", "alpha", "b",
-         "mask", "values", "key_proj", "stop"),
+         "mask", "attn_mask", "causal", "values", "key_proj", "stop"),
         ("query", "keys", "W", "v", "b", "values", "key_proj")),
     "dot": _Spec(
         "dot", _dot_op, _dot_bwd_op,
-        ("query", "keys", "mask", "values", "scale"),
-        ("grad_out", "grad_alpha", "query", "keys", "alpha", "mask",
-         "values", "scale"),
-        ("query", "keys", "values")),
+        ("query", "keys", "mask", "attn_mask", "causal", "bias", "dropout",
+         "seed", "values", "scale", "weights"),
+        ("grad_out", "grad_alpha", "query", "keys", "alpha", "out", "mask",
+         "attn_mask", "causal", "bias", "dropout", "seed", "values",
+         "scale", "weights"),
+        ("query", "keys", "values", "bias")),
     "general": _Spec(
         "general", _general_op, _general_bwd_op,
-        ("query", "keys", "W", "mask", "values", "key_proj"),
-        ("grad_out", "grad_alpha", "query", "keys", "W", "alpha", "mask",
-         "values", "key_proj", "stop"),
-        ("query", "keys", "W", "values", "key_proj")),
+        ("query", "keys", "W", "mask", "attn_mask", "causal", "bias",
+         "dropout", "seed", "values", "key_proj", "weights"),
+        ("grad_out", "grad_alpha", "query", "keys", "W", "alpha", "out",
+         "mask", "attn_mask", "causal", "bias", "dropout", "seed", "values",
+         "key_proj", "stop", "weights"),
+        ("query", "keys", "W", "bias", "values", "key_proj")),
 }
+
+# The non-differentiable arguments of the pure-PyTorch forwards.
+_FIXED = ("mask", "attn_mask", "causal", "dropout", "seed", "scale",
+          "weights")
 
 
 def _pure_for(spec: _Spec, a: dict[str, Any]) -> Any:
-    """The pure-PyTorch forward ``(**xs) -> (out, alpha)`` with the
-    non-differentiable arguments of ``a`` fixed."""
+    """The pure-PyTorch forward ``(**xs) -> (out, alpha)`` (or ``(out,
+    lse)``) with the non-differentiable arguments of ``a`` fixed."""
     if spec.kind == "context":
         return lambda **x: _pure.context_attention(mask=a["mask"], **x)
-    return lambda **x: _pure.family_attention(spec.kind, mask=a["mask"],
-                                              scale=a.get("scale"), **x)
+    fixed = {n: a[n] for n in _FIXED if n in a}
+    return lambda **x: _pure.family_attention(spec.kind, **fixed, **x)
 
 
 def _xs(spec: _Spec, a: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -468,13 +617,21 @@ def _first_backward(spec: _Spec, bwd: Any) -> Any:
             return (None,) * len(spec.inputs)
         given = dict(a, grad_out=(torch.zeros_like(outs[0])
                                   if grad_out is None else grad_out),
-                     grad_alpha=grad_alpha, alpha=outs[1],
+                     grad_alpha=grad_alpha, alpha=outs[1], out=outs[0],
                      # A key_proj that requires grad: stop there, autograd
                      # carries the keys' projection through its graph.
                      stop=bool(need.get("key_proj")),
                      act=outs[2] if a.get("keep") else None)
-        res = bwd(*[given[n] for n in spec.bwd_inputs])
-        g = dict(zip(spec.grads, res))
+        if grad_alpha is not None and not a.get("weights", True):
+            # A gradient of lse: the C backward takes none (its delta has
+            # no P_i * dlse_i term), so differentiate the pure forward.
+            xs = _xs(spec, given)
+            res = _first_order(spec, given)(given["grad_out"], grad_alpha,
+                                            *xs.values())
+            g = dict(zip(xs, res))
+        else:
+            res = bwd(*[given[n] for n in spec.bwd_inputs])
+            g = dict(zip(spec.grads, res))
         return tuple(g[n] if n in g and a[n] is not None and need[n]
                      else None for n in spec.inputs)
 
@@ -601,11 +758,10 @@ for _spec in _SPECS.values():
     # return float32, whatever mix of dtypes autocast gave the inputs.
     torch.library.register_autocast(_spec.op, "cpu", torch.float32)
     torch.library.register_vmap(_spec.bwd_op, _loop_rule(_spec.bwd_op))
-for _kind, _data in [("context", (0, 4)), ("additive", (0, 1, 5, 6, 7)),
-                     ("dot", (0, 1, 2, 3)), ("general", (0, 1, 3, 4, 5))]:
-    _op = _SPECS[_kind].op
-    torch.library.register_vmap(_op, _vmap_native(_op, _data))
-del _spec, _bwd_fn, _kind, _data, _op
+    torch.library.register_vmap(
+        _spec.op, _vmap_native(_spec.op, (0, 4)) if _spec.kind == "context"
+        else _vmap_family(_spec.op, _spec.inputs))
+del _spec, _bwd_fn
 
 
 def _transforms() -> list[Any]:

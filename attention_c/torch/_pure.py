@@ -1,30 +1,104 @@
 """Pure-PyTorch transcriptions of the forwards (docs/contract.md sections
-1.2 and 4.3), which attention_c.torch differentiates for the derivatives
-of its backward operators (double backward, Hessians, forward-mode).
+1.2, 4.3 and 5), which attention_c.torch differentiates for the
+derivatives of its backward operators (double backward, Hessians,
+forward-mode), and for the gradient of ``lse``.
 
 They zero the padding first so that NaN or Inf there reaches no second
-derivative either (rule 1.3.2).
+derivative either (rule 1.3.2).  Dropout uses the kernels' keep bits:
+:func:`dropout_keep` is Philox4x32-10 in int64 tensor arithmetic, bit for
+bit ``attention_c.reference.dropout_keep``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+# (untyped in torch's stubs)
+_broadcast_shapes: Any = torch.broadcast_shapes
+
+_M32 = 0xFFFFFFFF
+_PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit words of ``a * m``, a uint32 held in int64 and m <
+    2**32: the product is built from 16-bit halves of ``a`` so that no
+    partial product reaches 2**63."""
+    x = (a & 0xFFFF) * m                        # < 2**48
+    y = (a >> 16) * m                           # < 2**48
+    mid = ((y & 0xFFFF) << 16) + x              # a m = (y >> 16) 2**32 + mid
+    return (y >> 16) + (mid >> 32), mid & _M32
+
+
+def philox4x32(counter: tuple[torch.Tensor, ...],
+               key: tuple[torch.Tensor, torch.Tensor]
+               ) -> tuple[torch.Tensor, ...]:
+    """The 4 output words of Philox4x32-10 (int64 tensors holding uint32
+    values) for the counter words ``counter`` under ``key``; the words
+    broadcast.  The rounds of ``attention_c.reference.philox4x32``."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(c0, _PHILOX_M[0])
+        hi1, lo1 = _mulhilo(c2, _PHILOX_M[1])
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _PHILOX_W[0]) & _M32, (k1 + _PHILOX_W[1]) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_keep(seed: torch.Tensor | int, p: float,
+                 lead: tuple[int, ...], Tq: int, T: int,
+                 device: torch.device | None = None) -> torch.Tensor:
+    """keep (lead + (Tq, T)) booleans of dropout rate ``p``, the flat batch
+    index b running row-major over ``lead`` (section 5.1).
+
+    ``seed`` is an int in [0, 2**64) or an int64 tensor holding its 64
+    bits; keep_it = word ``t & 3`` of philox((t >> 2, i, b mod 2**32,
+    b >> 32), (seed mod 2**32, seed >> 32)) >= floor(p 2**32).
+    """
+    if isinstance(seed, int):                   # its bits as an int64
+        seed = seed - 2**64 if seed >= 2**63 else seed
+    s = torch.as_tensor(seed, dtype=torch.int64, device=device)
+    key = (s & _M32, (s >> 32) & _M32)          # arithmetic shift, masked
+    n = math.prod(lead)
+    blocks = (T + 3) // 4
+    i64 = torch.int64
+    b = torch.arange(n, dtype=i64, device=device)[:, None, None]
+    i = torch.arange(Tq, dtype=i64, device=device)[None, :, None]
+    t4 = torch.arange(blocks, dtype=i64, device=device)[None, None, :]
+    words = philox4x32((t4, i, b & _M32, b >> 32), key)
+    shape = (n, Tq, blocks)
+    u = torch.stack([w.expand(shape) for w in words], -1)
+    u = u.reshape(n, Tq, 4 * blocks)[..., :T]
+    return (u >= math.floor(p * 2**32)).reshape(*lead, Tq, T)
 
 
 def masked_softmax(s: torch.Tensor, m: torch.Tensor | None
                    ) -> torch.Tensor:
     """Masked softmax over the last axis; 0 where nothing is valid."""
+    return _softmax_lse(s, m)[0]
+
+
+def _softmax_lse(s: torch.Tensor, m: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alpha, lse) of ``s`` over the last axis and the valid entries of
+    ``m``; a row with none gets alpha = 0 and lse = -inf, with zero
+    derivatives of any order."""
     if m is None:
-        return torch.softmax(s, -1)
+        return torch.softmax(s, -1), torch.logsumexp(s, -1)
     any_valid = m.any(-1, keepdim=True)
     M = torch.where(m, s, -torch.inf).amax(-1, keepdim=True)
     M = torch.where(any_valid, M, 0).detach()
     # exp(0) on masked entries: no inf whose zero gradient would give NaN.
     e = torch.where(m, torch.exp(torch.where(m, s, M) - M), 0)
-    return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
+    total = torch.where(any_valid, e.sum(-1, keepdim=True), 1)
+    lse = torch.where(any_valid, M + torch.log(total), -torch.inf)
+    return e / total, lse[..., 0]
 
 
 def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
@@ -44,6 +118,24 @@ def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
     return (alpha.unsqueeze(-2) @ h).squeeze(-2), alpha
 
 
+def _any_to(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``x`` (bool) reduced with ``any`` to ``shape``, the shape of a
+    tensor broadcast to ``x.shape``."""
+    x = x.any(dim=tuple(range(x.ndim - len(shape)))) if (
+        x.ndim > len(shape)) else x
+    stretched = tuple(a for a, n in enumerate(shape)
+                      if n == 1 and x.shape[a] != 1)
+    return x.any(dim=stretched, keepdim=True) if stretched else x
+
+
+def _live(x: torch.Tensor | None, seen: torch.Tensor) -> Any:
+    """``x`` (..., n, d) with the rows no (query, key) pair sees set to 0
+    (``seen`` (lead, n): whether the row is seen at that position)."""
+    if x is None:
+        return None
+    return torch.where(_any_to(seen, x.shape[:-1])[..., None], x, 0)
+
+
 def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
                      mask: torch.Tensor | None = None,
                      values: torch.Tensor | None = None,
@@ -51,23 +143,41 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
                      v: torch.Tensor | None = None,
                      b: torch.Tensor | None = None,
                      key_proj: torch.Tensor | None = None,
-                     scale: float | None = None
+                     scale: float | None = None,
+                     attn_mask: torch.Tensor | None = None,
+                     causal: bool = False,
+                     bias: torch.Tensor | None = None,
+                     dropout: float = 0.0,
+                     seed: torch.Tensor | int | None = None,
+                     weights: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The family's ``kind`` ('additive', 'dot', 'general'; section 4.3):
-    ``(out, alpha)``.  ``key_proj`` given: the scores use it (the gradient
-    stops there)."""
+    """The family's ``kind`` ('additive', 'dot', 'general'; sections 4.3
+    and 5): ``(out, alpha)``, or ``(out, lse)`` when not ``weights``.
+    ``key_proj`` given: the scores use it (the gradient stops there)."""
     single = query.ndim < keys.ndim
     q = query.unsqueeze(-2) if single else query
-    m = None
+    Tq, T = q.shape[-2], keys.shape[-2]
+    lead = _broadcast_shapes(
+        q.shape[:-2], keys.shape[:-2],
+        *([] if values is None else [values.shape[:-2]]))
+    vis = torch.ones(*lead, Tq, T, dtype=torch.bool, device=q.device)
     if mask is not None:
-        m = mask if mask.ndim == keys.ndim else mask.unsqueeze(-2)
-        # Padding: keys masked for every query, queries with no valid key.
-        key_ok, query_ok = m.any(-2)[..., None], m.any(-1)[..., None]
-        keys = torch.where(key_ok, keys, 0)
-        values = None if values is None else torch.where(key_ok, values, 0)
-        key_proj = (None if key_proj is None
-                    else torch.where(key_ok, key_proj, 0))
-        q = torch.where(query_ok, q, 0)
+        vis = vis & mask.unsqueeze(-2)
+    if attn_mask is not None:
+        vis = vis & attn_mask
+    if causal:
+        i = torch.arange(Tq, device=q.device)[:, None]
+        t = torch.arange(T, device=q.device)[None, :]
+        vis = vis & (t <= i + (T - Tq))
+    if bias is not None:
+        bias = bias.unsqueeze(-2) if single else bias
+        vis = vis & ~torch.isneginf(bias)
+        bias = torch.where(torch.isneginf(bias), 0, bias)
+    # Padding: keys no query sees, queries that see no key.
+    seen_k, seen_q = vis.any(-2), vis.any(-1)
+    keys, values, key_proj = (_live(x, seen_k)
+                              for x in (keys, values, key_proj))
+    q = _live(q, seen_q)
     H = keys.shape[-1]
     if kind == "dot":
         c = 1 / math.sqrt(H) if scale is None else scale
@@ -81,6 +191,17 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
         kp = F.linear(keys, W[:, :H]) if key_proj is None else key_proj
         qp = F.linear(q, W[:, H:], b)
         s = torch.tanh(kp.unsqueeze(-3) + qp.unsqueeze(-2)) @ v
-    alpha = masked_softmax(s, m)
-    out = alpha @ (keys if values is None else values)
-    return (out.squeeze(-2), alpha.squeeze(-2)) if single else (out, alpha)
+    if bias is not None:
+        s = s + bias
+    alpha, lse = _softmax_lse(s, vis)
+    a = alpha
+    if dropout > 0:
+        assert seed is not None
+        keep = dropout_keep(seed, dropout, tuple(lead), Tq, T, q.device)
+        a = torch.where(keep, alpha / (1 - dropout), 0)
+    out = a @ (keys if values is None else values)
+    second = alpha if weights else lse
+    if single:
+        return out.squeeze(-2), (second.squeeze(-2) if weights
+                                 else second.squeeze(-1))
+    return out, second

@@ -31,19 +31,23 @@ def _np_opt(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
-                   mask: torch.Tensor | None, item: str = "item"
+                   mask: torch.Tensor | None, item: str = "item", *,
+                   attn_mask: torch.Tensor | None = None
                    ) -> torch.dtype | None:
     """Errors that the kernels cannot phrase in PyTorch's terms.
 
     ``named`` are the float tensors (None for an absent optional one), the
     first setting the dtype of all; ``mask`` the boolean mask of the valid
-    items (``item``: what it masks, for the messages).
+    items (``item``: what it masks, for the messages); ``attn_mask`` the
+    per-query mask (its dtype is checked by the caller).
 
     Returns the dtype to compute in float32 and return in: bfloat16 or
     float16, float32 under ``torch.autocast`` (any mix of dtypes), or None
     when the tensors go to the kernels as they are (float32, float64).
     """
-    present = [(n, t) for n, t in [*named, ("mask", mask)] if t is not None]
+    present = [(n, t) for n, t in [*named, ("mask", mask),
+                                   ("attn_mask", attn_mask)]
+               if t is not None]
     for name, t in present:
         if isinstance(t, torch.fx.Proxy):
             # Only for a direct call: the modules' calls are leaves of

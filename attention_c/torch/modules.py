@@ -4,14 +4,19 @@ functions of attention_c.torch.functional).
 
 Forwards take the data by position and every option by keyword:
 ``module(h, *, mask=None)`` (ContextAttention) and ``module(query, keys, *,
-values=None, mask=None, key_proj=None)`` (the attention family; DotAttention
-has no key_proj), each with ``return_weights=False`` to also return the
-attention weights.
+values=None, mask=None, attn_mask=None, causal=False, key_proj=None)`` (the
+attention family; DotAttention has no key_proj; DotAttention and
+GeneralAttention also take ``bias=``), each with ``return_weights=True`` to
+also return the attention weights.  DotAttention and GeneralAttention take
+``dropout=`` at construction, like ``nn.MultiheadAttention``: applied in
+training mode only, with a seed drawn from torch's default generator, so
+that ``torch.manual_seed`` reproduces a run.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +60,27 @@ def _result(out: torch.Tensor, alpha: torch.Tensor, return_weights: bool
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A forward's result: ``out``, or ``(out, alpha)``."""
     return (out, alpha) if return_weights else out
+
+
+def _check_p(dropout: float) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout must be a float, got "
+                        f"{type(dropout).__name__}")
+    if not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be in [0, 1), not {dropout}")
+    return float(dropout)
+
+
+def _dropout_args(module: torch.nn.Module) -> dict[str, Any]:
+    """``dropout=`` and ``seed=`` of a forward: the module's rate in
+    training mode, with a seed (a 0-dim int64 tensor, 63 random bits)
+    drawn from torch's default generator; none in eval mode."""
+    p = getattr(module, "dropout")
+    if not (module.training and p > 0):
+        return {}
+    # A tensor, not .item(): the draw stays in a compiled graph.
+    return dict(dropout=p, seed=torch.randint(0, 2**63 - 1, (),
+                                              dtype=torch.int64))
 
 
 class ContextAttention(torch.nn.Module):
@@ -260,6 +286,8 @@ class AdditiveAttention(torch.nn.Module):
     def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
                 values: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None,
+                causal: bool = False,
                 key_proj: torch.Tensor | None = None,
                 return_weights: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -273,8 +301,13 @@ class AdditiveAttention(torch.nn.Module):
         values : Tensor (..., T, Hv), optional
             Default: the keys.  Keyword-only, as every argument after
             ``keys``.
-        mask : Tensor of torch.bool (..., T) or (..., Tq, T), optional
-            True marks a valid key.
+        mask : Tensor of torch.bool (..., T), optional
+            The key mask: True marks a valid key, for every query.
+        attn_mask : Tensor of torch.bool, optional
+            Broadcastable to (..., Tq, T): True = query i may attend to
+            key t (as ``F.scaled_dot_product_attention``'s boolean mask).
+        causal : bool, optional
+            Key t visible to query i iff ``t <= i + (T - Tq)``.
         key_proj : Tensor (..., T, A), optional
             :meth:`project_keys` of these keys, computed once per sequence.
         return_weights : bool, optional
@@ -286,8 +319,9 @@ class AdditiveAttention(torch.nn.Module):
             ``(out, alpha)`` with ``return_weights``.
         """
         out, alpha = additive_attention(query, keys, self.W, self.v,
-                                        b=self.b, mask=mask, values=values,
-                                        key_proj=key_proj)
+                                        b=self.b, mask=mask,
+                                        attn_mask=attn_mask, causal=causal,
+                                        values=values, key_proj=key_proj)
         return _result(out, alpha, return_weights)
 
     def extra_repr(self) -> str:
@@ -298,33 +332,54 @@ class AdditiveAttention(torch.nn.Module):
 
 class DotAttention(torch.nn.Module):
     """Scaled dot-product attention as an ``nn.Module`` on the C kernels
-    (no parameters): ``s_it = scale q_i . k_t``.
+    (no parameters): ``s_it = scale q_i . k_t + bias_it``.
 
     Parameters
     ----------
     scale : float, optional
         Default ``1/sqrt(H)``, H the features of a key and of a query.
+    dropout : float, optional
+        Dropout rate p in [0, 1) on the attention weights, in training
+        mode only (``module.train()``, the default; none after
+        ``module.eval()``), as ``nn.MultiheadAttention(dropout=)``.  Each
+        training forward draws its seed from torch's default generator, so
+        ``torch.manual_seed`` reproduces a run; the backward regenerates
+        the same keep bits.
     """
 
-    def __init__(self, *, scale: float | None = None) -> None:
+    def __init__(self, *, scale: float | None = None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.scale = None if scale is None else float(scale)
+        self.dropout = _check_p(dropout)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
                 values: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None,
+                causal: bool = False,
+                bias: torch.Tensor | None = None,
                 return_weights: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` (..., H) or (..., Tq, H) to ``keys``
         (..., T, H); arguments (keyword-only after ``keys``; no
         ``key_proj``: the scores use the keys as they are) and results as
-        in :meth:`AdditiveAttention.forward`."""
-        out, alpha = dot_attention(query, keys, mask=mask, values=values,
-                                   scale=self.scale)
-        return _result(out, alpha, return_weights)
+        in :meth:`AdditiveAttention.forward`, and ``bias``, a float tensor
+        broadcastable to (..., Tq, T) added to the scores (differentiable;
+        -inf masks).
+
+        Without ``return_weights`` the kernels never form the (..., Tq, T)
+        weights (forward and backward work from ``out`` and the
+        log-sum-exp); the weights returned with it are before dropout.
+        """
+        out, second = dot_attention(
+            query, keys, mask=mask, attn_mask=attn_mask, causal=causal,
+            bias=bias, values=values, scale=self.scale,
+            return_weights=return_weights, **_dropout_args(self))
+        return _result(out, second, return_weights)
 
     def extra_repr(self) -> str:
-        return f"scale={self.scale}"
+        return f"scale={self.scale}, dropout={self.dropout}"
 
 
 class GeneralAttention(torch.nn.Module):
@@ -337,6 +392,9 @@ class GeneralAttention(torch.nn.Module):
         Hq.
     key_size : int
         H.
+    dropout : float, optional
+        As in :class:`DotAttention`: in training mode only, the seed of
+        each forward drawn from torch's default generator.
     dtype : torch.dtype, optional
         torch.float32 (default: ``torch.get_default_dtype()``) or
         torch.float64.
@@ -348,9 +406,11 @@ class GeneralAttention(torch.nn.Module):
     """
 
     def __init__(self, query_size: int, key_size: int, *,
+                 dropout: float = 0.0,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         dtype = _module_dtype(dtype)
+        self.dropout = _check_p(dropout)
         self.query_size, self.key_size = query_size, key_size
         self.W = torch.nn.Parameter(torch.empty(query_size, key_size,
                                                 dtype=dtype))
@@ -378,18 +438,25 @@ class GeneralAttention(torch.nn.Module):
     def forward(self, query: torch.Tensor, keys: torch.Tensor, *,
                 values: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None,
+                causal: bool = False,
+                bias: torch.Tensor | None = None,
                 key_proj: torch.Tensor | None = None,
                 return_weights: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` (..., Hq) or (..., Tq, Hq) to ``keys``
         (..., T, H); arguments (keyword-only after ``keys``) and results as
-        in :meth:`AdditiveAttention.forward` (``key_proj`` (..., T, Hq))."""
-        out, alpha = general_attention(query, keys, self.W, mask=mask,
-                                       values=values, key_proj=key_proj)
-        return _result(out, alpha, return_weights)
+        in :meth:`DotAttention.forward` (and ``key_proj`` (..., T, Hq), as
+        in :meth:`AdditiveAttention.forward`)."""
+        out, second = general_attention(
+            query, keys, self.W, mask=mask, attn_mask=attn_mask,
+            causal=causal, bias=bias, values=values, key_proj=key_proj,
+            return_weights=return_weights, **_dropout_args(self))
+        return _result(out, second, return_weights)
 
     def extra_repr(self) -> str:
-        return f"query_size={self.query_size}, key_size={self.key_size}"
+        return (f"query_size={self.query_size}, key_size={self.key_size}, "
+                f"dropout={self.dropout}")
 
 
 # torch.fx.symbolic_trace of a model records the forwards' calls of these

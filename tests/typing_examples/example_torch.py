@@ -41,7 +41,21 @@ out, alpha = dot_attention(keys, keys, values=torch.randn(2, 5, 2),
                            scale=0.5)
 assert_type(DotAttention().forward(keys, keys), torch.Tensor | tuple[
     torch.Tensor, torch.Tensor])
+# Section 5: attn_mask, causal, bias, dropout + seed, return_weights
+x = torch.randn(2, 5, 4)
+causal_mask = torch.ones(5, 5, dtype=torch.bool).tril()
+out, lse = dot_attention(x, x, attn_mask=causal_mask, bias=torch.zeros(5, 5),
+                         dropout=0.1, seed=0, return_weights=False)
+assert_type(lse, torch.Tensor)
+out, alpha = dot_attention(x, x, causal=True, dropout=0.1,
+                           seed=torch.tensor(3))
+self_attn = DotAttention(dropout=0.1)
+assert_type(self_attn.forward(x, x, causal=True, bias=torch.zeros(5, 5)),
+            torch.Tensor | tuple[torch.Tensor, torch.Tensor])
 general = GeneralAttention.from_linear(torch.nn.Linear(4, 3, bias=False))
+assert_type(GeneralAttention(3, 4, dropout=0.1).forward(
+    torch.randn(2, 5, 3), x, mask=mask, causal=True),
+    torch.Tensor | tuple[torch.Tensor, torch.Tensor])
 out, alpha = general_attention(query, keys, general.W,
                                key_proj=general.project_keys(keys))
 assert_type(out, torch.Tensor)
