@@ -501,8 +501,10 @@ _DOCS["masks"] = """\
         A mask per query, broadcastable by NumPy rules to (..., Tq, T):
         True = query i may attend to key t.  ``np.tril(np.ones((Tq, T),
         bool))`` serves any batch shape.  Only with several queries.  It
-        must be boolean: for a float mask use ``bias``; PyTorch's boolean
-        masks mean True = masked, the opposite of ours (pass ``~m``).
+        must be boolean: for a float mask use ``bias``.  The boolean masks
+        of ``nn.MultiheadAttention`` mean True = masked, the opposite of
+        ours (pass ``~m``); ``F.scaled_dot_product_attention``'s mean True
+        = take part, as ours.
     causal : bool, optional
         Key t is visible to query i iff ``t <= i + (T - Tq)``, aligned at
         the bottom right: ``np.tril`` when Tq == T, and Tq new queries

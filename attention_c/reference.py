@@ -348,8 +348,10 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias):
         if am.dtype != bool:
             raise TypeError(
                 f"attn_mask must be boolean (True = may attend), not "
-                f"{am.dtype}: for a float mask use bias=; note PyTorch's "
-                f"boolean masks mean True = masked, the opposite of ours")
+                f"{am.dtype}: for a float mask use bias=; note that "
+                f"nn.MultiheadAttention's (PyTorch) boolean masks mean True "
+                f"= masked, the opposite of ours, while "
+                f"scaled_dot_product_attention's mean True = take part")
         _fits("attn_mask", am.shape, full)
         vis = vis & am
     if causal:

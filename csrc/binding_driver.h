@@ -707,9 +707,11 @@ static int view_args(Call *c)
                 PyErr_Format(PyExc_TypeError,
                              "attn_mask must be a boolean array (True = query "
                              "i may attend to key t); got dtype %S.  For a "
-                             "float mask added to the scores use bias=; note "
-                             "that PyTorch's boolean masks mean True = "
-                             "masked, the opposite of ours (pass ~mask)",
+                             "float mask added to the scores use bias=.  Note "
+                             "that nn.MultiheadAttention's (PyTorch) boolean "
+                             "masks mean True = masked, the opposite of ours "
+                             "(pass ~mask), while scaled_dot_product_"
+                             "attention's mean True = take part, as ours",
                              (PyObject *)dt);
                 return -1;
             }
