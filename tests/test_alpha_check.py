@@ -8,6 +8,8 @@ wrong gradients a forgotten mask used to give (off by up to 0.8, nonzero on
 padding).
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -35,8 +37,11 @@ def _mask(rng, shape):
 
 
 def _cases(rng, dtype, scale=1.0):
-    """(name, forward kwargs, backward extra kwargs, mask) for the layer and
-    the three scores; scale multiplies the scores (large: exp underflows)."""
+    """(name, forward kwargs, mask kwargs, visible) for the layer and the
+    three scores: a key mask (mask=), a per-query mask (attn_mask=),
+    causal=True, or a -inf bias (which masks like attn_mask, SPEC 5.1);
+    visible is what they leave visible, in alpha's shape.  scale
+    multiplies the scores (large: exp underflows)."""
     h = rng.standard_normal((B, T, H)).astype(dtype)
     q = rng.standard_normal((B, TQ, H)).astype(dtype)
     W2 = rng.standard_normal((A, 2 * H)).astype(dtype)
@@ -44,23 +49,37 @@ def _cases(rng, dtype, scale=1.0):
     Wg = (rng.standard_normal((H, H)) * scale).astype(dtype)
     key_mask = _mask(rng, (B, T))
     query_mask = _mask(rng, (B, TQ, T))
+    keys_seen = np.broadcast_to(key_mask[:, None, :], (B, TQ, T))
+    causal = np.broadcast_to(np.tril(np.ones((TQ, T), bool), k=T - TQ),
+                             (B, TQ, T))
+    bias = np.where(query_mask, 0.0, -np.inf).astype(dtype)
     return [
-        ("context_attention", dict(h=h, W=W2, v=v), key_mask),
-        ("additive_attention", dict(query=q, keys=h, W=W2, v=v), key_mask),
+        ("context_attention", dict(h=h, W=W2, v=v), dict(mask=key_mask),
+         key_mask),
         ("additive_attention", dict(query=q, keys=h, W=W2, v=v),
-         query_mask),
-        ("dot_attention", dict(query=q, keys=h, scale=scale), query_mask),
-        ("general_attention", dict(query=q, keys=h, W=Wg), key_mask),
-        ("general_attention", dict(query=q[:, 0], keys=h, W=Wg), key_mask),
+         dict(mask=key_mask), keys_seen),
+        ("additive_attention", dict(query=q, keys=h, W=W2, v=v),
+         dict(attn_mask=query_mask), query_mask),
+        ("dot_attention", dict(query=q, keys=h, scale=scale),
+         dict(attn_mask=query_mask), query_mask),
+        ("dot_attention", dict(query=q, keys=h, scale=scale),
+         dict(causal=True), causal),
+        ("general_attention", dict(query=q, keys=h, W=Wg),
+         dict(mask=key_mask), keys_seen),
+        ("general_attention", dict(query=q, keys=h, W=Wg),
+         dict(bias=bias), query_mask),
+        ("general_attention", dict(query=q[:, 0], keys=h, W=Wg),
+         dict(mask=key_mask), key_mask),
     ]
 
 
-def _backward(name, fwd, alpha, out, mask):
+def _backward(name, fwd, alpha, out, masks):
+    """The backward with the mask keywords masks (a dict; {}: none)."""
     grad = np.ones_like(out)
     bwd = getattr(ac, name + "_backward")
     if name == "context_attention":
-        return bwd(grad, fwd["h"], fwd["W"], fwd["v"], alpha, mask=mask)
-    return bwd(grad, alpha=alpha, mask=mask, **fwd)
+        return bwd(grad, fwd["h"], fwd["W"], fwd["v"], alpha, **masks)
+    return bwd(grad, alpha=alpha, **masks, **fwd)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -74,15 +93,14 @@ def test_forward_alpha_is_zero_exactly_where_masked(dtype, rng,
     for path in PATHS:
         _core._set_simd(path)
         smallest = np.inf
-        for name, fwd, mask in _cases(rng, dtype, scale):
-            out, alpha = getattr(ac, name)(**fwd, mask=mask)[:2]
-            valid = np.broadcast_to(mask if alpha.ndim == mask.ndim
-                                    else mask[:, None, :], alpha.shape)
-            what = f"{name} {path} mask {mask.shape}"
+        for name, fwd, masks, valid in _cases(rng, dtype, scale):
+            out, alpha = getattr(ac, name)(**fwd, **masks)[:2]
+            assert valid.shape == alpha.shape
+            what = f"{name} {path} {list(masks)}"
             assert np.all(alpha[~valid] == 0), what
             assert np.all(alpha[valid] >= tiny), what
             smallest = min(smallest, alpha[valid].min())
-            _backward(name, fwd, alpha, out, mask)
+            _backward(name, fwd, alpha, out, masks)
         # some weights were in exp's underflow range (where they used to
         # become 0)
         assert smallest < 16 * tiny, path
@@ -92,55 +110,58 @@ def test_forward_alpha_is_zero_exactly_where_masked(dtype, rng,
 def test_backward_without_the_forwards_mask_raises(dtype, rng):
     """The forward had a mask, the backward none: ValueError naming the
     first masked item (the old silently wrong gradients)."""
-    for name, fwd, mask in _cases(rng, dtype):
-        out, alpha = getattr(ac, name)(**fwd, mask=mask)[:2]
+    for name, fwd, masks, _ in _cases(rng, dtype):
+        out, alpha = getattr(ac, name)(**fwd, **masks)[:2]
         first = tuple(int(i) for i in np.argwhere(alpha == 0)[0])
         at = "(" + ", ".join(map(str, first)) + ")"
         with pytest.raises(ValueError) as err:
-            _backward(name, fwd, alpha, out, None)
+            _backward(name, fwd, alpha, out, {})
         msg = str(err.value)
         assert msg.startswith(f"{name}_backward: alpha at {at} is 0 but no "
                               "mask was given"), msg
-        assert "pass the mask the forward used" in msg
+        assert "pass the masks the forward used" in msg
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_backward_with_a_mask_the_forward_lacked_raises(dtype, rng):
     """The forward had no mask, the backward one: ValueError naming the
     first masked item, whose weight is nonzero."""
-    for name, fwd, mask in _cases(rng, dtype):
+    for name, fwd, masks, valid in _cases(rng, dtype):
         out, alpha = getattr(ac, name)(**fwd)[:2]
-        with pytest.raises(ValueError, match=r"alpha at \(0, 0(, 0)?\) is "
-                           "nonzero but the mask marks that item masked"):
-            _backward(name, fwd, alpha, out, mask)
+        first = tuple(int(i) for i in np.argwhere(~valid)[0])
+        at = re.escape("(" + ", ".join(map(str, first)) + ")")
+        with pytest.raises(ValueError, match=rf"^{name}_backward: alpha at "
+                           rf"{at} is nonzero but the masks hide that key"):
+            _backward(name, fwd, alpha, out, masks)
 
 
 def test_backward_with_another_mask_raises(rng):
     """Two different masks: refused.  Changing only a fully masked row
     into another fully masked row is not a change."""
-    (name, fwd, mask), = _cases(rng, np.float64)[:1]
+    (name, fwd, masks, _), = _cases(rng, np.float64)[:1]
+    mask = masks["mask"]
     out, alpha = ac.context_attention(**fwd, mask=mask)
     other = mask.copy()
     t = np.argmax(mask[1])
     other[1, t] = False
     with pytest.raises(ValueError, match=rf"alpha at \(1, {t}\) is nonzero"):
-        _backward(name, fwd, alpha, out, other)
+        _backward(name, fwd, alpha, out, dict(mask=other))
     # the same mask as a copy, and as a list of lists, is accepted
-    want = _backward(name, fwd, alpha, out, mask)
+    want = _backward(name, fwd, alpha, out, masks)
     for same in (mask.copy(), mask.tolist()):
-        got = _backward(name, fwd, alpha, out, same)
+        got = _backward(name, fwd, alpha, out, dict(mask=same))
         assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
 def test_a_wrong_pair_leaves_no_state(rng):
     """After the refused call, the right call gives the same bits as
     before it."""
-    for name, fwd, mask in _cases(rng, np.float32):
-        out, alpha = getattr(ac, name)(**fwd, mask=mask)[:2]
-        want = _backward(name, fwd, alpha, out, mask)
+    for name, fwd, masks, _ in _cases(rng, np.float32):
+        out, alpha = getattr(ac, name)(**fwd, **masks)[:2]
+        want = _backward(name, fwd, alpha, out, masks)
         with pytest.raises(ValueError):
-            _backward(name, fwd, alpha, out, None)
-        got = _backward(name, fwd, alpha, out, mask)
+            _backward(name, fwd, alpha, out, {})
+        got = _backward(name, fwd, alpha, out, masks)
         for g, w in zip(got, want):
             assert (g is None and w is None) or np.array_equal(g, w), name
 
@@ -148,10 +169,11 @@ def test_a_wrong_pair_leaves_no_state(rng):
 def test_nonfinite_alpha_where_valid_is_not_refused(rng):
     """A NaN weight on a valid item is nonzero: no refusal (NaN flows
     through as the NaN tests describe); the check is about the mask."""
-    name, fwd, mask = _cases(rng, np.float64)[0]
+    name, fwd, masks, _ = _cases(rng, np.float64)[0]
+    mask = masks["mask"]
     out, alpha = ac.context_attention(**fwd, mask=mask)
     alpha[mask] = np.nan
-    grads = _backward(name, fwd, alpha, out, mask)
+    grads = _backward(name, fwd, alpha, out, masks)
     assert np.isnan(grads.h[mask]).any()
 
 

@@ -233,10 +233,9 @@ def between(text, name):
 
 
 def outside(text, names):
-    """The page without the bodies of the sections ``names``."""
-    for name in names:
-        text = text.replace(between(text, name), "")
-    return text
+    """The page without the bodies of the sections ``names`` (only
+    between their markers: a body's text may occur elsewhere too)."""
+    return docs_page.replace_sections(text, dict.fromkeys(names, ""))
 
 
 def fake_run(threads=(1, 2)):

@@ -21,7 +21,8 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core, _core_tests, reference
-from attention_c.testing import SIGNATURES, Problem
+from attention_c.testing import (DEFAULTS, OPTIONAL_POSITIONAL, SIGNATURES,
+                                 Problem)
 
 ALL = list(SIGNATURES)
 # Optional parameters past contract section 3, last in the signature.
@@ -41,13 +42,16 @@ GRADS = {
 
 @pytest.mark.parametrize("fn", ALL)
 def test_signature(fn):
-    """inspect.signature: the contract's names in order, required ones
-    without a default and positional or keyword, optional ones None (flags
-    False) and keyword-only; _core's and _core_tests' functions the
-    same."""
+    """inspect.signature: the contract's names in order, positional ones
+    positional or keyword without a default (alpha of a dot/general
+    backward: None), optional ones None (flags False, dropout 0.0,
+    return_weights True) and keyword-only; _core's and _core_tests'
+    functions the same."""
     req, opt = SIGNATURES[fn]
-    want = ([(n, inspect.Parameter.empty) for n in req]
-            + [(n, None) for n in opt] + EXTRA.get(fn, []))
+    optional_pos = OPTIONAL_POSITIONAL.get(fn, [])
+    want = ([(n, None if n in optional_pos else inspect.Parameter.empty)
+             for n in req]
+            + [(n, DEFAULTS.get(n)) for n in opt] + EXTRA.get(fn, []))
     sig = inspect.signature(getattr(ac, fn))
     assert [(p.name, p.default) for p in sig.parameters.values()] == want
     kinds = [p.kind for p in sig.parameters.values()]
@@ -186,9 +190,11 @@ def test_publish_checks_its_arguments():
     field per gradient, are refused."""
     with pytest.raises(ValueError, match="no function nope"):
         _core_tests._publish("nope", "")
+    # (GeneralAttentionGrads has 5 fields; DotAttentionGrads has 4 since
+    # the bias gradient, like AttentionGrads)
     with pytest.raises(TypeError, match="named tuple of 4 fields"):
         _core_tests._publish("context_attention_backward", "",
-                             ac.DotAttentionGrads)
+                             ac.GeneralAttentionGrads)
     with pytest.raises(TypeError, match="named tuple"):
         _core_tests._publish("context_attention_backward", "", list)
     f = _core_tests._publish("context_attention_backward", "Doc.",
@@ -196,3 +202,26 @@ def test_publish_checks_its_arguments():
     assert f.__doc__ == "Doc." and f.__module__ == "attention_c._core_tests"
     assert inspect.signature(f) == inspect.signature(
         ac.context_attention_backward)
+
+
+@pytest.mark.parametrize("fn", ["dot_attention_backward",
+                                "general_attention_backward"])
+def test_backward_from_out_and_lse_named_tuple(fn, rng):
+    """A dot/general backward from out= and lse= (alpha left out, SPEC
+    5.2) returns the same named tuple, with the bias gradient last in the
+    bias's (broadcast) shape; _core's the plain tuple of the same
+    arrays."""
+    keys, query, W, _ = _family_problem(rng)
+    fwd = ((query[..., :1] * keys[:, :3], keys)
+           if fn.startswith("dot") else (query, keys, W[:3, :4]))
+    bias = rng.standard_normal((1, 3, 7))
+    forward = getattr(ac, fn.removesuffix("_backward"))
+    out, lse = forward(*fwd, bias=bias, return_weights=False)
+    kw = dict(out=out, lse=lse, bias=bias)
+    g = getattr(ac, fn)(np.ones_like(out), *fwd, **kw)
+    plain = getattr(_core, fn)(np.ones_like(out), *fwd, **kw)
+    assert type(g) is GRADS[fn] and type(plain) is tuple
+    assert g._fields[-1] == "bias" and g.bias.shape == bias.shape
+    assert len(g) == len(plain)
+    for a, b in zip(g, plain):
+        assert (a is None and b is None) or np.array_equal(a, b)

@@ -52,26 +52,35 @@ def test_hooks_only_in_the_tests_extension():
 
 def _family_calls(rng):
     """Keyword arguments of every family function with every optional
-    argument given: several queries, a per-query mask, values as wide as
-    the keys (so that leaving values out keeps grad_out's shape)."""
+    argument given: several queries, a key mask, a per-query attn_mask
+    and causal (a query with no visible key), for dot/general a bias that
+    broadcasts over the batch (an "offsets of" view) and dropout, values
+    as wide as the keys (so that leaving values out keeps grad_out's
+    shape)."""
     lead, Tq, T, H, Hq, A = (3,), 2, 5, 4, 3, 6
     keys = rng.standard_normal(lead + (T, H))
     values = rng.standard_normal(lead + (T, H))
     q = rng.standard_normal(lead + (Tq, Hq))
     q_dot = rng.standard_normal(lead + (Tq, H))
-    mask = rng.random(lead + (Tq, T)) < 0.7
-    mask[..., 0] = True
-    mask[1, 1] = False                          # a query with no valid key
+    key_mask = rng.random(lead + (T,)) < 0.8
+    key_mask[..., -1] = True                    # causal's first key
+    attn_mask = rng.random(lead + (Tq, T)) < 0.7
+    attn_mask[..., -1] = True
+    attn_mask[1, 1] = False                     # a query with no valid key
+    masks = dict(mask=key_mask, attn_mask=attn_mask, causal=True)
+    bias = rng.standard_normal((1, Tq, T))
+    drop = dict(dropout=0.25, seed=2 ** 40 + 7)
     W_add = rng.standard_normal((A, H + Hq)) / 3
     v, b = rng.standard_normal(A), rng.standard_normal(A)
     W_gen = rng.standard_normal((Hq, H)) / 2
     G = rng.standard_normal(lead + (Tq, H))
     Ga = rng.standard_normal(lead + (Tq, T))
-    add = dict(query=q, keys=keys, W=W_add, v=v, b=b, mask=mask,
+    add = dict(query=q, keys=keys, W=W_add, v=v, b=b, **masks,
                values=values, key_proj=reference.project_keys(keys, W_add))
-    dot = dict(query=q_dot, keys=keys, mask=mask, values=values, scale=0.5)
-    gen = dict(query=q, keys=keys, W=W_gen, mask=mask, values=values,
-               key_proj=reference.project_keys(keys, W_gen))
+    dot = dict(query=q_dot, keys=keys, **masks, bias=bias, **drop,
+               values=values, scale=0.5)
+    gen = dict(query=q, keys=keys, W=W_gen, **masks, bias=bias, **drop,
+               values=values, key_proj=reference.project_keys(keys, W_gen))
     a_add = reference.additive_attention(**add)[1]
     a_dot = reference.dot_attention(**dot)[1]
     a_gen = reference.general_attention(**gen)[1]
@@ -90,6 +99,18 @@ def _family_calls(rng):
             grad_proj=rng.standard_normal(lead + (T, A)), keys=keys,
             W=W_add),
     }
+
+
+def _lse_variant(fn, full):
+    """A dot/general call of SPEC 5: the forward with return_weights=False
+    (out, lse), the backward from out= and lse= instead of alpha."""
+    if fn.endswith("_backward"):
+        fwd = {k: a for k, a in full.items()
+               if k not in ("grad_out", "alpha", "grad_alpha")}
+        out, lse = getattr(ac, fn.removesuffix("_backward"))(
+            **fwd, return_weights=False)
+        return dict(fwd, grad_out=full["grad_out"], out=out, lse=lse)
+    return dict(full, return_weights=False)
 
 
 def _variants(fn, rng):
@@ -133,14 +154,19 @@ def _variants(fn, rng):
 
 
 def _family_variants(fn, rng):
-    """The same two variants for a family function."""
+    """The same two variants for a family function; a dot/general one
+    also with (out, lse) instead of the weights (SPEC 5)."""
     full = _family_calls(rng)[fn]
-    optional = {"b", "mask", "values", "key_proj", "scale", "grad_alpha"}
+    optional = {"b", "mask", "attn_mask", "causal", "bias", "dropout",
+                "seed", "values", "key_proj", "scale", "grad_alpha"}
     bare = _forward_alpha(fn, {
         k: np.asfortranarray(np.asarray(v, np.float32))
         for k, v in full.items() if k not in optional})
-    return [("float64, all optional arguments", full),
-            ("float32 Fortran order, no optional argument", bare)]
+    variants = [("float64, all optional arguments", full),
+                ("float32 Fortran order, no optional argument", bare)]
+    if fn.startswith(("dot", "general")):
+        variants.append(("float64, out and lse", _lse_variant(fn, full)))
+    return variants
 
 
 def _forward_alpha(fn, kw):
@@ -227,6 +253,10 @@ def test_every_allocation_point_fails_cleanly(fn, rng, threads_restored):
         assert any(n.startswith("output") for n in names), names
         if fn in FUSED:
             assert "thread pool" in names and "scratch memory" in names
+        # the arguments read in place through broadcast views
+        for arg in ("mask", "attn_mask", "bias"):
+            if fn in FAMILY and kw.get(arg) is not None:
+                assert f"offsets of {arg}" in names, (fn, arg, names)
         # (not the bool singletons: their counts move with everything else
         # the interpreter does, e.g. on the first walk in a fresh process)
         objs = [o for o in kw.values() if not isinstance(o, bool)]

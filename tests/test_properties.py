@@ -17,8 +17,11 @@ rows sum to 1.
 The attention family (SPEC section 4: additive, dot and general
 attention, project_keys, and their backwards) is drawn the same way, with
 one or several queries (Tq), query and value widths (Hq, Hv), key masks,
-per-query and causal masks, values given or not, and, for the additive
-and general scores, the keys projected beforehand (``key_proj``) or not.
+per-query masks (attn_mask) and causal=True, values given or not, and,
+for the additive and general scores, the keys projected beforehand
+(``key_proj``) or not; for the dot and general scores also (SPEC 5) a
+bias (full, broadcast over the batch, with -inf entries), dropout with a
+seed, and the forward's lse with the backward from out= and lse=.
 
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (the default) runs 200
 derandomized examples per function, ``dev`` 50, ``long`` 2000; no example
@@ -186,7 +189,7 @@ def _ref(fn, kw):
 
 def _f64(kw):
     return {k: (v.astype(np.float64) if isinstance(v, np.ndarray)
-                and k != "mask" else v) for k, v in kw.items()}
+                and v.dtype != bool else v) for k, v in kw.items()}
 
 
 def _stable_ds(alpha, gamma):
@@ -327,11 +330,17 @@ del _fn
 # --------------------------------------------------------------------------
 # The attention family (SPEC section 4)
 
-FAMILY_MASKS = MASKS + ["per_query", "per_query_dead", "causal"]
+# With several queries, a per-query mask is drawn besides the key mask
+# (SPEC 5.1): none, random (attn_mask), with queries that see no key, or
+# causal=True.
+QUERY_MASKS = ["none", "per_query", "per_query_dead", "causal"]
+# dot/general (SPEC 5): bias none, (..., [Tq,] T), broadcast over the
+# batch, or with -inf entries (a mask); dropout off or on.
+BIASES = ["none", "full", "broadcast", "neginf"]
 
 
 def _family_mask(rng, kind, lead, Tq, T, single):
-    """A key mask (..., T) or, with several queries, a per-query one."""
+    """A key mask (..., T) of one of MASKS."""
     if kind == "none":
         return None
     if kind == "all_valid":
@@ -341,19 +350,33 @@ def _family_mask(rng, kind, lead, Tq, T, single):
         idx = rng.integers(0, T, size=lead)
         np.put_along_axis(mask, np.asarray(idx)[..., None], True, axis=-1)
         return mask
-    if kind in ("random", "dead_rows"):
-        mask = rng.random(lead + (T,)) < 0.6
-        if kind == "dead_rows":
-            mask.reshape(-1, T)[::2] = False   # every other row all-false
-        return mask
-    assert not single
-    if kind == "causal":
-        tri = np.tril(np.ones((Tq, T), bool), k=T - Tq)
-        return np.broadcast_to(tri, lead + (Tq, T)).copy()
+    mask = rng.random(lead + (T,)) < 0.6
+    if kind == "dead_rows":
+        mask.reshape(-1, T)[::2] = False       # every other row all-false
+    return mask
+
+
+def _query_mask(rng, kind, lead, Tq, T):
+    """(attn_mask, causal) for several queries, of one of QUERY_MASKS."""
+    if kind in ("none", "causal"):
+        return None, kind == "causal"
     mask = rng.random(lead + (Tq, T)) < 0.6
     if kind == "per_query_dead":
         mask.reshape(-1, T)[::2] = False       # every other query: no key
-    return mask
+    return mask, False
+
+
+def _bias(rng, kind, lead, Tq, T, single):
+    """A float bias for the scores of one of BIASES, or None."""
+    if kind == "none":
+        return None
+    shape = (() if single else (Tq,)) + (T,)
+    if kind != "broadcast":
+        shape = lead + shape
+    bias = rng.standard_normal(shape)
+    if kind == "neginf":
+        bias[rng.random(shape) < 0.3] = -np.inf
+    return bias
 
 
 @st.composite
@@ -373,8 +396,14 @@ def family_problems(draw, fn):
     assume(B * (Tq * T * (pair + H + Hv) + T * H * (A + Hq)
                 + Tq * Hq * A) <= MAX_WORK)
     dtype = draw(st.sampled_from([np.float32, np.float64]))
-    mask_kind = draw(st.sampled_from(
-        MASKS if single or kind == "project" else FAMILY_MASKS))
+    mask_kind = draw(st.sampled_from(MASKS))
+    query_mask = ("none" if single or kind == "project"
+                  else draw(st.sampled_from(QUERY_MASKS)))
+    sec5 = kind in ("dot", "general")
+    bias_kind = draw(st.sampled_from(BIASES)) if sec5 else "none"
+    dropout = draw(st.sampled_from([0.0, 0.0, 0.3])) if sec5 else 0.0
+    # the backward from out= and lse= (SPEC 5.2), or the forward's lse
+    lse_mode = sec5 and draw(st.booleans())
     large = kind != "project" and draw(st.integers(0, 3)) == 0
     bias = draw(st.booleans())
     scale = draw(st.sampled_from([None, 1.0, 0.25]))
@@ -404,26 +433,41 @@ def family_problems(draw, fn):
         W = rng.standard_normal((A, H + extra))
     mask = (None if kind == "project" else
             _family_mask(rng, mask_kind, lead, Tq, T, single))
-    alpha = None
+    attn_mask, causal = (None, False) if kind == "project" else \
+        _query_mask(rng, query_mask, lead, Tq, T)
+    sbias = _bias(rng, bias_kind, lead, Tq, T, single)
+    masks = dict(mask=mask, attn_mask=attn_mask, causal=causal)
+    if sec5:
+        params.update(bias=sbias, dropout=dropout,
+                      seed=int(rng.integers(0, 2 ** 63)) if dropout else None)
+    alpha = out = lse = None
     if kind != "project":
-        alpha = getattr(reference, f"{kind}_attention")(
-            query, keys, mask=mask, values=values, **params)[1]
+        out, alpha = getattr(reference, f"{kind}_attention")(
+            query, keys, **masks, values=values, **params)
+        if lse_mode:
+            _, lse = getattr(reference, f"{kind}_attention")(
+                query, keys, **masks, values=values, **params,
+                return_weights=False)
+    backward = fn.endswith("attention_backward")
     values_ = dict(
-        query=query, keys=keys, values=values, W=W, v=v, b=b, mask=mask,
-        scale=scale, alpha=alpha,
+        query=query, keys=keys, values=values, W=W, v=v, b=b, **masks,
+        scale=scale, bias=sbias, dropout=dropout, seed=params.get("seed"),
+        return_weights=not lse_mode,
+        alpha=None if lse_mode else alpha,
+        out=out if lse_mode and backward else None,
+        lse=lse if lse_mode and backward else None,
         grad_out=rng.standard_normal(qlead + (Hv,)),
         grad_alpha=(rng.standard_normal(qlead + (T,))
-                    if draw(st.booleans()) else None),
+                    if draw(st.booleans()) and not lse_mode else None),
         grad_proj=rng.standard_normal(lead + (T, A)),
     )
     kw = {}
     for name in ARGS[fn]:
         x = values_[name]
-        if isinstance(x, np.ndarray) and name != "mask":
+        if isinstance(x, np.ndarray) and x.dtype != bool:
             x = x.astype(dtype)
-        if name == "alpha":
-            x = _as_forward_alpha(
-                x, _full_mask(dict(mask=mask), single, x.shape))
+        if name == "alpha" and x is not None:
+            x = _as_forward_alpha(x, _full_mask(values_, single, x.shape))
         kw[name] = x
     layouts = {name: draw(st.sampled_from(LAYOUTS)) for name in kw}
     layouts["key_proj"] = draw(st.sampled_from(LAYOUTS))
@@ -433,14 +477,21 @@ def family_problems(draw, fn):
                 shape=(lead, Tq, T, H, Hq, Hv, A))
 
 
-def _stable_attend_backward(g, alpha, m, values, grad_alpha):
+def _stable_attend_backward(g, alpha, m, values, grad_alpha, drop=None,
+                            D=None):
     """reference._attend_backward with delta evaluated as the kernels do
-    (_stable_ds); see SHIFTED above."""
+    (_stable_ds) when D is the weighted mean of gamma (alpha given); see
+    SHIFTED above.  (The inputs are finite here: plain products.)"""
     gamma = g @ values.swapaxes(-1, -2)
+    if drop is not None:
+        gamma = gamma * drop
     if grad_alpha is not None:
         gamma = gamma + grad_alpha
     gamma = np.where(m, gamma, 0)
-    return _stable_ds(alpha, gamma), alpha.swapaxes(-1, -2) @ g
+    delta = (_stable_ds(alpha, gamma) if D is None
+             else np.where(m, alpha * (gamma - D[..., None]), 0))
+    weights = alpha if drop is None else alpha * drop
+    return delta, np.where(m, weights, 0).swapaxes(-1, -2) @ g
 
 
 def _shifted_family(fn, kw):
@@ -452,8 +503,21 @@ def _shifted_family(fn, kw):
         return _ref(fn, kw)
 
 
-def _abs_delta_attend_backward(g, alpha, m, values, grad_alpha):
-    delta, dvalues = _stable_attend_backward(g, alpha, m, values, grad_alpha)
+def _abs_delta_attend_backward(g, alpha, m, values, grad_alpha, drop=None,
+                               D=None):
+    """|delta|; from out= and lse= (D_i = g_i . out_i given), a bound of
+    the rounding of gamma_it - D_i instead, P_it (|g_i| . |val_t| + sum_u
+    P_iu |g_i| . |val_u|) (|out_i| <= sum_u P_iu |val_u|): the difference
+    cancels where the weights are near one-hot (T = 1: it is 0)."""
+    delta, dvalues = _stable_attend_backward(g, alpha, m, values, grad_alpha,
+                                             drop, D)
+    if D is not None:
+        gamma = np.abs(g) @ np.abs(values).swapaxes(-1, -2)
+        if drop is not None:
+            gamma = gamma * drop
+        gamma = np.where(m, gamma, 0)
+        mean = (alpha * gamma).sum(axis=-1, keepdims=True)
+        delta = np.where(m, alpha * (gamma + mean), 0)
     return np.abs(delta), dvalues
 
 
@@ -473,7 +537,10 @@ def _cancellation(fn, kw, want):
     ratios = []
     for b, w in zip(big, want):
         n = 0.0 if w is None else np.linalg.norm(w)
-        ratios.append(np.linalg.norm(b) / n if n > 0 else 1.0)
+        # (w = 0: rel_err is the absolute error, so the absolute size;
+        # from lse, D = g . out rounds where the reference's is exact)
+        ratios.append(1.0 if w is None else np.linalg.norm(b) / n if n > 0
+                      else max(1.0, np.linalg.norm(b)))
     return ratios
 
 
@@ -533,14 +600,25 @@ def _run_family(case):
 
 
 def _full_mask(kw, single, alpha_shape):
-    """The mask as booleans of alpha's shape (key masks broadcast)."""
-    mask = kw.get("mask")
-    if mask is None:
-        return np.ones(alpha_shape, bool)
-    mask = np.asarray(mask)
-    if not single and mask.ndim == len(alpha_shape) - 1:
-        mask = mask[..., None, :]
-    return np.broadcast_to(mask, alpha_shape)
+    """What the masks leave visible (key mask, attn_mask, causal, -inf
+    bias), as booleans of alpha's shape."""
+    vis = np.ones(alpha_shape, bool)
+    q_axis = () if single else (None,)
+    if kw.get("mask") is not None:
+        vis &= np.asarray(kw["mask"])[(..., *q_axis, slice(None))]
+    if kw.get("attn_mask") is not None:
+        vis &= np.asarray(kw["attn_mask"])
+    if kw.get("causal"):
+        Tq, T = alpha_shape[-2:]
+        vis &= np.tril(np.ones((Tq, T), bool), k=T - Tq)
+    if kw.get("bias") is not None:
+        vis &= ~np.isneginf(kw["bias"])
+    return vis
+
+
+def _alpha_shape(case):
+    lead, Tq, T = case["shape"][:3]
+    return lead + (() if case["single"] else (Tq,)) + (T,)
 
 
 def _check_family(fn, got, kp, case, path):
@@ -566,6 +644,11 @@ def _check_family(fn, got, kp, case, path):
         assert g.dtype == np.dtype(dtype) and g.shape == w.shape, what
         if np.all(np.isfinite(w)):
             assert np.all(np.isfinite(g)), f"{what}: not finite"
+        else:
+            # lse: -inf exactly for the queries with no visible key
+            dead = np.isneginf(w)
+            assert np.array_equal(np.isneginf(g), dead), what
+            g, w, s = (np.where(dead, 0, x) for x in (g, w, s))
         tol = max(TOL[dtype], ILL_FACTOR * rel_err(s, w),
                   ILL_FACTOR * np.finfo(dtype).eps * cancel[i],
                   2 * tanh[i])
@@ -576,23 +659,35 @@ def _check_family(fn, got, kp, case, path):
         err = rel_err(g, w)
         if err > tol and backward:
             err = min(err, rel_err(g, _shifted_family(fn, _f64(kw))[i]))
+        if err > tol and kw.get("lse") is not None:
+            # from lse, the C floors an underflowing P_it at the least
+            # normal number, as it does alpha, the reference does not: a
+            # gradient that is itself ~tiny is then off by ~tiny, which
+            # is all rounding (seen: dquery 1.8e-37 vs 7e-42 in float32)
+            diff = np.linalg.norm(np.asarray(g, np.float64) - w)
+            if diff <= 1e6 * np.finfo(dtype).tiny:
+                err = 0.0
         assert err <= tol, f"{what}: error {err:.3g} > {tol:.3g}"
     if case["kind"] == "project":
         if fn == "project_keys_backward":
             assert np.all(got[1][:, H:] == 0)
         return
     if fn.endswith("_attention"):
-        alpha = got[1]
-        valid = _full_mask(kw, case["single"], alpha.shape)
-        assert np.all(alpha[~valid] == 0)
+        valid = _full_mask(kw, case["single"], _alpha_shape(case))
         live = valid.any(axis=-1)
+        assert np.all(got[0][~live] == 0)
+        if kw.get("return_weights", True) is False:
+            lse = got[1]                       # -inf: no visible key
+            assert np.all(np.isneginf(lse[~live]))
+            assert np.all(np.isfinite(lse[live]))
+            return
+        alpha = got[1]
+        assert np.all(alpha[~valid] == 0)
         sums = alpha.astype(np.float64).sum(axis=-1)
         assert np.all(np.abs(sums[live] - 1) <= 8 * T * np.finfo(dtype).eps)
         assert np.all(sums[~live] == 0)
-        assert np.all(got[0][~live] == 0)
     else:
-        alpha_shape = np.shape(kw["alpha"])
-        valid = _full_mask(kw, case["single"], alpha_shape)
+        valid = _full_mask(kw, case["single"], _alpha_shape(case))
         if not case["single"]:
             dead_keys = ~valid.any(axis=-2)
         else:

@@ -49,7 +49,8 @@ __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
     "rel_err", "assert_close", "numerical_grad",
     "make_mask", "Problem", "ragged_batch",
-    "SIGNATURES", "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
+    "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
+    "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
     "FIGURES", "record_figure",
     "torch_context_attention", "torch_masked_softmax", "torch_attend",
     "torch_additive_attention", "torch_dot_attention",
@@ -323,10 +324,13 @@ def ragged_batch(rng, B, T, H, A, min_length=1, empty_row=False):
 # --------------------------------------------------------------------------
 # The arguments of the public functions
 
-# (required, optional) arguments of each public function, in order
-# (keywords accepted).  The savings are left out, except key_proj, which
-# the family's functions check like any other input: the context layer's
-# keep_activations and activations, and stop_at_key_proj.
+# (positional, keyword-only) arguments of each public function, in the
+# binding's order (inspect.signature).  The savings are left out, except
+# key_proj, which the family's functions check like any other input: the
+# context layer's keep_activations and activations, and stop_at_key_proj.
+# Keyword-only arguments default to None except those in DEFAULTS; a
+# dot/general backward's alpha is positional with default None (it may be
+# left out when out= and lse= are given, SPEC 5.2).
 SIGNATURES = {
     "mean_context": (["h"], ["mask"]),
     "mean_context_backward": (["grad_c", "h"], ["mask"]),
@@ -339,23 +343,39 @@ SIGNATURES = {
     "context_attention": (["h", "W", "v"], ["b", "mask"]),
     "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
                                    ["b", "mask", "grad_alpha"]),
-    # the attention family (contract section 4)
+    # the attention family (contract sections 4 and 5)
     "additive_attention": (["query", "keys", "W", "v"],
-                           ["b", "mask", "values", "key_proj"]),
+                           ["b", "mask", "attn_mask", "causal", "values",
+                            "key_proj"]),
     "additive_attention_backward": (
         ["grad_out", "query", "keys", "W", "v", "alpha"],
-        ["b", "mask", "values", "grad_alpha", "key_proj"]),
-    "dot_attention": (["query", "keys"], ["mask", "values", "scale"]),
-    "dot_attention_backward": (["grad_out", "query", "keys", "alpha"],
-                               ["mask", "values", "scale", "grad_alpha"]),
+        ["b", "mask", "attn_mask", "causal", "values", "grad_alpha",
+         "key_proj"]),
+    "dot_attention": (["query", "keys"],
+                      ["mask", "attn_mask", "causal", "bias", "dropout",
+                       "seed", "values", "scale", "return_weights"]),
+    "dot_attention_backward": (
+        ["grad_out", "query", "keys", "alpha"],
+        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
+         "seed", "values", "scale", "grad_alpha"]),
     "general_attention": (["query", "keys", "W"],
-                          ["mask", "values", "key_proj"]),
+                          ["mask", "attn_mask", "causal", "bias", "dropout",
+                           "seed", "values", "key_proj", "return_weights"]),
     "general_attention_backward": (
         ["grad_out", "query", "keys", "W", "alpha"],
-        ["mask", "values", "grad_alpha", "key_proj"]),
+        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
+         "seed", "values", "grad_alpha", "key_proj"]),
     "project_keys": (["keys", "W"], []),
     "project_keys_backward": (["grad_proj", "keys", "W"], []),
 }
+# The defaults of the keyword-only arguments that are not None.
+DEFAULTS = {"causal": False, "dropout": 0.0, "return_weights": True}
+# Positional arguments with a default (None): alpha of these backwards.
+OPTIONAL_POSITIONAL = {"dot_attention_backward": ["alpha"],
+                       "general_attention_backward": ["alpha"]}
+# The arguments of SPEC section 5 (self-attention at scale).
+SEC5_ARGS = ["attn_mask", "causal", "bias", "dropout", "seed",
+             "return_weights", "out", "lse"]
 # The functions of the layer (contract section 3), then of the family.
 LAYER_FUNCTIONS = list(SIGNATURES)[:10]
 FAMILY_FUNCTIONS = list(SIGNATURES)[10:]

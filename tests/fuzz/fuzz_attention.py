@@ -2,9 +2,14 @@
 
 Every input picks one of the public functions (the context-pooled layer,
 its building blocks, and the attention family: additive, dot and general
-attention, project_keys, and their backwards) and builds each of its
-arguments from the fuzz data: None, Python scalars, strings and nested
-lists, arrays of every dtype (float16/32/64, ints, bool, complex, object,
+attention, project_keys, and their backwards, with the arguments of
+SPEC section 5: key mask and per-query attn_mask (broadcast or not),
+causal, bias, dropout and seed, return_weights, and the backward from
+out= and lse=) and builds each of its arguments from the fuzz data
+(the required ones by position or by name, the optional ones by name,
+now and then one too many by position): None, Python scalars, strings
+and nested lists, flags and dropout rates and seeds of every kind,
+arrays of every dtype (float16/32/64, ints, bool, complex, object,
 strings, byte-swapped), of the right shape or of wrong rank and sizes
 (including 0 and zero-stride exabyte sizes), strided, reversed,
 read-only, NaN/Inf-filled, ndarray subclasses and np.matrix, arguments
@@ -53,33 +58,46 @@ import numpy as np  # noqa: E402
 warnings.simplefilter("ignore")
 np.seterr(all="ignore")
 
+# (positional, keyword-only) arguments of every function, in the binding's
+# order (attention_c.testing.SIGNATURES plus the savings and flags).
 SIGS = {
-    "mean_context": ["h", "mask"],
-    "mean_context_backward": ["grad_c", "h", "mask"],
-    "additive_score": ["h", "context", "W", "v", "b"],
-    "additive_score_backward": ["grad_s", "h", "context", "W", "v", "b"],
-    "masked_softmax": ["scores", "mask"],
-    "masked_softmax_backward": ["grad_alpha", "alpha"],
-    "weighted_sum": ["alpha", "h"],
-    "weighted_sum_backward": ["grad_out", "alpha", "h"],
-    "context_attention": ["h", "W", "v", "b", "mask", "keep_activations"],
-    "context_attention_backward": ["grad_out", "h", "W", "v", "alpha", "b",
-                                   "mask", "grad_alpha", "activations"],
-    "additive_attention": ["query", "keys", "W", "v", "b", "mask", "values",
-                           "key_proj"],
-    "additive_attention_backward": ["grad_out", "query", "keys", "W", "v",
-                                    "alpha", "b", "mask", "values",
-                                    "grad_alpha", "key_proj"],
-    "dot_attention": ["query", "keys", "mask", "values", "scale"],
-    "dot_attention_backward": ["grad_out", "query", "keys", "alpha", "mask",
-                               "values", "scale", "grad_alpha"],
-    "general_attention": ["query", "keys", "W", "mask", "values",
-                          "key_proj"],
-    "general_attention_backward": ["grad_out", "query", "keys", "W", "alpha",
-                                   "mask", "values", "grad_alpha",
-                                   "key_proj"],
-    "project_keys": ["keys", "W"],
-    "project_keys_backward": ["grad_proj", "keys", "W"],
+    "mean_context": (["h"], ["mask"]),
+    "mean_context_backward": (["grad_c", "h"], ["mask"]),
+    "additive_score": (["h", "context", "W", "v"], ["b"]),
+    "additive_score_backward": (["grad_s", "h", "context", "W", "v"],
+                                ["b"]),
+    "masked_softmax": (["scores"], ["mask"]),
+    "masked_softmax_backward": (["grad_alpha", "alpha"], []),
+    "weighted_sum": (["alpha", "h"], []),
+    "weighted_sum_backward": (["grad_out", "alpha", "h"], []),
+    "context_attention": (["h", "W", "v"], ["b", "mask",
+                                            "keep_activations"]),
+    "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
+                                   ["b", "mask", "grad_alpha",
+                                    "activations"]),
+    "additive_attention": (["query", "keys", "W", "v"],
+                           ["b", "mask", "attn_mask", "causal", "values",
+                            "key_proj"]),
+    "additive_attention_backward": (
+        ["grad_out", "query", "keys", "W", "v", "alpha"],
+        ["b", "mask", "attn_mask", "causal", "values", "grad_alpha",
+         "key_proj", "stop_at_key_proj"]),
+    "dot_attention": (["query", "keys"],
+                      ["mask", "attn_mask", "causal", "bias", "dropout",
+                       "seed", "values", "scale", "return_weights"]),
+    "dot_attention_backward": (
+        ["grad_out", "query", "keys", "alpha"],
+        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
+         "seed", "values", "scale", "grad_alpha"]),
+    "general_attention": (["query", "keys", "W"],
+                          ["mask", "attn_mask", "causal", "bias", "dropout",
+                           "seed", "values", "key_proj", "return_weights"]),
+    "general_attention_backward": (
+        ["grad_out", "query", "keys", "W", "alpha"],
+        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
+         "seed", "values", "grad_alpha", "key_proj", "stop_at_key_proj"]),
+    "project_keys": (["keys", "W"], []),
+    "project_keys_backward": (["grad_proj", "keys", "W"], []),
 }
 FUNCS = list(SIGS)
 FAMILY = FUNCS[10:]
@@ -87,6 +105,14 @@ SCALES = [None, 1.0, 0.5, -2.0, 0.0, 1e300, float("nan"), float("inf"), 3,
           True, np.float32(0.25), np.float64(2.0), np.array(0.5),
           np.array([0.5]), "0.5", 1j, 2 ** 70]
 SIMD = ["scalar"]
+# flags: booleans, and objects whose truth value is odd or raises
+FLAGS = [False, True, 0, 1, None, "yes", [], np.bool_(True),
+         np.array([True, False]), 2 ** 70, 1.5]
+DROPOUTS = [0.0, 0.0, 0.1, 0.5, 0.999, 1.0, -0.1, float("nan"),
+            float("inf"), None, "0.1", np.float32(0.25), np.array(0.3),
+            np.array([0.3]), True, 1j]
+SEEDS = [None, 0, 1, 12345, 2 ** 32, 2 ** 64 - 1, 2 ** 64, -1, 1.5, True,
+         "1", np.int64(7), np.uint64(2 ** 63), 2 ** 200]
 
 
 class FuzzBomb(Exception):
@@ -132,7 +158,15 @@ def family_shape(name, fn, dims):
     shapes = {
         "query": q + (Hq,), "keys": lead + (T, H), "values": lead + (T, Hv),
         "grad_out": q + (Hv,), "alpha": q + (T,), "grad_alpha": q + (T,),
-        "mask": (lead + (T,)) if single or Tq % 2 else q + (T,),
+        # the key mask; now and then (several queries, Tq = 2 mod 4) a
+        # per-query one, which mask refuses (it is attn_mask's)
+        "mask": (lead + (T,)) if single or Tq % 4 != 2 else q + (T,),
+        # a per-query mask, or (Tq = 3 mod 4) one broadcast over the batch
+        "attn_mask": (q + (T,)) if Tq % 4 != 3 else (1,) * len(lead) + (
+            Tq, T),
+        # the bias likewise (-inf entries come from SPECIAL)
+        "bias": (q + (T,)) if Tq % 4 != 1 else q[len(lead):] + (T,),
+        "out": q + (Hv,), "lse": q,
         "key_proj": lead + (T, P), "grad_proj": lead + (T, P),
         "W": {"additive": (A, H + Hq), "general": (Hq, H),
               "project": (A, H + Hq % 3)}.get(kind),
@@ -202,15 +236,22 @@ def make_arg(fdp, name, dims, rng, made, shared, fn=None):
     lead, T, H, A = dims[:4]
     if name == "scale":
         return SCALES[fdp.ConsumeIntInRange(0, len(SCALES) - 1)]
-    if name == "keep_activations":
-        return [False, True, 0, 1, None, "yes", BoolBomb(), [],
-                2 ** 70][fdp.ConsumeIntInRange(0, 8)]
+    if name in ("keep_activations", "causal", "return_weights",
+                "stop_at_key_proj"):
+        if fdp.ConsumeIntInRange(0, 15) == 0:
+            return BoolBomb()
+        return FLAGS[fdp.ConsumeIntInRange(0, len(FLAGS) - 1)]
+    if name == "dropout":
+        return DROPOUTS[fdp.ConsumeIntInRange(0, len(DROPOUTS) - 1)]
+    if name == "seed":
+        return SEEDS[fdp.ConsumeIntInRange(0, len(SEEDS) - 1)]
     kind = fdp.ConsumeIntInRange(0, 15)
+    is_mask = name in ("mask", "attn_mask")
     if kind <= 7:                              # right shape
-        dt = np.bool_ if name == "mask" and kind < 6 else \
+        dt = np.bool_ if is_mask and kind < 6 else \
             DTYPES[min(kind // 2, len(DTYPES) - 1)] if kind < 6 else \
             DTYPES[fdp.ConsumeIntInRange(0, len(DTYPES) - 1)]
-        if name == "mask" and kind < 6:
+        if is_mask and kind < 6:
             m = rng.random(shape_for(name, lead, T, H, A, fn, dims)) < \
                 fdp.ConsumeProbability()
             return relayout(fdp, m)
@@ -260,6 +301,8 @@ def make_arg(fdp, name, dims, rng, made, shared, fn=None):
 
 def check_result(res):
     outs = res if isinstance(res, tuple) else (res,)
+    if len(outs) == 2 and isinstance(outs[0], tuple):
+        outs = outs[0] + outs[1:]              # (grads, dkey_proj)
     for o in outs:
         if o is None:
             continue
@@ -289,6 +332,15 @@ def canary():
         o, a = fwd(q, h, mask=mask, **params)
         fam += [o, a, *[x for x in bwd(o, q, h, alpha=a, mask=mask,
                                        **params) if x is not None]]
+    # section 5: attn_mask, causal, bias, dropout, the (out, lse) path
+    am = rng.random((3, 2, 7)) < 0.8
+    bias = rng.standard_normal((2, 7))
+    sec5 = dict(attn_mask=am, causal=True, bias=bias, dropout=0.3,
+                seed=2 ** 40 + 3)
+    o, lse = ac.dot_attention(q, h, mask=mask, **sec5, return_weights=False)
+    fam += [o, np.where(np.isfinite(lse), lse, 0),
+            *ac.dot_attention_backward(o, q, h, out=o, lse=lse, mask=mask,
+                                       **sec5)[:2]]
     fam.append(ac.project_keys(h, W))
     return [out, alpha, *g[:3], ac.mean_context(h, mask=mask)] + fam
 
@@ -313,9 +365,13 @@ def TestOneInput(data):
         dims += tuple(sizes[fdp.ConsumeIntInRange(0, len(sizes) - 1)]
                       for _ in range(3)) + (fdp.ConsumeBool(),)
     made, shared, kwargs = [], [None], {}
-    for name in SIGS[fn]:
+    npos, names = len(SIGS[fn][0]), SIGS[fn][0] + SIGS[fn][1]
+    for name in names:
         if fdp.ConsumeIntInRange(0, 9) == 0:
             continue                           # left out
+        if (name in ("out", "lse") and kwargs.get("alpha") is not None
+                and fdp.ConsumeIntInRange(0, 3)):
+            continue              # mostly alpha or (out, lse), not both
         x = make_arg(fdp, name, dims, rng, made, shared, fn)
         kwargs[name] = x
         if isinstance(x, np.ndarray):
@@ -325,8 +381,13 @@ def TestOneInput(data):
     copies = {id(x): np.array(x, copy=True) for x in made}
     try:
         if positional:
-            args = [kwargs.get(n) for n in SIGS[fn]]
-            res = getattr(ac, fn)(*args)
+            # the positional arguments by position (now and then one more,
+            # which is refused: the optional ones are keyword-only)
+            npass = npos + (fdp.ConsumeIntInRange(0, 7) == 0)
+            args = [kwargs.get(n) for n in names[:npass]]
+            rest = {n: x for n, x in kwargs.items()
+                    if n not in names[:npass]}
+            res = getattr(ac, fn)(*args, **rest)
         else:
             res = getattr(ac, fn)(**kwargs)
     except ALLOWED:
