@@ -62,6 +62,11 @@ def parse_args(argv):
     parser.add_argument("--family", action="store_true",
                         help="benchmark the attention family instead "
                              "(attention_c.bench.family; takes its options)")
+    parser.add_argument("--selfattn", action="store_true",
+                        help="benchmark self-attention at scale against "
+                             "torch's scaled_dot_product_attention instead "
+                             "(attention_c.bench.selfattn; takes its "
+                             "options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -95,6 +100,9 @@ def main(argv=None):
     if "--family" in argv:
         from attention_c.bench import family
         return family.main([a for a in argv if a != "--family"])
+    if "--selfattn" in argv:
+        from attention_c.bench import selfattn
+        return selfattn.main([a for a in argv if a != "--selfattn"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)

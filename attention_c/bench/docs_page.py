@@ -12,11 +12,14 @@ marks what the benchmarks own: each generated section sits between
 and a run replaces the text between the markers of the sections it
 produces, leaving everything else as it is.  ``python -m
 attention_c.bench`` writes the ``layer-*`` sections, ``python -m
-attention_c.bench.family`` the ``family-*`` ones.  A page that does not
+attention_c.bench.family`` the ``family-*`` ones, ``python -m
+attention_c.bench --selfattn`` the ``selfattn`` one.  A page that does not
 exist yet is created with the sections alone.
 """
 
 import re
+
+from attention_c.bench.harness import DISTURBED
 
 # Columns of the layer's tables: (header, ratio key, thread count), where
 # the thread count is 1 or "N" (the largest count of the run).
@@ -220,6 +223,153 @@ def family_sections(meta, rows, found):
     meta = dict(meta, others_loads=[r.get("others_load") for r in rows])
     return {"family-setup": family_setup(meta),
             "family-table": family_table(meta, found)}
+
+
+# --------------------------------------------------------------------------
+# Self-attention at scale (python -m attention_c.bench --selfattn)
+
+SELFATTN_HEAD = ("case", "(B·heads, T, d)", "ours f+b ms (1 thr)",
+                 "SDPA f+b ms", "ours / SDPA, 1 thr",
+                 "ours / SDPA, {n} thr", "causal / full, 1 thr / {n} thr",
+                 "{n} thr / 1 thr", "fwd % of FMA peak, 1 thr / {n} thr",
+                 "others' CPU share, 1 thr / {n} thr")
+
+
+def _ms(value):
+    """A time in ms to about 3 significant digits, without exponent."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def _load(one, many):
+    """'x% / y%' of the CPU share other processes used while the rows
+    were timed ('?' where unknown)."""
+    def cell(row):
+        share = None if row is None else row.get("others_load")
+        return "?" if share is None else f"{share:.0%}"
+
+    return cell(one) if many is None else f"{cell(one)} / {cell(many)}"
+
+
+def _pair(one, many, key, percent=False):
+    """'x / y' of a ratio at 1 thread and at N threads ('-' if absent)."""
+    def cell(row):
+        value = None if row is None else row["ratios"].get(key)
+        if value is None:
+            return "-"
+        return f"{value:.0%}" if percent else f"{value:.2f}"
+
+    return cell(one) if many is None else f"{cell(one)} / {cell(many)}"
+
+
+def selfattn_setup(meta):
+    """Where, how and on which SIMD path and threads the section was
+    measured."""
+    cfg = meta["config"]
+    loads = [share for share in meta.get("others_loads", ())
+             if share is not None]
+    busy = (f"other processes used at most {max(loads):.0%} of the CPUs "
+            f"while a row was timed" if loads else
+            "the CPU use of other processes was not measured")
+    threads = " and ".join(map(str, meta["threads"]))
+    threads += " threads" if meta["threads"] != [1] else " thread"
+    heavy = "" if meta.get("quick") else ", at most 3 from T = 16384"
+    text = (
+        f"`python -m attention_c.bench --selfattn` on {meta['cpu']} "
+        f"({meta['cpus']} CPUs available), {meta['date'][:10]}: attention_c "
+        f"{cfg['version']} on its **{cfg['simd']}** path (the best of this "
+        f"CPU: {cfg['simd_best']}), PyTorch {meta['torch']}, float32, "
+        f"{threads} for both (`attention_c.set_num_threads`, "
+        f"`torch.set_num_threads`); one run of "
+        f"{meta.get('wall_seconds', 0):.0f} s in which {busy}.  Medians of "
+        f"interleaved rounds (at least {meta['min_repeats']} timed runs "
+        f"each{heavy}, after warm-up); ratios below 1 mean attention_c is "
+        f"faster.  The last column gives the share of all CPUs that other "
+        f"processes used while a row was timed: above "
+        f"{DISTURBED:.0%} the row is disturbed (on 2 cores, another busy "
+        f"process leaves a 2-thread row one core).")
+    if meta.get("quick"):
+        text += "  A `--quick` run (tiny sizes): indicative only."
+    return text
+
+
+def selfattn_table(meta, rows):
+    """A line per case and shape: forward + backward against SDPA at 1
+    and N threads, causal / full, N / 1, the forward's share of the
+    peak."""
+    n = _most_threads(meta["threads"])
+    index = {(r["case"], tuple(r["shape"]), r["threads"]): r for r in rows}
+    body = []
+    for case, shape, threads in index:
+        if threads != 1:
+            continue
+        one = index[case, shape, 1]
+        many = index.get((case, shape, n)) if n else None
+        t = one["times_ms"]
+        body.append([
+            case, "(" + ", ".join(map(str, shape)) + ")",
+            _ms(t["ours_fwdbwd"]), _ms(t["sdpa_fwdbwd"]),
+            _pair(one, None, "f+b/sdpa"),
+            _pair(many, None, "f+b/sdpa") if n else "-",
+            _pair(one, many, "causal/full") if case == "causal" else "",
+            _pair(many, None, "f+b N/1") if n else "-",
+            _pair(one, many, "fwd %peak", percent=True),
+            _load(one, many)])
+    head = [h.format(n=n if n else "N") for h in SELFATTN_HEAD]
+    return markdown_table(head, body) if body else NOT_MEASURED
+
+
+def _shape(shape, lead):
+    return (f"({', '.join(map(str, shape))}), as (B, heads, T, d) = "
+            f"({', '.join(map(str, list(lead) + list(shape[1:])))})")
+
+
+def selfattn_extras(memory, long, targets):
+    """The memory, the long call and the count of targets, as a list."""
+    lines = []
+    if memory:
+        lines.append(
+            f"- **Peak memory** of one forward + backward (full, "
+            f"`return_weights=False`) at "
+            f"{_shape(memory['shape'], memory['lead'])}, "
+            f"{memory['threads']} thr, each in a fresh process (growth of "
+            f"the peak RSS, {memory['method']}): ours "
+            f"{memory['ours_mib']:.1f} MiB, SDPA {memory['sdpa_mib']:.1f} "
+            f"MiB; ratio **{memory['ratio']:.2f}** (q, k, v and g take "
+            f"{memory['inputs_mib']:.1f} MiB).")
+    if long:
+        text = (f"- **One causal forward + backward** at "
+                f"{_shape(long['shape'], long['lead'])}, {long['threads']} "
+                f"thr, timed once: ours {long['ours_s']:.3g} s")
+        if "sdpa_s" in long:
+            worst = max(long["difference"].values())
+            text += (f", SDPA {long['sdpa_s']:.3g} s (ratio "
+                     f"**{long['ratio']:.2f}**); the two agree within "
+                     f"{worst:.0e} (normwise, out and every gradient)")
+        share = long.get("others_load")
+        if share is not None:
+            text += (f"; other processes used {share:.0%} of the CPUs "
+                     f"meanwhile")
+        lines.append(text + ".")
+    if targets:
+        missed = [t for t in targets if t["status"] == "MISS"]
+        passed = len(targets) - len(missed)
+        busy = sum(t["disturbed"] for t in targets)
+        text = (f"- **Targets of issue 19:** {passed} of {len(targets)} "
+                f"checks pass ({busy} of the checks on disturbed rows)")
+        if missed:
+            names = dict.fromkeys(
+                f"{t['target']} {t['text']} ({t['case']})" for t in missed)
+            text += "; missed: " + "; ".join(names)
+        lines.append(text + ".")
+    return "\n".join(lines)
+
+
+def selfattn_sections(meta, rows, targets, memory=None, long=None):
+    """{section name: text} of the self-attention benchmark."""
+    meta = dict(meta, others_loads=[r.get("others_load") for r in rows])
+    parts = [selfattn_setup(meta), selfattn_table(meta, rows),
+             selfattn_extras(memory, long, targets)]
+    return {"selfattn": "\n\n".join(p for p in parts if p)}
 
 
 # --------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from attention_c.bench.core import CALL_FUNCTIONS
 from attention_c.bench.harness import DISTURBED, ROUNDS
 from attention_c.bench.run import (HEAVY_REPEATS, HEAVY_SHAPES, TOLERANCE,
                                    row_label, too_far)
-from attention_c.bench.targets import PEAK, RATIOS, SCALING, TARGETS
+from attention_c.bench.targets import (CAUSAL_FULL, PEAK, RATIOS,
+                                      SCALING, SELFATTN_SCALING, TARGETS)
 
 # Times: (key, header); a key's prefix names the implementation.
 OURS_COLUMNS = (
@@ -360,3 +361,124 @@ def make_plot(path, rows, meta):
     fig.tight_layout(rect=(0, 0, 1, 1 - 1.0 / height))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# Self-attention at scale (python -m attention_c.bench --selfattn)
+
+SELFATTN_TIMES = (("ours_fwd", "fwd"), ("ours_fwdbwd", "f+b"),
+                  ("sdpa_fwd", "sdpa fwd"), ("sdpa_fwdbwd", "sdpa f+b"))
+SELFATTN_COLUMNS = ("fwd/sdpa", "f+b/sdpa", CAUSAL_FULL, SELFATTN_SCALING)
+
+
+def shape_text(shape, lead):
+    """'(B*heads, T, d) = (B, heads, T, d)' of a row."""
+    return (f"({', '.join(map(str, shape))}) = "
+            f"({', '.join(map(str, list(lead) + list(shape[1:])))})")
+
+
+def selfattn_table(rows):
+    """One line per case, shape and thread count: times and ratios."""
+    head = (["case", "(B*heads, T, d) = (B, heads, T, d)", "thr"]
+            + [h + " ms" for _, h in SELFATTN_TIMES]
+            + list(SELFATTN_COLUMNS) + ["fwd GF/s", "fwd %peak", "others"])
+    body = []
+    for r in rows:
+        share = r["others_load"]
+        body.append(
+            [r["case"], shape_text(r["shape"], r["lead"]), str(r["threads"])]
+            + [format_ms(r["times_ms"][k]) for k, _ in SELFATTN_TIMES]
+            + [format_ratio(r["ratios"].get(k)) for k in SELFATTN_COLUMNS]
+            + [f"{r['fwd_gflops']:.1f}",
+               "-" if PEAK not in r["ratios"]
+               else f"{r['ratios'][PEAK]:.0%}",
+               "?" if share is None else f"{share:.0%}"])
+    return format_table(head, body, left=2)
+
+
+def selfattn_targets_table(targets):
+    """One line per target entry."""
+    if not targets:
+        return "(no target applies to these runs)"
+    body = [[t["target"], t["text"], t["case"], str(tuple(t["shape"])),
+             str(t["threads"]),
+             (f"{t['ratio']:.0%}" if t["target"] == PEAK
+              else f"{t['ratio']:.2f}"),
+             t["status"] + "*" * t["disturbed"]] for t in targets]
+    return format_table(["target", "limit", "case", "shape", "thr",
+                         "measured", "verdict"], body, left=4)
+
+
+def selfattn_memory_line(memory):
+    """The peak memory, in a sentence."""
+    return (f"Peak memory of one forward + backward (full, fresh "
+            f"processes, {memory['threads']} thr, growth of the peak RSS "
+            f"by {memory['method']}) at "
+            f"{shape_text(memory['shape'], memory['lead'])}: ours "
+            f"{memory['ours_mib']:.1f} MiB, SDPA {memory['sdpa_mib']:.1f} "
+            f"MiB, ratio {memory['ratio']:.2f} (inputs q, k, v, g: "
+            f"{memory['inputs_mib']:.0f} MiB).")
+
+
+def selfattn_long_line(long):
+    """The long causal call, in a sentence."""
+    text = (f"One causal forward + backward at "
+            f"{shape_text(long['shape'], long['lead'])}, "
+            f"{long['threads']} thr: ours {long['ours_s']:.2f} s")
+    if "sdpa_s" in long:
+        worst = max(long["difference"].values())
+        text += (f", SDPA {long['sdpa_s']:.2f} s, ratio "
+                 f"{long['ratio']:.2f}; ours and SDPA differ by at most "
+                 f"{worst:.1e} (normwise, out and gradients)")
+    return text + "."
+
+
+def selfattn_accuracy_line(rows):
+    """The worst error of each implementation over the rows."""
+    worst = {}
+    for r in rows:
+        for name, errs in r["errors"].items():
+            worst[name] = max(worst.get(name, 0.0), *errs.values())
+    return ("Accuracy before timing (worst ||x - r|| / ||r|| over out and "
+            "the gradients; r: SDPA in float64, dropout: the NumPy "
+            "reference on the first head): " + ", ".join(
+                f"{n} {e:.1e}" for n, e in worst.items()) + ".")
+
+
+def selfattn_report(meta, rows, targets, memory=None, long=None):
+    """The whole text report of the self-attention benchmark."""
+    counts = [t["status"] for t in targets]
+    parts = header_lines(meta) + [
+        "Self-attention, float32, 4-D (B, heads, T, d), ours "
+        "(return_weights=False, then the backward from out and lse) "
+        "against",
+        "torch.nn.functional.scaled_dot_product_attention on the same "
+        f"work; dropout p = {meta['dropout']}; bias (1, 1, T, T) "
+        "given to SDPA as attn_mask.",
+    ]
+    if meta["quick"]:
+        parts.append("--quick: tiny sizes, indicative only.")
+    parts += [
+        "",
+        "Median ms; ratios ours / SDPA (< 1: ours faster); causal/full and "
+        "f+b N/1: ours f+b;",
+        "fwd GF/s: 4 B T T d / fwd time (halved for causal); fwd %peak: "
+        "that / the FMA peak of the threads used.",
+        selfattn_table(rows),
+        "",
+    ] + peak_lines(meta["peak"]) + [""]
+    if memory:
+        parts.append(selfattn_memory_line(memory))
+    if long:
+        parts.append(selfattn_long_line(long))
+    parts += [
+        "",
+        "Targets of issue 19:",
+        selfattn_targets_table(targets),
+        f"*: other processes used more than {DISTURBED:.0%} of the CPUs "
+        f"while timing.  Targets: {counts.count('PASS')} PASS, "
+        f"{counts.count('MISS')} MISS.",
+        "",
+        selfattn_accuracy_line(rows),
+    ]
+    return "\n".join(parts)

@@ -131,3 +131,81 @@ def evaluate_targets(rows):
                                        None: "n/a"}[passed],
                             "disturbed": busy > harness.DISTURBED})
     return results
+
+
+# --------------------------------------------------------------------------
+# Self-attention at scale (python -m attention_c.bench --selfattn), issue 19
+
+# Ratios of a row: (name, numerator, denominator) of its times.
+SELFATTN_RATIOS = (
+    ("fwd/sdpa", "ours_fwd", "sdpa_fwd"),
+    ("f+b/sdpa", "ours_fwdbwd", "sdpa_fwdbwd"),
+)
+CAUSAL_FULL = "causal/full"     # ours f+b, causal row / full row
+SELFATTN_SCALING = "f+b N/1"    # ours f+b, N threads / 1 thread
+# Targets: (ratio, cases, at scale only, op, limit, text).  "At scale":
+# the shapes from T = 1024 on (the second shape on, with --quick).
+SELFATTN_TARGETS = (
+    ("f+b/sdpa", ("full", "causal"), False, "<=", 0.5, "<= 0.5"),
+    ("f+b/sdpa", ("dropout",), False, "<=", 0.4, "<= 0.4"),
+    ("f+b/sdpa", ("bias",), False, "<=", 0.6, "<= 0.6"),
+    (CAUSAL_FULL, ("causal",), True, "<=", 0.6, "<= 0.6, T >= 1024"),
+    (SELFATTN_SCALING, ("full", "causal"), True, "<=", 0.55,
+     "<= 0.55, T >= 1024"),
+    (PEAK, ("full", "causal"), True, ">=", 0.6, ">= 60%, T >= 1024 (aim)"),
+)
+MEMORY_TARGET = ("peak memory ours/sdpa", "<=", 1.5, "<= 1.5")
+
+
+def add_selfattn_ratios(rows, peak):
+    """Add to every self-attention row its ratios: ours / SDPA, causal /
+    full and N / 1 thread (ours, forward + backward), and the forward's
+    share of the FMA peak of the ``peak`` facts."""
+    def key(row, case=None, threads=None):
+        return (row["case"] if case is None else case, tuple(row["shape"]),
+                row["threads"] if threads is None else threads)
+
+    times = {key(r): r["times_ms"] for r in rows}
+    for row in rows:
+        t = row["times_ms"]
+        row["ratios"] = {name: t[num] / t[den]
+                         for name, num, den in SELFATTN_RATIOS}
+        full = times.get(key(row, case="full"))
+        if row["case"] == "causal" and full:
+            row["ratios"][CAUSAL_FULL] = (t["ours_fwdbwd"]
+                                          / full["ours_fwdbwd"])
+        single = times.get(key(row, threads=1))
+        if row["threads"] > 1 and single:
+            row["ratios"][SELFATTN_SCALING] = (t["ours_fwdbwd"]
+                                               / single["ours_fwdbwd"])
+        peak_gflops = harness.fma_peak(peak, row["threads"], "float32")
+        if peak_gflops:
+            row["ratios"][PEAK] = row["fwd_gflops"] / peak_gflops
+
+
+def evaluate_selfattn(rows, memory=None):
+    """One entry per (target, row) it applies to, PASS or MISS, and one
+    for the memory when it was measured."""
+    compare = {"<=": lambda x, y: x <= y, ">=": lambda x, y: x >= y}
+    results = []
+    for ratio, cases, at_scale, op, limit, text in SELFATTN_TARGETS:
+        for row in rows:
+            value = row["ratios"].get(ratio)
+            if (row["case"] not in cases or value is None
+                    or (at_scale and not row["at_scale"])):
+                continue
+            results.append({
+                "target": ratio, "case": row["case"],
+                "shape": row["shape"], "threads": row["threads"],
+                "ratio": value, "op": op, "limit": limit, "text": text,
+                "status": "PASS" if compare[op](value, limit) else "MISS",
+                "disturbed": (row["others_load"] or 0) > harness.DISTURBED})
+    if memory:
+        name, op, limit, text = MEMORY_TARGET
+        results.append({
+            "target": name, "case": "full", "shape": memory["shape"],
+            "threads": memory["threads"], "ratio": memory["ratio"],
+            "op": op, "limit": limit, "text": text,
+            "status": ("PASS" if compare[op](memory["ratio"], limit)
+                       else "MISS"), "disturbed": False})
+    return results
