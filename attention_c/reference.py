@@ -376,6 +376,7 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias):
 
 def _check_dropout(dropout, seed, Tq, T):
     """Refuse a dropout rate outside [0, 1) and a missing or bad seed."""
+    dropout = 0.0 if dropout is None else dropout   # None: the default
     if not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), not {dropout}")
     if dropout > 0:
@@ -448,7 +449,7 @@ def _softmax(s, vis):
 def _dropout_factor(dropout, seed, lead, Tq, T, dtype):
     """keep_it / (1 - p) as (lead, Tq, T) in dtype, or None when p = 0.
     The flat batch index b is the row-major index in ``lead``."""
-    if dropout == 0:
+    if not dropout:                     # 0 or None
         return None
     b = np.arange(int(np.prod(lead))).reshape(lead)
     keep = dropout_keep(seed, dropout, b, Tq, T)
@@ -653,7 +654,8 @@ def dot_attention_backward(grad_out, query, keys, alpha=None, *, out=None,
             o, l = o[..., None, :], l[..., None]
         l = np.where(np.isfinite(l), l, 0)[..., None]  # -inf: no visible key
         s = _dot_scores(q, keys, scale, b)
-        a = np.where(vis, np.exp(np.where(vis, s, 0) - l), 0)
+        # exp only where visible: a hidden key's s - lse may overflow
+        a = np.exp(np.where(vis, s - l, -np.inf))
         D = np.where(live_q, (g * o).sum(axis=-1), 0)
     drop = _dropout_factor(dropout, seed, vis.shape[:-2], Tq, T,
                            np.result_type(a, g))

@@ -650,14 +650,19 @@ static int view_args(Call *c)
         }
         if (a->flags & F_SEED) {
             c->flag[i] = !none;
-            if (!none && (!PyLong_Check(obj) || PyBool_Check(obj))) {
+            /* an int, or an integer that says so (__index__: NumPy's) */
+            PyObject *n = none || PyBool_Check(obj) ? NULL
+                          : PyNumber_Index(obj);
+            if (!none && n == NULL) {
+                PyErr_Clear();
                 PyErr_Format(PyExc_TypeError, "%s must be an int in [0, "
                              "2**64), got %.100s", name,
                              Py_TYPE(obj)->tp_name);
                 return -1;
             }
             if (!none) {
-                c->seed = PyLong_AsUnsignedLongLong(obj);
+                c->seed = PyLong_AsUnsignedLongLong(n);
+                Py_DECREF(n);
                 if (c->seed == (unsigned long long)-1 && PyErr_Occurred()) {
                     PyErr_Clear();
                     PyErr_Format(PyExc_ValueError, "%s must be in [0, "
@@ -1020,8 +1025,10 @@ static int broadcast_inputs(Call *c)
         PyArrayObject *x = c->arr[i];
         int present[MAX_AXES], nd = PyArray_NDIM(x);
         int n = axes_present(c, a, nd, present), nl = nd - n;
-        if (nl < 0) {
-            continue;                  /* bind_shape says what is wrong */
+        if (nl < 0) {                  /* bind_shape says what is wrong */
+            c->nlead = 0;
+            c->lead_binder = -1;
+            return 0;
         }
         if (first < 0) {
             first = i;

@@ -1402,16 +1402,7 @@ def bad_cases():
     return cases
 
 
-# keys 1-D with values given: the C blames values ("their leading axes
-# must broadcast"), not keys, since the leading-axes broadcasting of
-# section 5; without values it names keys.
-KEYS_1D_BUG = ("C blames values, not keys, for 1-D keys when values are "
-               "given (a binding check-order bug)")
-BAD_CASES = [pytest.param(*c, id=c[0],
-                          marks=pytest.mark.xfail(strict=True,
-                                                  reason=KEYS_1D_BUG))
-             if c[0].endswith("-keys_1d") else pytest.param(*c, id=c[0])
-             for c in bad_cases()]
+BAD_CASES = [pytest.param(*c, id=c[0]) for c in bad_cases()]
 
 
 @pytest.mark.parametrize("cid,fn,make", BAD_CASES)
@@ -1711,13 +1702,9 @@ def test_large_scores_stay_finite(score, dtype, rng):
 
 
 # --------------------------------------------------------------------------
-# 9. Known bugs of the reference (strict xfail: they fail until fixed)
+# 9. The reference and the C agree at the edges
 
 
-@pytest.mark.xfail(strict=True, reason="reference.dot_attention_backward "
-                   "from out=/lse= evaluates exp(0 - lse) on masked keys "
-                   "(np.where computes both branches): RuntimeWarning "
-                   "overflow when lse < -709")
 def test_reference_lse_backward_masked_key_does_not_warn():
     """A masked key and a query whose lse is very negative: the
     reference's backward from out= and lse= must not warn (the C does
@@ -1735,8 +1722,6 @@ def test_reference_lse_backward_masked_key_does_not_warn():
         assert (g is None and w is None) or np.allclose(g, w)
 
 
-@pytest.mark.xfail(strict=True, reason="dropout=None: the C takes it as "
-                   "0.0 (the default), the reference raises TypeError")
 def test_dropout_none_same_in_c_and_reference(rng):
     """dropout=None is treated alike by the C and the reference."""
     q = rng.standard_normal((2, 3, 4))
@@ -1748,7 +1733,6 @@ def test_dropout_none_same_in_c_and_reference(rng):
 
 
 def test_keys_1d_named_without_values(rng):
-    """(The C's message for 1-D keys names keys when no values are given;
-    with values it names values: see KEYS_1D_BUG.)"""
-    with pytest.raises(ValueError, match=r"^keys has shape \(4,\)"):
+    """The C's message for 1-D keys names keys."""
+    with pytest.raises(ValueError, match=r"^keys (has|must have) shape"):
         ac.dot_attention(np.ones((3, 2, 4)), np.ones(4))

@@ -1054,9 +1054,6 @@ def test_dropout_needs_a_seed(fn, rng):
     assert_identical(call(fn, dict(args, seed=7)), call(fn, args), fn)
 
 
-@pytest.mark.xfail(strict=True, reason="the C refuses NumPy integer seeds "
-                   "(TypeError: seed must be an int ..., got numpy.int64); "
-                   "the reference accepts them")
 @pytest.mark.parametrize("fn", SEC5_FWD)
 def test_numpy_integer_seed_accepted_like_the_reference(fn, rng):
     """seed=np.int64(5) (e.g. from rng.integers) gives the bits of
