@@ -154,3 +154,9 @@ def test_ddp_gradients_equal_one_process_on_the_whole_batch(tmp_path):
 
 if __name__ == "__main__":
     rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    # The results are written.  Leave without the interpreter's teardown:
+    # gloo's threads sometimes outlive it, and C++ then aborts with
+    # "terminate called without an active exception" (about one run in
+    # six here), a failure of the exit, not of the test.
+    sys.stdout.flush()
+    os._exit(0)
