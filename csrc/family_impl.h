@@ -147,8 +147,12 @@ static void SFX(family_ops)(int simd, OPS *ops)
 
 /* The streamed path's blocks: queries and keys per block (the products'
  * M and N); a causal call computes no block that no query of it sees. */
-#define SQB 64
+#define SQB 256
 #define SKB 256
+/* Queries per block: SQB, or 64 with causal, where a block's queries see
+ * their keys by a staircase and a smaller step computes fewer hidden
+ * pairs (measured: SQB full is 10% faster than 64, causal 10% slower) */
+#define QBLK(f) ((f)->causal ? (ptrdiff_t)64 : (ptrdiff_t)SQB)
 
 typedef struct {
     att_fdims f;
@@ -832,7 +836,7 @@ static ptrdiff_t SFX(block_keys)(const att_fdims *f, ptrdiff_t i0,
 static ptrdiff_t SFX(first_query)(const att_fdims *f, ptrdiff_t k0)
 {
     ptrdiff_t i = f->causal ? k0 - (f->T - f->Tq) : 0;
-    return i < 0 ? 0 : i / SQB * SQB;
+    return i < 0 ? 0 : i / QBLK(f) * QBLK(f);
 }
 
 static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
@@ -842,9 +846,9 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
     const FIN *in = j->in;
     REAL *work = SFX(thread_scratch)(j, thread);
     SFX(sblock) sb = SFX(stream_scratch)(j, thread);
-    ptrdiff_t nqb = (f->Tq + SQB - 1) / SQB;
-    ptrdiff_t b = task / nqb, i0 = task % nqb * SQB;
-    ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB, Hv = f->Hv, ldk;
+    ptrdiff_t nqb = (f->Tq + QBLK(f) - 1) / QBLK(f);
+    ptrdiff_t b = task / nqb, i0 = task % nqb * QBLK(f);
+    ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f), Hv = f->Hv, ldk;
     REAL scale;
     const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
     const REAL *Q = in->query + (QB(j, b) * f->Tq + i0) * f->Hq;
@@ -1013,8 +1017,8 @@ static void SFX(stream_sequence)(const SFX(fjob) *j, const SFX(sblock) *sb,
     const att_fdims *f = &j->f;
     for (ptrdiff_t k0 = 0; k0 < f->T; k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
-        for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
-            ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+        for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += QBLK(f)) {
+            ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f);
             SFX(stream_block)(j, sb, work, b, i0, nq, k0,
                               SFX(block_keys)(f, i0, nq, k0, nk), 3, part);
         }
@@ -1031,8 +1035,8 @@ static void SFX(stream_keys_task)(void *arg, ptrdiff_t task, int thread)
     ptrdiff_t nkb = (f->T + SKB - 1) / SKB;
     ptrdiff_t b = task / nkb, k0 = task % nkb * SKB;
     ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
-    for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += SQB) {
-        ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+    for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += QBLK(f)) {
+        ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f);
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
                           k0, SFX(block_keys)(f, i0, nq, k0, nk), 1, 0);
     }
@@ -1043,9 +1047,9 @@ static void SFX(stream_queries_task)(void *arg, ptrdiff_t task, int thread)
     const SFX(fjob) *j = arg;
     const att_fdims *f = &j->f;
     SFX(sblock) sb = SFX(stream_scratch)(j, thread);
-    ptrdiff_t nqb = (f->Tq + SQB - 1) / SQB;
-    ptrdiff_t b = task / nqb, i0 = task % nqb * SQB;
-    ptrdiff_t nq = f->Tq - i0 < SQB ? f->Tq - i0 : SQB;
+    ptrdiff_t nqb = (f->Tq + QBLK(f) - 1) / QBLK(f);
+    ptrdiff_t b = task / nqb, i0 = task % nqb * QBLK(f);
+    ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f);
     for (ptrdiff_t k0 = 0; k0 < SFX(keys_seen)(f, i0, nq); k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
         SFX(stream_block)(j, &sb, SFX(thread_scratch)(j, thread), b, i0, nq,
@@ -1093,7 +1097,7 @@ int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
     }
     if (f->stream) {
         att_pool_run(j.ex.pool, j.threads,
-                     f->B * ((f->Tq + SQB - 1) / SQB),
+                     f->B * ((f->Tq + QBLK(f) - 1) / QBLK(f)),
                      SFX(stream_forward_task), &j);
         return ATT_OK;
     }
@@ -1333,7 +1337,7 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
     if (j.two_pass) {
         att_pool_run(j.ex.pool, j.threads, f->B * ((f->T + SKB - 1) / SKB),
                      SFX(stream_keys_task), &j);
-        att_pool_run(j.ex.pool, j.threads, f->B * ((f->Tq + SQB - 1) / SQB),
+        att_pool_run(j.ex.pool, j.threads, f->B * ((f->Tq + QBLK(f) - 1) / QBLK(f)),
                      SFX(stream_queries_task), &j);
     }
     else {

@@ -40,8 +40,9 @@ from attention_c.testing import (DTYPES, FD_RTOL, ILL_FACTOR, TOL,
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
-# The streamed kernel's blocks (csrc/family_impl.h SQB, SKB).
-SQB, SKB = 64, 256
+# The streamed kernel's blocks (csrc/family_impl.h QBLK, SQB, SKB):
+# queries with causal and without, keys.
+SQB_CAUSAL, SQB, SKB = 64, 256, 256
 
 # Score variants: the dot score with its default scale (1/sqrt(H)) and a
 # custom one, the general score.
@@ -416,7 +417,8 @@ def test_odd_sizes_match_reference(score, dtype, size):
 
 
 # query and key counts on both sides of the streamed kernel's blocks
-BLOCK_TQ = [1, SQB - 1, SQB, SQB + 1, 2 * SQB + 2]
+BLOCK_TQ = [1, SQB_CAUSAL - 1, SQB_CAUSAL, SQB_CAUSAL + 1, SQB - 1, SQB,
+            SQB + 1]
 BLOCK_T = [1, SKB - 1, SKB, SKB + 1, 600]
 
 
