@@ -911,8 +911,8 @@ static int bind_shape(Call *c, int i)
         return shape_error(c, i, 0);
     }
     for (int k = 0; k < nlead; k++) {
-        npy_intp want = c->lead[k + c->nlead - nlead];
-        if (dims[k] != want &&
+        npy_intp d = c->lead[k + c->nlead - nlead];
+        if (dims[k] != d &&
             !(dims[k] == 1 && (a->flags & (F_BCAST | F_LEADB)))) {
             return shape_error(c, i, 0);
         }
@@ -945,13 +945,14 @@ static int bind_shape(Call *c, int i)
     return 0;
 }
 
-/* The shape argument i (F_VIEW) broadcasts to: the call's leading axes,
- * then its pattern's axes; returns their number. */
-static int view_target(const Call *c, int i, npy_intp *dims)
+/* The shape of pattern p in this call: the call's leading axes (with
+ * `lead`), then the pattern's axes (the query axis only with several
+ * queries); returns their number. */
+static int pattern_dims(const Call *c, const Pattern *p, int lead,
+                        npy_intp *dims)
 {
-    const Pattern *p = &c->fn->args[i].pat;
     int nd = 0;
-    for (int k = 0; k < c->nlead; k++) {
+    for (int k = 0; lead && k < c->nlead; k++) {
         dims[nd++] = c->lead[k];
     }
     for (int k = 0; k < p->n; k++) {
@@ -960,6 +961,13 @@ static int view_target(const Call *c, int i, npy_intp *dims)
         }
     }
     return nd;
+}
+
+/* The shape argument i (F_VIEW) broadcasts to: the call's leading axes,
+ * then its pattern's axes; returns their number. */
+static int view_target(const Call *c, int i, npy_intp *dims)
+{
+    return pattern_dims(c, &c->fn->args[i].pat, 1, dims);
 }
 
 /* Step 3 for a view: it must broadcast to its target by NumPy's rules
@@ -1512,15 +1520,7 @@ static int out_shape(const Call *c, int k, npy_intp *dims)
         }
         return nd;
     }
-    for (int j = 0; p->lead && j < c->nlead; j++) {
-        dims[nd++] = c->lead[j];
-    }
-    for (int j = 0; j < p->n; j++) {
-        if (!p->ax[j].query_axis || c->several) {
-            dims[nd++] = axis_value(c, &p->ax[j], -1);
-        }
-    }
-    return nd;
+    return pattern_dims(c, p, p->lead, dims);
 }
 
 static int wanted(const Call *c, int k)

@@ -218,7 +218,7 @@ static int SFX(family_threads)(const att_fdims *f, const att_exec *ex)
 /* The backward's groups of sequences, by sizes only (so the sums, and the
  * results, are the same for any thread count): one group per sequence,
  * unless a shared bias's gradient sums over them, in partials of at most
- * 64 MiB together, added in order at the end. */
+ * 64 MiB together (but at least two), added in order at the end. */
 static void SFX(plan_backward)(SFX(fjob) *j)
 {
     const att_fdims *f = &j->f;
@@ -230,6 +230,9 @@ static void SFX(plan_backward)(SFX(fjob) *j)
         ptrdiff_t fit = ((ptrdiff_t)64 << 20) /
                         (f->nbias > 0 ? f->nbias * (ptrdiff_t)sizeof(REAL)
                                       : 1);
+        /* at least two, so that two threads share the work (a bias of
+         * 64 MiB or more costs one more copy of it) */
+        fit = fit < 2 ? 2 : fit;
         j->nparts = j->ngroups < 8 ? j->ngroups : 8;
         j->nparts = fit < j->nparts ? fit : j->nparts;
         j->nparts = j->nparts < 1 ? 1 : j->nparts;
