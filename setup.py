@@ -64,10 +64,10 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_objects = objects
             # a rebuilt kernel object relinks the extension; binding_tests.c
-            # is binding.c, which includes binding_driver.h and
-            # binding_module.h
+            # is binding.c, which includes the binding_*.h
             ext.depends = HEADERS + objects + ["csrc/binding.c",
                                                "csrc/binding_driver.h",
+                                               "csrc/binding_views.h",
                                                "csrc/binding_module.h"]
         super().build_extensions()
 

@@ -256,7 +256,7 @@ def _apply(fn: Callable[..., Any], ref: str, data: dict[str, Any],
 
     def axis(n: str, j: int) -> int:
         """The batch axis of the call that axis j of argument n is."""
-        return nlead - nb[n] + j
+        return int(nlead - nb[n] + j)
 
     def shared_along(n: str, j: int) -> bool:
         return bool(arrays[n].shape[j] == 1 and lead[axis(n, j)] != 1)

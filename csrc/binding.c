@@ -1,6 +1,6 @@
 /*
- * binding.c - the only file that speaks CPython and NumPy (with
- * binding_driver.h and binding_module.h, which it includes).
+ * binding.c - the only file that speaks CPython and NumPy (with the
+ * binding_*.h it includes: the driver, the views, the module).
  *
  * Every public function is one row of the table `funcs` below: its
  * arguments in signature order, each with a shape pattern in the style of
