@@ -303,7 +303,8 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
         rows = add_or_neg(add_or_neg(mul_or_neg(TqT, (backward ? 1 : 0) +
                                                      (dropout ? 1 : 0)),
                                      f->T),
-                          add_or_neg(mul_or_neg(f->T, 3), f->Tq) /
+                          add_or_neg(add_or_neg(mul_or_neg(f->T, 3), f->Tq),
+                                     backward ? TqT : 0) /
                           (ptrdiff_t)sizeof(REAL) + 1);
     }
     ptrdiff_t own = add_or_neg(j->ops.gemm_work, rows);
@@ -461,6 +462,23 @@ static const unsigned char *SFX(prepare_row)(const SFX(fjob) *j,
         s[t] = vis[t] ? s[t] + add : -INFINITY;
     }
     return vis;
+}
+
+/* The visibility of every key to query i of sequence b by the masks,
+ * causal and a bias of -inf, into vis (T bytes, always written). */
+static void SFX(visible_row)(const SFX(fjob) *j, ptrdiff_t b, ptrdiff_t i,
+                             unsigned char *vis)
+{
+    const att_view *bv = &j->in->bias;
+    ptrdiff_t T = j->f.T;
+    if (SFX(vis_row)(j, b, i, 0, T, vis) == NULL) {
+        memset(vis, 1, (size_t)T);
+    }
+    const REAL *x = bv->p == NULL ? NULL
+                    : (const REAL *)bv->p + VIEW_AT(bv, b) + i * bv->rs;
+    for (ptrdiff_t t = 0; x != NULL && t < T; t++) {
+        vis[t] &= x[t * bv->cs] != -INFINITY;
+    }
 }
 
 /* w[t] *= keep(b, i, t0 + t) / (1 - p) for t < n: the dropout of the
@@ -1128,14 +1146,16 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
     ptrdiff_t T = f->T, Tq = f->Tq, Hv = f->Hv;
     REAL *delta = work + j->ops.gemm_work;              /* (Tq, T) */
     REAL *dropped = delta + Tq * T;           /* (Tq, T) with dropout */
-    unsigned char *vis = (unsigned char *)(dropped + (in->dropout > 0
-                                                      ? Tq * T : 0) + T);
-    unsigned char *kbuf = vis + T;
+    unsigned char *keep = (unsigned char *)(dropped + (in->dropout > 0
+                                                       ? Tq * T : 0) + T);
+    unsigned char *kbuf = keep + T, *vis = kbuf + T + Tq;    /* (Tq, T) */
     ptrdiff_t qb = QB(j, b), kb = KB(j, b), vb = VB(j, b);
     const REAL *G = in->grad_out + b * Tq * Hv, *al = in->alpha + b * Tq * T;
-    /* the pairs that see each other: alpha > 0 (key, query) or (query,
-     * key) */
-    SFX(pairs) by_key = {NULL, al, 1, T}, by_query = {NULL, al, T, 1};
+    /* which pairs see each other, by the masks (alpha is the caller's) */
+    for (ptrdiff_t i = 0; i < Tq; i++) {
+        SFX(visible_row)(j, b, i, vis + i * T);
+    }
+    SFX(pairs) by_key = {vis, NULL, 1, T}, by_query = {vis, NULL, T, 1};
     const REAL *Q = in->query + qb * Tq * f->Hq, *K = in->keys + kb * T * f->H;
     const unsigned char *lk = j->live_k ? j->live_k + b * T : NULL;
     const unsigned char *lq = j->live_q ? j->live_q + b * Tq : NULL;
@@ -1147,15 +1167,16 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
                                         : NULL;
         const REAL *a = al + i * T;
         REAL *row = delta + i * T;
+        const unsigned char *v = vis + i * T;
         if (in->dropout > 0) {       /* gamma and alpha times keep/(1-p) */
             memcpy(dropped + i * T, a, (size_t)T * sizeof(REAL));
-            SFX(drop_row)(j, b, i, 0, T, dropped + i * T, vis);
+            SFX(drop_row)(j, b, i, 0, T, dropped + i * T, keep);
             for (ptrdiff_t t = 0; t < T; t++) {
-                row[t] = vis[t] ? row[t] * j->keep_scale : 0;
+                row[t] = keep[t] ? row[t] * j->keep_scale : 0;
             }
         }
         for (ptrdiff_t t = 0; t < T; t++) {  /* masked: alpha 0, gamma 0 */
-            row[t] = a[t] != 0 ? row[t] + (ga ? ga[t] : 0) : 0;
+            row[t] = v[t] ? row[t] + (ga ? ga[t] : 0) : 0;
         }
         /* alpha = softmax(s)  ->  delta = dL/ds, in place */
         j->ops.softmax_backward(T, row, a, row);
@@ -1198,14 +1219,10 @@ static void SFX(backward_sequence)(const SFX(fjob) *j, REAL *work,
         REAL *dv = j->dvpart + b * j->apad;
         memset(dv, 0, (size_t)j->apad * sizeof(REAL));
         for (ptrdiff_t i = 0; i < Tq; i++) {
-            const REAL *a = al + i * T;
-            for (ptrdiff_t t = 0; t < T; t++) {  /* visible: alpha > 0 */
-                vis[t] = a[t] != 0;
-            }
             j->ops.add_scores_backward(
                 T, j->apad, j->qp + (b * Tq + i) * j->apad,
-                j->kp + b * T * j->ldk, j->ldk, j->vp, delta + i * T, vis,
-                i == 0, eq + i * j->apad, ek, j->apad, dv);
+                j->kp + b * T * j->ldk, j->ldk, j->vp, delta + i * T,
+                vis + i * T, i == 0, eq + i * j->apad, ek, j->apad, dv);
         }
     }
 }

@@ -312,7 +312,7 @@ static void SFX(family_case)(ctx *c, att_fdims f, SFX(fopts) o)
     int additive = o.score == ATT_SCORE_ADDITIVE;
     int dot = o.score == ATT_SCORE_DOT;
     f.score = o.score;
-    f.mask_per_query = o.mk == 4;
+    int per_query = o.mk == 4;      /* mask kind 4: a mask per query */
     if (dot) {
         f.Hq = f.H;
         f.P = 0;
@@ -356,8 +356,8 @@ static void SFX(family_case)(ctx *c, att_fdims f, SFX(fopts) o)
         }
         for (ptrdiff_t i = 0; i < Tq; i++) {
             const unsigned char *mr = m == NULL ? NULL
-                                      : m + (f.mask_per_query ? (bi * Tq + i)
-                                                             : bi) * T;
+                                      : m + (per_query ? (bi * Tq + i)
+                                                       : bi) * T;
             unsigned char any = 0;
             for (ptrdiff_t t = 0; t < T; t++) {
                 unsigned char on = mr == NULL || mr[t];
@@ -382,22 +382,28 @@ static void SFX(family_case)(ctx *c, att_fdims f, SFX(fopts) o)
         SFX(poison)(B * T, P, live_k, kproj);
     }
     REAL scale = dot ? (REAL)(1 / sqrt(H > 1 ? (double)H : 1)) : 1;
+    /* the mask: the keys' (B, T), or per query (B, Tq, T) as attn_mask */
+    att_view none = {NULL, NULL, 0, 0, 0};
+    att_view key_mask = {per_query ? NULL : m, NULL, T, 0, 1};
+    att_view query_mask = {per_query ? m : NULL, NULL, Tq * T, T, 1};
     /* in[1]: run 3's inputs, moved by one ulp */
     ATT(family_in) in[2] = {
-        {query, keys, kproj, values, W, v, b, ldw, scale, m, NULL, NULL,
-         NULL},
-        {SFX(jiggle)(c, B * Tq * Hq, query), SFX(jiggle)(c, B * T * H, keys),
-         SFX(jiggle)(c, B * T * P, kproj),
-         SFX(jiggle)(c, B * T * Hv, values), SFX(jiggle)(c, P * ldw, W),
-         SFX(jiggle)(c, P, v), SFX(jiggle)(c, P, b), ldw, scale, m, NULL,
-         NULL, NULL}};
+        {.query = query, .keys = keys, .kproj = kproj, .values = values,
+         .W = W, .v = v, .b = b, .ldw = ldw, .scale = scale,
+         .mask = m ? key_mask : none, .attn_mask = m ? query_mask : none},
+        {.query = SFX(jiggle)(c, B * Tq * Hq, query),
+         .keys = SFX(jiggle)(c, B * T * H, keys),
+         .kproj = SFX(jiggle)(c, B * T * P, kproj),
+         .values = SFX(jiggle)(c, B * T * Hv, values),
+         .W = SFX(jiggle)(c, P * ldw, W), .v = SFX(jiggle)(c, P, v),
+         .b = SFX(jiggle)(c, P, b), .ldw = ldw, .scale = scale,
+         .mask = m ? key_mask : none, .attn_mask = m ? query_mask : none}};
     REAL *out[RUNS], *alpha[RUNS];
     for (int k = 0; k < RUNS; k++) {
         att_exec ex = SFX(exec)(c, k);
         out[k] = SFX(nans)(B * Tq * Hv);
         alpha[k] = SFX(nans)(B * Tq * T);
-        ATT(family_out) fo = {out[k], alpha[k], NULL, NULL, NULL, NULL,
-                              NULL, NULL, NULL};
+        ATT(family_out) fo = {.out = out[k], .alpha = alpha[k]};
         void *work = SFX(workspace)(c, ATT(family_workspace)(&f, 0, &ex));
         int st = ATT(family_forward)(&f, &ex, &in[k == 3], &fo, work);
         c->calls++;
@@ -424,8 +430,9 @@ static void SFX(family_case)(ctx *c, att_fdims f, SFX(fopts) o)
         dv[k] = additive ? SFX(nans)(P) : NULL;
         db[k] = bias ? SFX(nans)(P) : NULL;
         dkp[k] = kp_mode == 2 ? SFX(nans)(B * T * P) : NULL;
-        ATT(family_out) fo = {NULL, NULL, dq[k], dk[k], dkp[k], dval[k],
-                              dW[k], dv[k], db[k]};
+        ATT(family_out) fo = {.dquery = dq[k], .dkeys = dk[k],
+                              .dkproj = dkp[k], .dvalues = dval[k],
+                              .dW = dW[k], .dv = dv[k], .db = db[k]};
         void *work = SFX(workspace)(c, ATT(family_workspace)(&f, 1, &ex));
         int st = ATT(family_backward)(&f, &ex, &in[k == 3], &fo, work);
         c->calls++;
@@ -460,19 +467,22 @@ static void SFX(family_case)(ctx *c, att_fdims f, SFX(fopts) o)
     free(live_q);
 }
 
+#define FD(B_, Tq_, T_, H_, Hq_, Hv_, P_)                                    \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hq = Hq_, .Hv = Hv_, .P = P_}
+
 /* Sizes (B, Tq, T, H, Hq, Hv, P) (dot: Hq = H; general: P = Hq; values
  * not given: Hv = H): one query and several, odd sizes, the micro-tiles,
  * the gemm's blocks (GMC = 96 rows of A, KC = 256 deep, GNC = 512 columns
  * of B), B = 0, zero widths. */
 static const att_fdims SFX(family_sizes)[] = {
-    {0, 0, 0, 3, 5, 3, 3, 3, 3},     {0, 0, 1, 1, 1, 1, 1, 1, 1},
-    {0, 0, 2, 1, 3, 3, 3, 3, 3},     {0, 0, 2, 3, 17, 17, 17, 17, 17},
-    {0, 0, 3, 17, 65, 9, 5, 17, 9},  {0, 0, 1, 3, 65, 65, 17, 3, 65},
-    {0, 0, 2, 5, 9, 8, 8, 8, 8},     {0, 0, 2, 9, 8, 4, 4, 4, 4},
-    {0, 0, 1, 100, 33, 7, 9, 11, 13}, {0, 0, 1, 3, 300, 5, 6, 7, 8},
-    {0, 0, 1, 2, 520, 3, 3, 3, 3},   {0, 0, 3, 1, 17, 65, 3, 9, 17},
-    {0, 0, 4, 2, 16, 16, 16, 16, 16}, {0, 0, 1, 12, 13, 1, 1, 1, 1},
-    {0, 0, 2, 4, 7, 0, 5, 3, 2},     {0, 0, 5, 1, 1, 2, 3, 4, 5},
+    FD(0, 3, 5, 3, 3, 3, 3),     FD(1, 1, 1, 1, 1, 1, 1),
+    FD(2, 1, 3, 3, 3, 3, 3),     FD(2, 3, 17, 17, 17, 17, 17),
+    FD(3, 17, 65, 9, 5, 17, 9),  FD(1, 3, 65, 65, 17, 3, 65),
+    FD(2, 5, 9, 8, 8, 8, 8),     FD(2, 9, 8, 4, 4, 4, 4),
+    FD(1, 100, 33, 7, 9, 11, 13), FD(1, 3, 300, 5, 6, 7, 8),
+    FD(1, 2, 520, 3, 3, 3, 3),   FD(3, 1, 17, 65, 3, 9, 17),
+    FD(4, 2, 16, 16, 16, 16, 16), FD(1, 12, 13, 1, 1, 1, 1),
+    FD(2, 4, 7, 0, 5, 3, 2),     FD(5, 1, 1, 2, 3, 4, 5),
 };
 
 /* Big enough for 2 threads (family_threads: 2^23 multiply-adds): several
@@ -481,13 +491,14 @@ static const att_fdims SFX(family_sizes)[] = {
  * Wide keys and values but few projected columns: the emulated scalar
  * tanh is what costs. */
 static const att_fdims SFX(family_big)[2][3] = {
-    {{0, 0, 4, 64, 256, 64, 8, 64, 4},
-     {0, 0, 40, 1, 512, 64, 8, 64, 4},
-     {0, 0, 1, 512, 160, 64, 8, 64, 4}},
-    {{0, 0, 4, 64, 256, 64, 64, 64, 0},
-     {0, 0, 64, 1, 1024, 64, 64, 64, 0},
-     {0, 0, 1, 1024, 64, 64, 64, 64, 0}},
+    {FD(4, 64, 256, 64, 8, 64, 4),
+     FD(40, 1, 512, 64, 8, 64, 4),
+     FD(1, 512, 160, 64, 8, 64, 4)},
+    {FD(4, 64, 256, 64, 64, 64, 0),
+     FD(64, 1, 1024, 64, 64, 64, 0),
+     FD(1, 1024, 64, 64, 64, 64, 0)},
 };
+#undef FD
 
 static void SFX(family_all)(ctx *c)
 {
@@ -627,8 +638,9 @@ static void SFX(contain_case)(ctx *c, REAL bad)
     /* the family's forward, the bad value in a key */
     for (int score = 0; score < 3; score++) {
         int additive = score == ATT_SCORE_ADDITIVE;
-        att_fdims f2 = {score, 0, 2, 3, 11, 5, score == 1 ? 5 : 6, 7,
-                        score == 0 ? 4 : (score == 1 ? 0 : 6)};
+        att_fdims f2 = {.score = score, .B = 2, .Tq = 3, .T = 11, .H = 5,
+                        .Hq = score == 1 ? 5 : 6, .Hv = 7,
+                        .P = score == 0 ? 4 : (score == 1 ? 0 : 6)};
         att_fdims f1 = f2;
         f1.B = 1;
         ptrdiff_t ldw = additive ? f2.H + f2.Hq : f2.H;
@@ -641,8 +653,9 @@ static void SFX(contain_case)(ctx *c, REAL bad)
         REAL *Wf = SFX(rand)(c, f2.P * ldw + 1, 0.5);
         REAL *vf = SFX(rand)(c, f2.P + 1, 1);
         k[2 * f2.H + 1] = bad;
-        ATT(family_in) in2 = {q, k, NULL, val, Wf, additive ? vf : NULL,
-                              NULL, ldw, (REAL)0.5, NULL, NULL, NULL, NULL};
+        ATT(family_in) in2 = {.query = q, .keys = k, .values = val,
+                              .W = Wf, .v = additive ? vf : NULL,
+                              .ldw = ldw, .scale = (REAL)0.5};
         ATT(family_in) in1 = in2;
         in1.query = q + f2.Tq * f2.Hq;
         in1.keys = k + f2.T * f2.H;
@@ -650,10 +663,8 @@ static void SFX(contain_case)(ctx *c, REAL bad)
         REAL *o2 = SFX(nans)(2 * f2.Tq * f2.Hv), *a2 = SFX(nans)(2 * f2.Tq *
                                                               f2.T);
         REAL *o1 = SFX(nans)(f2.Tq * f2.Hv), *a1 = SFX(nans)(f2.Tq * f2.T);
-        ATT(family_out) fo2 = {o2, a2, NULL, NULL, NULL, NULL, NULL, NULL,
-                               NULL};
-        ATT(family_out) fo1 = {o1, a1, NULL, NULL, NULL, NULL, NULL, NULL,
-                               NULL};
+        ATT(family_out) fo2 = {.out = o2, .alpha = a2};
+        ATT(family_out) fo1 = {.out = o1, .alpha = a1};
         void *fw = SFX(workspace)(c, ATT(family_workspace)(&f2, 0, &ex));
         st = ATT(family_forward)(&f2, &ex, &in2, &fo2, fw) |
              ATT(family_forward)(&f1, &ex, &in1, &fo1, fw);
