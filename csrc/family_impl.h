@@ -15,6 +15,13 @@
  *             dot/general: dQ = delta K, dK = delta^T Q (times scale)
  *             additive: eq_i = sum_t eps_it, ek_t = sum_i eps_it, dv
  *             then the projections' backward, once over all rows.
+ * dot and general also stream (docs/contract.md section 5): blocks of
+ * queries against blocks of keys with an online softmax, lse instead of
+ * the weights, the backward recomputing P = exp(S - lse) block by block;
+ * with causal, blocks no query sees are never computed.  What a query
+ * sees (key mask, attn_mask, causal, a bias of -inf) is read in place per
+ * row; sequences read their query, keys and values by index (broadcast),
+ * and the backward runs the groups that share one in order.
  * Work is split by sizes only, and every sum runs in an order fixed by
  * the sizes, so results are bitwise the same for any thread count.
  */
