@@ -767,6 +767,7 @@ def philox4x32(counter, key):
         p0 = M0 c0, p1 = M1 c2                      (64-bit products)
         (c0, c1, c2, c3) = (hi(p1) ^ c1 ^ k0, lo(p1), hi(p0) ^ c3 ^ k1,
                             lo(p0))
+
     then the key is bumped by the Weyl constants (k0 += W0, k1 += W1).
     """
     c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _M32
