@@ -876,7 +876,8 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
     SFX(sblock) sb = SFX(stream_scratch)(j, thread);
     ptrdiff_t nqb = (f->Tq + QBLK(f) - 1) / QBLK(f);
     ptrdiff_t b = task / nqb, i0 = task % nqb * QBLK(f);
-    ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f), Hv = f->Hv, ldk;
+    ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f);
+    ptrdiff_t Hv = f->Hv, ldk;
     REAL scale;
     const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
     const REAL *Q = in->query + (QB(j, b) * f->Tq + i0) * f->Hq;
@@ -1045,7 +1046,8 @@ static void SFX(stream_sequence)(const SFX(fjob) *j, const SFX(sblock) *sb,
     const att_fdims *f = &j->f;
     for (ptrdiff_t k0 = 0; k0 < f->T; k0 += SKB) {
         ptrdiff_t nk = f->T - k0 < SKB ? f->T - k0 : SKB;
-        for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq; i0 += QBLK(f)) {
+        for (ptrdiff_t i0 = SFX(first_query)(f, k0); i0 < f->Tq;
+             i0 += QBLK(f)) {
             ptrdiff_t nq = f->Tq - i0 < QBLK(f) ? f->Tq - i0 : QBLK(f);
             SFX(stream_block)(j, sb, work, b, i0, nq, k0,
                               SFX(block_keys)(f, i0, nq, k0, nk), 3, part);
@@ -1319,6 +1321,14 @@ static void SFX(project_backward)(SFX(fjob) *j)
                   out->dW, ld);
 }
 
+/* n elements of x to 0 (x may be NULL when n is 0). */
+static void SFX(zero)(REAL *x, ptrdiff_t n)
+{
+    if (n > 0) {
+        memset(x, 0, (size_t)n * sizeof(REAL));
+    }
+}
+
 int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
                              const FIN *in, FOUT *out, void *work)
 {
@@ -1333,17 +1343,15 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
     /* every product adds to the gradients (see backward_sequence) */
     ptrdiff_t Hkd = f->score == ATT_SCORE_DOT ? f->H : f->P;
     if (f->score != ATT_SCORE_ADDITIVE) {
-        memset(out->dquery, 0, (size_t)(j.Bq * f->Tq * f->Hq) * sizeof(REAL));
-        memset(f->score == ATT_SCORE_DOT ? out->dkeys
-               : out->dkproj ? out->dkproj : j.dkp, 0,
-               (size_t)(j.Bk * f->T * Hkd) * sizeof(REAL));
+        SFX(zero)(out->dquery, j.Bq * f->Tq * f->Hq);
+        SFX(zero)(f->score == ATT_SCORE_DOT ? out->dkeys
+                  : out->dkproj ? out->dkproj : j.dkp, j.Bk * f->T * Hkd);
     }
     if (in->values != NULL) {
-        memset(out->dvalues, 0, (size_t)(j.Bv * f->T * f->Hv) *
-               sizeof(REAL));
+        SFX(zero)(out->dvalues, j.Bv * f->T * f->Hv);
     }
     else if (f->score != ATT_SCORE_DOT) {       /* dV goes to dkeys */
-        memset(out->dkeys, 0, (size_t)(j.Bk * f->T * f->H) * sizeof(REAL));
+        SFX(zero)(out->dkeys, j.Bk * f->T * f->H);
     }
     if (j.live_kr != NULL) {  /* the stored path knows; streams record */
         memset(j.live_kr, 0, (size_t)(j.Bk * f->T));
@@ -1357,14 +1365,14 @@ int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,
     REAL *dbias = (REAL *)(uintptr_t)out->dbias.p;
     ptrdiff_t nparts = dbias != NULL && f->bias_shared ? j.nparts : 1;
     if (dbias != NULL) {
-        memset(dbias, 0, (size_t)f->nbias * sizeof(REAL));
-        memset(j.dbias_parts, 0, (size_t)((nparts - 1) * f->nbias) *
-               sizeof(REAL));
+        SFX(zero)(dbias, f->nbias);
+        SFX(zero)(j.dbias_parts, (nparts - 1) * f->nbias);
     }
     if (j.two_pass) {
         att_pool_run(j.ex.pool, j.threads, f->B * ((f->T + SKB - 1) / SKB),
                      SFX(stream_keys_task), &j);
-        att_pool_run(j.ex.pool, j.threads, f->B * ((f->Tq + QBLK(f) - 1) / QBLK(f)),
+        att_pool_run(j.ex.pool, j.threads,
+                     f->B * ((f->Tq + QBLK(f) - 1) / QBLK(f)),
                      SFX(stream_queries_task), &j);
     }
     else {
