@@ -522,9 +522,10 @@ def test_signatures_follow_the_argument_convention():
     """Functions and forwards: whatever has a default is keyword-only, and
     what comes by position has none (docs/conventions.md)."""
     import inspect
-    callables = [getattr(act, n) for n in act.__all__ if n[0].islower()]
-    callables += [getattr(act, n).forward for n in act.__all__
-                  if n[0].isupper()]
+    # The drop-ins keep PyTorch's signatures (test_drop_in_signatures).
+    ours = [n for n in act.__all__ if n not in DROP_INS and n != "KVCache"]
+    callables = [getattr(act, n) for n in ours if n[0].islower()]
+    callables += [getattr(act, n).forward for n in ours if n[0].isupper()]
     for fn in callables:
         params = list(inspect.signature(fn).parameters.values())
         for p in params:
@@ -533,6 +534,37 @@ def test_signatures_follow_the_argument_convention():
             optional = p.default is not inspect.Parameter.empty
             assert optional == (p.kind == p.KEYWORD_ONLY), (
                 fn.__qualname__, p.name)
+
+
+DROP_INS = {"scaled_dot_product_attention": torch.nn.functional,
+            "MultiheadAttention": torch.nn}
+
+
+def test_drop_in_signatures():
+    """The drop-ins take PyTorch's arguments, in its order, with its
+    defaults; MultiheadAttention adds only the keyword-only ``cache``."""
+    import inspect
+    for name, where in DROP_INS.items():
+        theirs, mine = getattr(where, name), getattr(act, name)
+        if name[0].isupper():
+            theirs, mine = theirs.forward, mine.forward
+        params = [(p.name, p.kind, p.default)
+                  for p in inspect.signature(mine).parameters.values()]
+        try:
+            sig = inspect.signature(theirs)
+        except ValueError:
+            # A builtin: its signature is the docstring's first line.
+            text = theirs.__doc__.split("->")[0].strip()
+            namespace: dict = {}
+            exec(f"def {text}: pass", namespace)
+            sig = inspect.signature(namespace[name])
+        expect = [(p.name, p.kind, p.default)
+                  for p in sig.parameters.values()]
+        if name == "MultiheadAttention":
+            assert params[-1] == ("cache", inspect.Parameter.KEYWORD_ONLY,
+                                  None)
+            params = params[:-1]
+        assert params == expect, name
 
 
 def test_shape_errors_come_from_the_kernels():

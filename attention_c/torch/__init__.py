@@ -54,19 +54,23 @@ is private (``_ops``, with the pure-PyTorch transcriptions in ``_pure``).
 import torch
 
 from .functional import (additive_attention, context_attention,
-                         dot_attention, general_attention, project_keys)
+                         dot_attention, general_attention, project_keys,
+                         scaled_dot_product_attention)
 from .modules import (AdditiveAttention, ContextAttention, DotAttention,
                       GeneralAttention)
+from .multihead import KVCache, MultiheadAttention
 
 __all__ = ["context_attention", "ContextAttention",
            "additive_attention", "AdditiveAttention",
            "dot_attention", "DotAttention",
-           "general_attention", "GeneralAttention", "project_keys"]
+           "general_attention", "GeneralAttention", "project_keys",
+           "scaled_dot_product_attention", "MultiheadAttention", "KVCache"]
 
 # torch.fx.symbolic_trace records calls of the functions looked up here
 # (attention_c.torch.dot_attention(...)) as leaves, run at call time: its
 # proxies carry no data for the checks and the kernels.
 for _name in ("context_attention", "additive_attention", "dot_attention",
-              "general_attention", "project_keys"):
+              "general_attention", "project_keys",
+              "scaled_dot_product_attention"):
     torch.fx.wrap(_name)
 del _name

@@ -773,6 +773,20 @@ def _transforms() -> list[Any]:
     return [i.key() for i in retrieve_all_functorch_interpreters()]
 
 
+def _plain(args: tuple[Any, ...]) -> bool:
+    """Whether a call is plain eager inference on CPU tensors: no input
+    that autograd tracks, no torch.func transform, no dispatch mode (fake
+    or proxy tensors, FlopCounter, ...) and no tensor subclass."""
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (
+                type(a) is not torch.Tensor or a.device.type != "cpu"
+                or (grad and a.requires_grad)):
+            return False
+    return (not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
 def _call(kind: str, *args: Any) -> Any:
     """The op of ``kind`` through its autograd.Function (eager, torch.func)
     or directly: torch.compile traces the op with its registered autograd,
@@ -781,6 +795,11 @@ def _call(kind: str, *args: Any) -> Any:
     has no rule for autograd.Functions."""
     if torch.compiler.is_compiling() or _tracing():
         return _SPECS[kind].op(*args)
+    if _plain(args):
+        # Nothing to record: the op's body, without the dispatcher and
+        # autograd.Function around it (a one-token decoding step would pay
+        # them ten times over).
+        return _SPECS[kind].op._init_fn(*args)
     transforms = _transforms()
     T = torch._C._functorch.TransformType
     if T.Functionalize in transforms:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import attention_c as _ac
+
 from ._ops import _call
 from ._utils import _back, _check_tensors, _f32, _tracing
 
 __all__ = ["context_attention", "additive_attention", "dot_attention",
-           "general_attention", "project_keys"]
+           "general_attention", "project_keys",
+           "scaled_dot_product_attention"]
 
 
 def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor, *,
@@ -403,3 +406,170 @@ def project_keys(keys: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 for _name in __all__:
     torch.fx.wrap(_name)
 del _name
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
+                                 value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None,
+                                 dropout_p: float = 0.0,
+                                 is_causal: bool = False,
+                                 scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``
+    on the streamed C kernel: the same signature and semantics, and the
+    (..., L, S) weights are never formed, forward or backward.
+
+    Parameters
+    ----------
+    query : Tensor (..., L, E)
+    key : Tensor (..., S, E)
+    value : Tensor (..., S, Ev)
+        Leading axes broadcast (NumPy rules; a missing axis counts as 1).
+        float32 or float64 (bfloat16 and float16 computed in float32).
+    attn_mask : Tensor, optional
+        Broadcastable to (..., L, S): bool, True = the query may attend
+        to the key (as SDPA; ``nn.MultiheadAttention``'s boolean masks
+        mean the opposite), or float, added to the scores (-inf masks;
+        differentiable).  Read in place, never expanded.
+    dropout_p : float, optional
+        Dropout on the weights, applied whenever > 0 (as SDPA: pass 0.0
+        in evaluation).  Its keep bits come from attention_c's
+        counter-based generator with a seed drawn from torch's default
+        generator: reproducible under ``torch.manual_seed``, not the same
+        bits as PyTorch's dropout.
+    is_causal : bool, optional
+        Query i sees keys t <= i (top-left aligned, as SDPA).  With L == S
+        the causal kernel runs and skips the blocks no query sees.  Given
+        with ``attn_mask``, both apply (as PyTorch's CPU kernel).
+    scale : float, optional
+        Default ``1/sqrt(E)``.
+    enable_gqa : bool, optional
+        Grouped-query attention: query (..., Hq, L, E) against key and
+        value (..., Hkv, S, E), Hq a multiple of Hkv; query head j uses key
+        head j // (Hq / Hkv).  Read in place, without repeating K and V.
+
+    Returns
+    -------
+    Tensor (..., L, Ev)
+        0 for a query that may attend to no key (PyTorch's CPU kernel
+        gives 0 too; its math backend NaN).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> from attention_c.torch import scaled_dot_product_attention
+    >>> _ = torch.manual_seed(0)
+    >>> q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    >>> out = scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> torch.allclose(out, ref, atol=1e-6)
+    True
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if isinstance(t, torch.Tensor) and t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions "
+                             f"(..., L, E), got shape {tuple(t.shape)}")
+    nd = max(query.dim(), key.dim(), value.dim())
+    if not query.dim() == key.dim() == value.dim():
+        # The same rank for all (SDPA broadcasts a missing leading axis;
+        # the kernel would read a lower-rank query as one query per
+        # sequence).
+        query, key, value = (t.reshape((1,) * (nd - t.dim()) + t.shape)
+                             for t in (query, key, value))
+    L, S = query.shape[-2], key.shape[-2]
+    bool_mask = bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            bool_mask = attn_mask
+        else:
+            bias = attn_mask
+    causal = bool(is_causal) and L == S
+    if is_causal and L != S:
+        # Top-left with L != S is not the kernel's bottom-right rule: an
+        # (L, S) mask, shared by every sequence.
+        tril = torch.ones(L, S, dtype=torch.bool,
+                          device=query.device).tril()
+        if bias is not None:
+            bias = bias.masked_fill(~tril, float("-inf"))
+        else:
+            bool_mask = tril if bool_mask is None else bool_mask & tril
+    groups = 0
+    if enable_gqa and nd >= 3 and query.shape[-3] != key.shape[-3]:
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hk != hv or hq % hk:
+            raise RuntimeError(
+                f"Number of heads in key and value must divide the number "
+                f"of heads in query: query has {hq}, key {hk}, value {hv} "
+                f"(enable_gqa=True)")
+        groups = hq // hk
+        # query (..., Hkv, G, L, E) against key (..., Hkv, 1, S, E): views.
+        query = query.unflatten(-3, (hk, groups))
+        key, value = key.unsqueeze(-3), value.unsqueeze(-3)
+        bool_mask, bias = (_gqa_mask(m, hk, groups)
+                           for m in (bool_mask, bias))
+    if dropout_p == 0 and _plain_call(query, key, value, bias):
+        out = _fast_dot(query, key, value, None, bool_mask, bias, causal,
+                        scale)
+        if out is not None:
+            return out.flatten(-4, -3) if groups else out
+    p, seed = _dropout_seed(dropout_p, None if dropout_p == 0 else
+                            torch.randint(0, 2**63 - 1, (),
+                                          dtype=torch.int64))
+    out, _ = dot_attention(query, key, values=value, attn_mask=bool_mask,
+                           causal=causal, bias=bias, dropout=p, seed=seed,
+                           scale=scale, return_weights=False)
+    return out.flatten(-4, -3) if groups else out
+
+
+def _gqa_mask(m: torch.Tensor | None, hk: int, groups: int
+              ) -> torch.Tensor | None:
+    """A mask or bias over query heads (..., Hq, L, S) as (..., Hkv, G, L,
+    S), or with a size-1 head axis as (..., 1, 1, L, S): views."""
+    if m is None or m.dim() < 3:
+        return m
+    if m.shape[-3] == 1:
+        return m.unsqueeze(-3)
+    return m.unflatten(-3, (hk, groups))
+
+
+def _plain_call(query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Plain eager inference (a decoding step): float32 or float64 CPU
+    tensors, nothing for autograd to record, no compile, trace, transform
+    or dispatch mode."""
+    dt = query.dtype
+    return (type(query) is torch.Tensor and type(key) is torch.Tensor
+            and type(value) is torch.Tensor
+            and (dt is torch.float32 or dt is torch.float64)
+            and key.dtype is dt and value.dtype is dt
+            and query.is_cpu and key.is_cpu and value.is_cpu
+            and (bias is None or (type(bias) is torch.Tensor
+                                  and bias.dtype is dt and bias.is_cpu
+                                  and not bias.requires_grad))
+            and not (torch.is_grad_enabled()
+                     and (query.requires_grad or key.requires_grad
+                          or value.requires_grad))
+            and not torch.compiler.is_compiling() and not _tracing()
+            and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+              bias: torch.Tensor | None, causal: bool, scale: float | None
+              ) -> torch.Tensor | None:
+    """The kernel called directly on NumPy views, as the custom operator's
+    body would be: the per-call cost of one-token decoding is this, not
+    the dispatcher's.  None when the kernel refuses the arguments: the
+    regular path then raises the error in PyTorch's terms."""
+    try:
+        out, _ = _ac.dot_attention(
+            query.numpy(), key.numpy(), values=value.numpy(),
+            mask=None if mask is None else mask.numpy(),
+            attn_mask=None if attn_mask is None else attn_mask.numpy(),
+            causal=causal, bias=None if bias is None else bias.numpy(),
+            scale=scale, return_weights=False)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return torch.from_numpy(out)
