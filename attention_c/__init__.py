@@ -87,6 +87,11 @@ from .layer import (  # noqa: E402
     GeneralAttention, adam_step, sgd_step,
 )
 
+# Multi-head attention (heads read in place) and decoding with a cache.
+from .multihead import (  # noqa: E402
+    KVCache, MultiHeadAttention, MultiHeadInputGrads,
+)
+
 __all__ = [
     "mean_context", "mean_context_backward",
     "additive_score", "additive_score_backward",
@@ -103,4 +108,5 @@ __all__ = [
     "ContextAttention", "sgd_step", "adam_step",
     "AdditiveAttention", "DotAttention", "GeneralAttention",
     "AttentionInputGrads",
+    "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
 ]

@@ -14,6 +14,9 @@ from .layer import DotAttention as DotAttention
 from .layer import GeneralAttention as GeneralAttention
 from .layer import adam_step as adam_step
 from .layer import sgd_step as sgd_step
+from .multihead import KVCache as KVCache
+from .multihead import MultiHeadAttention as MultiHeadAttention
+from .multihead import MultiHeadInputGrads as MultiHeadInputGrads
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -31,6 +34,7 @@ __all__ = [
     "ContextAttention", "sgd_step", "adam_step",
     "AdditiveAttention", "DotAttention", "GeneralAttention",
     "AttentionInputGrads",
+    "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
 ]
 
 _Array = npt.NDArray[np.floating[Any]]
