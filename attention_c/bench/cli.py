@@ -67,6 +67,11 @@ def parse_args(argv):
                              "torch's scaled_dot_product_attention instead "
                              "(attention_c.bench.selfattn; takes its "
                              "options)")
+    parser.add_argument("--mha", action="store_true",
+                        help="benchmark multi-head attention and decoding "
+                             "against torch.nn.MultiheadAttention and "
+                             "scaled_dot_product_attention instead "
+                             "(attention_c.bench.mha; takes its options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -103,6 +108,9 @@ def main(argv=None):
     if "--selfattn" in argv:
         from attention_c.bench import selfattn
         return selfattn.main([a for a in argv if a != "--selfattn"])
+    if "--mha" in argv:
+        from attention_c.bench import mha
+        return mha.main([a for a in argv if a != "--mha"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)
