@@ -34,11 +34,12 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(attention_c.__file__).resolve().parent.parent
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
-         "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb"]
+         "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb",
+         "06_transformer.ipynb"]
 
 # Notebooks that train a PyTorch model: skipped (not failed) where torch is
 # not installed, as the other PyTorch tests are.
-NEEDS_TORCH = {"04_seq2seq.ipynb"}
+NEEDS_TORCH = {"04_seq2seq.ipynb", "06_transformer.ipynb"}
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH,
                                  reason="the notebook trains a torch model")
@@ -405,3 +406,58 @@ def test_jupyter_front_end_runs_a_notebook(tmp_path):
     where, answer = printed.split()
     assert answer == "42"
     assert Path(where).resolve() == Path(attention_c.__file__).resolve()
+
+
+def transformer_numbers(nb):
+    """{(measure, module): value} from the lines 'held-out sequence
+    accuracy, M: X' and 'held-out token accuracy, M: X' of 06."""
+    return {(what, m): float(x) for what, m, x in re.findall(
+        r"^held-out (sequence|token) accuracy, ([\w.]+): ([0-9.]+)$",
+        text(nb), flags=re.M)}
+
+
+TRANSFORMER_MODULES = {"nn.MultiheadAttention", "attention_c"}
+
+
+@needs_torch
+def test_transformer_trains_on_both_modules_and_decodes_with_the_cache(
+        executed):
+    """06_transformer: the same model trained with nn.MultiheadAttention
+    and with ours from the same weights sorts the held-out strings; the
+    cached greedy decoding writes the tokens of the uncached one; the
+    epoch-time ratio and the per-head maps are there."""
+    nb = executed("06_transformer.ipynb")
+    acc = transformer_numbers(nb)
+    assert {m for _, m in acc} == TRANSFORMER_MODULES, acc
+    for module in TRANSFORMER_MODULES:
+        assert acc["sequence", module] >= 0.95, acc
+        assert acc["token", module] >= 0.98, acc
+    out = text(nb)
+    diff = re.search(r"the logits differ by at most ([0-9.e+-]+)", out)
+    assert diff and float(diff.group(1)) < 1e-4, out
+    assert ("the same tokens with and without the cache, all held-out "
+            "strings: True") in out, out
+    ratio = re.search(r"^time per epoch, attention_c / "
+                      r"nn.MultiheadAttention: ([0-9.]+)$", out, flags=re.M)
+    assert ratio and 0 < float(ratio.group(1)) < 100, out
+    layers = re.findall(r"^cross, layer (\d), on the digit it writes: (.*)$",
+                        out, flags=re.M)
+    last = [float(x) for x in re.findall(r"head \d ([0-9.]+)", layers[-1][1])]
+    assert len(layers) == 2 and len(last) == 4 and max(last) >= 0.5, out
+    closing = [o.data["text/markdown"] for o in outputs(nb, "display_data")
+               if "text/markdown" in o.data]
+    assert closing and all(f"**{acc['sequence', m]:.3f}**" in closing[-1]
+                           for m in TRANSFORMER_MODULES), closing
+
+
+@needs_torch
+def test_committed_transformer_numbers_are_current(executed):
+    """The committed accuracies of 06 are those a fresh run gives."""
+    committed = transformer_numbers(
+        nbformat.read(NOTEBOOKS / "06_transformer.ipynb", as_version=4))
+    fresh = transformer_numbers(executed("06_transformer.ipynb"))
+    assert committed.keys() == fresh.keys() and len(fresh) == 4
+    for key in fresh:
+        assert abs(committed[key] - fresh[key]) <= 0.03, (
+            key, committed, fresh,
+            "re-run python notebooks/run_notebooks.py 06_transformer.ipynb")

@@ -203,8 +203,8 @@ def _context_bwd_fake(grad_out: torch.Tensor,
                       W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
                       b: torch.Tensor | None, mask: torch.Tensor | None,
                       act: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    return (torch.empty_like(h), torch.empty_like(W), torch.empty_like(v),
-            _empty(h) if b is None else torch.empty_like(b))
+    return (_new(h), _new(W), _new(v),
+            _empty(h) if b is None else _new(b))
 
 
 # ---- the family: additive, dot, general
@@ -239,8 +239,14 @@ def _family_out_fake(query: torch.Tensor, keys: torch.Tensor,
     return query.new_empty(*rows, hv), second
 
 
+def _new(x: torch.Tensor) -> torch.Tensor:
+    """A fake result shaped as ``x``, contiguous as the kernels' results
+    are (``empty_like`` would keep the strides of a transposed view)."""
+    return x.new_empty(x.shape)
+
+
 def _like(x: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
-    return _empty(ref) if x is None else torch.empty_like(x)
+    return _empty(ref) if x is None else _new(x)
 
 
 def _seed(seed: torch.Tensor | None) -> int | None:
@@ -341,8 +347,8 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
                        values: torch.Tensor | None,
                        key_proj: torch.Tensor | None, stop: bool
                        ) -> tuple[torch.Tensor, ...]:
-    return (torch.empty_like(query), torch.empty_like(keys),
-            torch.empty_like(W), torch.empty_like(v), _like(b, query),
+    return (_new(query), _new(keys),
+            _new(W), _new(v), _like(b, query),
             _like(values, query), _like(key_proj if stop else None, query))
 
 
@@ -410,7 +416,7 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                   seed: torch.Tensor | None, values: torch.Tensor | None,
                   scale: float | None, weights: bool
                   ) -> tuple[torch.Tensor, ...]:
-    return (torch.empty_like(query), torch.empty_like(keys),
+    return (_new(query), _new(keys),
             _like(values, query), _like(bias, query))
 
 
@@ -491,8 +497,8 @@ def _general_bwd_fake(grad_out: torch.Tensor,
                       seed: torch.Tensor | None, values: torch.Tensor | None,
                       key_proj: torch.Tensor | None, stop: bool,
                       weights: bool) -> tuple[torch.Tensor, ...]:
-    return (torch.empty_like(query), torch.empty_like(keys),
-            torch.empty_like(W), _like(bias, query), _like(values, query),
+    return (_new(query), _new(keys),
+            _new(W), _like(bias, query), _like(values, query),
             _like(key_proj if stop else None, query))
 
 

@@ -440,7 +440,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
     is_causal : bool, optional
         Query i sees keys t <= i (top-left aligned, as SDPA).  With L == S
         the causal kernel runs and skips the blocks no query sees.  Given
-        with ``attn_mask``, both apply (as PyTorch's CPU kernel).
+        with ``attn_mask``, both apply (PyTorch's CPU kernel does so for
+        some shapes and refuses the pair for others).
     scale : float, optional
         Default ``1/sqrt(E)``.
     enable_gqa : bool, optional
@@ -451,8 +452,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
     Returns
     -------
     Tensor (..., L, Ev)
-        0 for a query that may attend to no key (PyTorch's CPU kernel
-        gives 0 too; its math backend NaN).
+        0 for a query that may attend to no key (as PyTorch 2.13's CPU
+        kernels; earlier versions gave NaN).
 
     Examples
     --------

@@ -317,8 +317,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                 f"{'2-D' if batched else '`None` or 1-D'} but found "
                 f"{key_padding_mask.dim()}-D tensor instead")
         if attn_mask is not None and attn_mask.dim() not in (2, 3):
-            raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is "
-                               f"not supported")
+            raise AssertionError(
+                f"For {'batched (3-D)' if batched else 'unbatched (2-D)'} "
+                f"`query`, expected `attn_mask` to be `None`, 2-D or 3-D "
+                f"but found {attn_mask.dim()}-D tensor instead")
 
     def _project(self, query: torch.Tensor, key: torch.Tensor | None,
                  value: torch.Tensor | None, skip_kv: bool
@@ -375,10 +377,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             k, v, key_padding_mask, attn_mask = self._extend(
                 k, v, key_padding_mask, attn_mask, N)
             kh, vh = _heads(k, h, bf), _heads(v, h, bf)
-            if cache is not None:
-                kh, vh = cache.append(kh, vh)
         assert kh is not None and vh is not None
-        S = kh.shape[2]
+        S = kh.shape[2] + (len(cache) if cache is not None and not static
+                           else 0)
         if is_causal and cache is None and attn_mask is None:
             raise RuntimeError(
                 "Need attn_mask if specifying the is_causal hint. You may "
@@ -389,6 +390,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         causal = bool(is_causal) and (cache is not None or L == S)
         mask, bool_attn, bias = self._masks(key_padding_mask, attn_mask,
                                             N, L, S, read_attn=not causal)
+        if cache is not None and not static:
+            # Only now that every argument is checked: a refused call
+            # leaves the cache as it was.
+            kh, vh = cache.append(kh, vh)
         p = self.dropout if self.training else 0.0
         seed = (torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
                 if p > 0 else None)
