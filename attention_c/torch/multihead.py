@@ -145,6 +145,35 @@ def _heads(x: torch.Tensor, h: int, batch_first: bool) -> torch.Tensor:
     return x.view(L, N, h, E // h).permute(1, 2, 0, 3)
 
 
+def _weights(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor,
+             mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+             bias: torch.Tensor | None, causal: bool, scale: float
+             ) -> torch.Tensor:
+    """The (N, h, L, S) weights ``exp(s - lse)`` on the visible keys, from
+    the streamed forward's ``lse``, in differentiable PyTorch.
+
+    Asked for, the weights are formed; but the output and its backward stay
+    on the streamed kernel, and the weights' own backward runs only if the
+    loss uses them (PyTorch users mostly log or plot them)."""
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if bias is not None:
+        s = s + bias
+    L, S = s.shape[-2:]
+    hidden = None if mask is None else ~mask.unsqueeze(-2)
+    if attn_mask is not None:
+        hidden = ~attn_mask if hidden is None else hidden | ~attn_mask
+    if causal:
+        above = torch.ones(L, S, dtype=torch.bool,
+                           device=s.device).triu(S - L + 1)
+        hidden = above if hidden is None else hidden | above
+    if hidden is not None:
+        s = s.masked_fill(hidden, float("-inf"))
+    # A query with no visible key has lse = -inf and weights 0: subtract
+    # 0 there instead (exp(-inf) = 0, and no NaN in the gradient).
+    return torch.exp(s - lse.masked_fill(lse == float("-inf"), 0)
+                     .unsqueeze(-1))
+
+
 class MultiheadAttention(torch.nn.MultiheadAttention):
     """``torch.nn.MultiheadAttention`` on attention_c's kernels: a drop-in
     (the same constructor, forward, parameters, state_dict and results).
@@ -402,11 +431,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             o = _fast_dot(qh, kh, vh, mask, bool_attn, bias, causal,
                           1.0 / math.sqrt(self.head_dim))
         if o is None:
-            o, weights = dot_attention(
+            o, lse = dot_attention(
                 qh, kh, values=vh, mask=mask, attn_mask=bool_attn,
                 causal=causal, bias=bias, dropout=p, seed=seed,
-                scale=1.0 / math.sqrt(self.head_dim),
-                return_weights=bool(need_weights))
+                scale=1.0 / math.sqrt(self.head_dim), return_weights=False)
+            if need_weights:
+                weights = _weights(qh, kh, lse, mask, bool_attn, bias,
+                                   causal, 1.0 / math.sqrt(self.head_dim))
         # (N, h, L, d) -> the rows of the output projection: one copy.
         o = (o.transpose(1, 2) if bf else o.permute(2, 0, 1, 3)).reshape(
             *((N, L) if bf else (L, N)), self.embed_dim)
