@@ -1304,26 +1304,29 @@ static ptrdiff_t work_size(Call *c)
 static int make_outputs(Call *c)
 {
     const FuncSpec *fn = c->fn;
-    npy_intp dims[NPY_MAXDIMS + MAX_AXES];
+    npy_intp dims[MAX_OUTS][NPY_MAXDIMS + MAX_AXES];
+    int nds[MAX_OUTS];
     char buf[SHAPE_BUF];
-    Py_ssize_t item = c->typenum == NPY_FLOAT ? 4 : 8;
+    size_t item = c->typenum == NPY_FLOAT ? 4 : 8;
     for (int k = 0; k < fn->nouts; k++) {
-        int nd = out_shape(c, k, dims);
-        Py_ssize_t bytes = item;
+        int nd = nds[k] = out_shape(c, k, dims[k]);
+        size_t bytes = item;
         int overflow = 0;
         for (int j = 0; j < nd; j++) {   /* zero dims are skipped, as NumPy
                                             does */
-            if (dims[j] != 0) {
-                overflow |= dims[j] > PY_SSIZE_T_MAX / bytes;
-                bytes = overflow ? 1 : bytes * dims[j];
+            if (dims[k][j] != 0) {
+                overflow |= __builtin_mul_overflow(bytes,
+                                                   (size_t)dims[k][j],
+                                                   &bytes);
             }
         }
+        overflow |= bytes > (size_t)PY_SSIZE_T_MAX;
         if (wanted(c, k) && overflow) {
             PyErr_Format(PyExc_MemoryError,
                          "attention_c: output %s of shape %s would need more "
                          "bytes than memory can address",
                          out_names[fn->outs[k].id],
-                         fmt_shape(buf, SHAPE_BUF, nd, dims));
+                         fmt_shape(buf, SHAPE_BUF, nd, dims[k]));
             return -1;
         }
     }
@@ -1337,9 +1340,9 @@ static int make_outputs(Call *c)
         if (!wanted(c, k)) {
             continue;
         }
-        int nd = out_shape(c, k, dims);
         if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
-            (c->out[k] = PyArray_SimpleNew(nd, dims, c->typenum)) == NULL) {
+            (c->out[k] = PyArray_SimpleNew(nds[k], dims[k], c->typenum))
+            == NULL) {
             return -1;
         }
     }
@@ -1419,6 +1422,25 @@ static PyObject *take_result(Call *c, PyTypeObject *grads)
     return grads != NULL ? as_grads(r, fn->nfields, grads) : r;
 }
 
+/* Whether the kernel's work is so small (under 2^14 multiply-adds,
+ * counted generously: B Tq T (H + Hq + Hv + 1)(A + 1)) that it runs with
+ * the GIL held: releasing and taking it back costs more than another
+ * thread could gain in the time.  Such a call never uses the pool (see
+ * exec_threads) and never waits on anything. */
+static int tiny_call(const Call *c)
+{
+    double tq = c->several ? (double)c->sym[S_TQ] : 1.0;
+    double w = (double)c->d.B * tq * (double)c->sym[S_T] *
+               (double)(c->sym[S_H] + c->sym[S_HQ] + c->sym[S_HV] + 1) *
+               (double)(c->sym[S_A] + 1);
+    for (int i = 0; i < c->fn->nargs; i++) {   /* and little to read */
+        if (c->arr[i] != NULL && PyArray_SIZE(c->arr[i]) > 4096) {
+            return 0;
+        }
+    }
+    return w < (double)(1 << 14);
+}
+
 /* Steps 1-6 for the function of row fn; grads: see take_result. */
 static PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
                                Py_ssize_t nargs, PyObject *kwnames,
@@ -1442,9 +1464,14 @@ static PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
-    Py_BEGIN_ALLOW_THREADS
-    st = fn->kernel(&c);
-    Py_END_ALLOW_THREADS
+    if (tiny_call(&c)) {
+        st = fn->kernel(&c);        /* see tiny_call */
+    }
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        st = fn->kernel(&c);
+        Py_END_ALLOW_THREADS
+    }
     if (check_status(st) == 0) {
         result = take_result(&c, grads);
     }
