@@ -14,6 +14,7 @@
 struct att_pool {
     int nthreads;               /* the caller and nthreads - 1 workers */
     pid_t pid;                  /* the process that made the pool */
+    unsigned long forks;        /* fork_count when the pool was made */
     pthread_t *workers;
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
@@ -27,6 +28,26 @@ struct att_pool {
     ptrdiff_t ntasks;
     atomic_ptrdiff_t next;      /* next task to hand out */
 };
+
+/* Forks this process has been through, counted in the child by an
+ * atfork handler: a pool made before the last fork belongs to the parent.
+ * Counted rather than compared with getpid(), which is a system call on
+ * every call of the binding (0.2 us, a quarter of an empty call). */
+static atomic_ulong fork_count;
+static atomic_int forks_counted;     /* the handler is installed */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void count_fork(void)
+{
+    atomic_fetch_add(&fork_count, 1);
+}
+
+static void watch_forks(void)
+{
+    /* without the handler (no memory) the pools compare pids instead */
+    atomic_store(&forks_counted, pthread_atfork(NULL, NULL, count_fork)
+                                 == 0);
+}
 
 /* Takes tasks until none is left. */
 static void work(att_pool *p, att_task_fn fn, void *arg, ptrdiff_t ntasks,
@@ -85,7 +106,9 @@ att_pool *att_pool_new(int nthreads)
         return NULL;
     }
     p->nthreads = nthreads < 1 ? 1 : nthreads;
+    pthread_once(&fork_once, watch_forks);
     p->pid = getpid();
+    p->forks = atomic_load(&fork_count);
     atomic_init(&p->next, 0);
     p->workers = calloc((size_t)p->nthreads, sizeof *p->workers);
     if (p->workers == NULL || pthread_mutex_init(&p->lock, NULL) != 0) {
@@ -137,7 +160,11 @@ int att_pool_threads(const att_pool *p)
 
 int att_pool_owned(const att_pool *p)
 {
-    return p != NULL && p->pid == getpid();
+    if (p == NULL) {
+        return 0;
+    }
+    return atomic_load_explicit(&forks_counted, memory_order_relaxed)
+           ? p->forks == atomic_load(&fork_count) : p->pid == getpid();
 }
 
 void att_pool_abandon(att_pool *p)
