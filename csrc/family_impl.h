@@ -125,6 +125,31 @@ static void SFX(ds_row)(ptrdiff_t n, const REAL *p, REAL *dp, REAL D)
     }
 }
 
+static void SFX(dot_keys)(ptrdiff_t n, ptrdiff_t d, REAL alpha,
+                          const REAL *q, const REAL *K, ptrdiff_t ldk,
+                          REAL *s)
+{
+    for (ptrdiff_t t = 0; t < n; t++) {
+        REAL acc = 0;
+        for (ptrdiff_t c = 0; c < d; c++) {
+            acc += q[c] * K[t * ldk + c];
+        }
+        s[t] = alpha * acc;
+    }
+}
+
+static void SFX(sum_values)(ptrdiff_t n, ptrdiff_t d, const REAL *w,
+                          const REAL *V, ptrdiff_t ldv,
+                          const unsigned char *use, REAL *out)
+{
+    SFX(fill_zero)(d, out);
+    for (ptrdiff_t t = 0; t < n; t++) {
+        for (ptrdiff_t c = 0; VALID(use, t) && c < d; c++) {
+            out[c] += w[t] * V[t * ldv + c];
+        }
+    }
+}
+
 /* The primitives of the instruction set asked for. */
 static void SFX(family_ops)(int simd, OPS *ops)
 {
@@ -146,6 +171,8 @@ static void SFX(family_ops)(int simd, OPS *ops)
     ops->exp_shift = SFX(exp_shift);
     ops->max_row = SFX(max_row);
     ops->ds_row = SFX(ds_row);
+    ops->dot_keys = SFX(dot_keys);
+    ops->sum_values = SFX(sum_values);
 }
 
 /* ---------------------------------------------------------------------
@@ -160,6 +187,13 @@ static void SFX(family_ops)(int simd, OPS *ops)
  * their keys by a staircase and a smaller step computes fewer hidden
  * pairs (measured: SQB full is 10% faster than 64, causal 10% slower) */
 #define QBLK(f) ((f)->causal ? (ptrdiff_t)64 : (ptrdiff_t)SQB)
+
+/* Decoding: a dot or general forward with at most DECODE_TQ queries per
+ * sequence runs decode_task, one query against its keys by
+ * matrix-vector passes (blocks of 256 queries would run with one useful
+ * row); a thread is woken per DECODE_BYTES of keys and values read. */
+#define DECODE_TQ 4
+#define DECODE_BYTES ((double)(1 << 18))
 
 typedef struct {
     att_fdims f;
@@ -193,6 +227,7 @@ typedef struct {
     char *thread_work;       /* per thread: thread_bytes                  */
     size_t thread_bytes;
     ptrdiff_t qblk;          /* forward: queries per task                 */
+    int decode;              /* forward of few queries: decode_task       */
 } SFX(fjob);
 
 #define VIEW_AT(v, b) ((v)->off != NULL ? (v)->off[b] : (b) * (v)->bs)
@@ -220,6 +255,25 @@ static int SFX(family_threads)(const att_fdims *f, const att_exec *ex)
                   ? ex->threads : att_pool_threads(ex->pool);
     double by_work = w / (double)(1 << 22);
     return by_work < 1 ? 1 : (by_work < threads ? (int)by_work : threads);
+}
+
+/* Threads for decoding (memory-bound): one per DECODE_BYTES of keys and
+ * values, at most one per query. */
+static void SFX(decode_threads)(SFX(fjob) *j)
+{
+    const att_fdims *f = &j->f;
+    const att_exec *ex = &j->ex;
+    if (ex->simd == ATT_SIMD_SCALAR || ex->pool == NULL) {
+        j->threads = 1;
+        return;
+    }
+    double bytes = (double)f->B * (double)f->Tq * (double)f->T *
+                   (double)(f->Hq + f->Hv) * (double)sizeof(REAL);
+    double tasks = (double)f->B * (double)f->Tq;
+    int threads = ex->threads < att_pool_threads(ex->pool)
+                  ? ex->threads : att_pool_threads(ex->pool);
+    double by = bytes / DECODE_BYTES < tasks ? bytes / DECODE_BYTES : tasks;
+    j->threads = by < 1 ? 1 : (by < threads ? (int)by : threads);
 }
 
 /* The backward's groups of sequences, by sizes only (so the sums, and the
@@ -264,6 +318,7 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                   (j->in == NULL || j->in->kproj == NULL ||
                    (additive && j->apad != f->P));
     int dropout = f->dropout;
+    j->decode = !backward && !additive && f->Tq <= DECODE_TQ;
     ptrdiff_t BT = mul_or_neg(j->Bk, f->T), BTq = mul_or_neg(j->Bq, f->Tq);
     ptrdiff_t kw = additive ? j->apad : f->P;
     j->kbuf = arena_take(&ar, mul_or_neg(make_kp ? BT : 0, kw),
@@ -279,13 +334,13 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                                            j->apad), sizeof(REAL));
     j->dkp = arena_take(&ar, mul_or_neg(general && backward ? BT : 0, f->P),
                         sizeof(REAL));
-    int masked = !f->stream &&
+    int masked = !f->stream && !j->decode &&
                  (j->in == NULL || MASKED(j->in) || f->causal);
     j->live_k = arena_take(&ar, masked ? mul_or_neg(f->B, f->T) : 0, 1);
     j->live_q = arena_take(&ar, masked ? mul_or_neg(f->B, f->Tq) : 0, 1);
     /* the keys' rows some query sees, for dW_k (general backward) */
     j->live_kr = arena_take(&ar, general && backward ? BT : 0, 1);
-    if (!additive) {         /* dot, general: rows that are not finite */
+    if (!additive && !j->decode) {   /* dot, general: rows not finite */
         j->bad_q = arena_take(&ar, BTq, 1);
         j->bad_k = arena_take(&ar, BT, 1);
         j->bad_v = arena_take(&ar, mul_or_neg(j->Bv, f->T), 1);
@@ -300,7 +355,13 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
     }
     /* per thread: the product's scratch, then the rows of the path */
     ptrdiff_t rows;
-    if (f->stream) {         /* S (or P), dP, P dropped; vis, keep bytes */
+    if (j->decode) {         /* scores (streamed), dropped; vis, keep */
+        rows = add_or_neg(mul_or_neg(f->T, (f->stream ? 1 : 0) +
+                                           (dropout ? 1 : 0)),
+                          mul_or_neg(f->T, 2) / (ptrdiff_t)sizeof(REAL) + 1);
+        SFX(decode_threads)(j);
+    }
+    else if (f->stream) {    /* S (or P), dP, P dropped; vis, keep bytes */
         rows = add_or_neg(3 * SQB * SKB + 2 * SQB + 2 * SKB,
                           (2 * SQB * SKB + 3 * SKB + 2 * SQB) /
                           (ptrdiff_t)sizeof(REAL) + 1);
@@ -314,7 +375,7 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                                      backward ? TqT : 0) /
                           (ptrdiff_t)sizeof(REAL) + 1);
     }
-    ptrdiff_t own = add_or_neg(j->ops.gemm_work, rows);
+    ptrdiff_t own = add_or_neg(j->decode ? 0 : j->ops.gemm_work, rows);
     j->thread_bytes = (size_t)mul_or_neg(own, sizeof(REAL)) / 64 * 64 + 128;
     j->thread_work = arena_take(&ar, mul_or_neg(j->threads, own < 0 ? -1
                                 : (ptrdiff_t)j->thread_bytes), 1);
@@ -1087,6 +1148,78 @@ static void SFX(stream_queries_task)(void *arg, ptrdiff_t task, int thread)
     }
 }
 
+/* ---------------------------------------------------------------------
+ * Decoding: few queries per sequence (DECODE_TQ), one task per query
+ */
+
+/* n elements of x to 0 (x may be NULL when n is 0). */
+static void SFX(zero)(REAL *x, ptrdiff_t n)
+{
+    if (n > 0) {
+        memset(x, 0, (size_t)n * sizeof(REAL));
+    }
+}
+
+/* Query i of sequence b against its keys: the scores by one pass over
+ * the keys (dot_keys), the softmax of the row (stored in alpha, or
+ * streamed: its max and sum, lse), out by one pass over the values
+ * (sum_values).  The keys and values are read once and never searched
+ * for a NaN first: the scores of keys the query does not see are dropped
+ * (prepare_row), and the values of those rows are never read, so a NaN
+ * or an infinity reaches exactly the results that see it.  Keys past
+ * those a causal query sees are not computed. */
+static void SFX(decode_task)(void *arg, ptrdiff_t task, int thread)
+{
+    const SFX(fjob) *j = arg;
+    const att_fdims *f = &j->f;
+    const FIN *in = j->in;
+    ptrdiff_t b = task / f->Tq, i = task % f->Tq, T = f->T, Hv = f->Hv;
+    ptrdiff_t row = b * f->Tq + i, ldk;
+    REAL scale;
+    const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
+    const REAL *q = in->query + (QB(j, b) * f->Tq + i) * f->Hq;
+    const REAL *V = j->vals + VB(j, b) * T * Hv;
+    REAL *o = j->out->out + row * Hv;
+    REAL *work = SFX(thread_scratch)(j, thread);
+    REAL *s = f->stream ? work : j->out->alpha + row * T;
+    REAL *dropped = work + (f->stream ? T : 0);   /* stored, dropout */
+    unsigned char *vis = (unsigned char *)(dropped + (f->stream ||
+                                                      !f->dropout ? 0 : T));
+    unsigned char *keep = vis + T;
+    ptrdiff_t n = SFX(keys_seen)(f, i, 1);
+    j->ops.dot_keys(n, f->Hq, scale, q, K, ldk, s);
+    if (!f->stream) {         /* alpha: the weights of all T keys */
+        SFX(zero)(s + n, T - n);
+        const unsigned char *m = SFX(prepare_row)(j, b, i, 0, T, s, vis);
+        j->ops.softmax(T, s, m, s);
+        const REAL *w = s;
+        if (in->dropout > 0) {
+            memcpy(dropped, s, (size_t)T * sizeof(REAL));
+            SFX(drop_row)(j, b, i, 0, T, dropped, keep);
+            w = dropped;
+        }
+        /* alpha != 0 exactly where a key is visible (WEIGHT_FLOOR) */
+        j->ops.sum_values(n, Hv, w, V, Hv, m, o);
+        return;
+    }
+    const unsigned char *m = SFX(prepare_row)(j, b, i, 0, n, s, vis);
+    REAL top = j->ops.max_row(n, s);
+    if (top == -INFINITY) {                    /* no visible key: 0, -inf */
+        SFX(zero)(o, Hv);
+        j->out->lse[row] = -INFINITY;
+        return;
+    }
+    REAL l = (REAL)j->ops.exp_shift(n, s, top, m), r = l > 0 ? 1 / l : 0;
+    if (in->dropout > 0) {
+        SFX(drop_row)(j, b, i, 0, n, s, keep);
+    }
+    j->ops.sum_values(n, Hv, s, V, Hv, m, o);
+    for (ptrdiff_t h = 0; h < Hv; h++) {
+        o[h] = l > 0 ? o[h] * r : 0;
+    }
+    j->out->lse[row] = l > 0 ? top + (REAL)log((double)l) : -INFINITY;
+}
+
 /* What both directions start with: the sizes checked, the scratch
  * carved, the padding found, the keys and queries projected.  Returns 0,
  * or -1 when the sizes are not those of a family call. */
@@ -1107,7 +1240,7 @@ static int SFX(family_start)(SFX(fjob) *j, const att_fdims *f,
         f->score == ATT_SCORE_ADDITIVE && j->apad == f->P) {
         j->ek = out->dkproj;       /* the caller's dL/dkp: no copy */
     }
-    if (!f->stream) {
+    if (!f->stream && !j->decode) {
         REAL *srow = SFX(thread_scratch)(j, 0) + j->ops.gemm_work;
         SFX(find_live)(j, srow, (unsigned char *)(srow + f->T));
     }
@@ -1124,6 +1257,11 @@ int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,
         (f->stream && out->lse == NULL) ||
         SFX(family_start)(&j, f, ex, in, out, work, 0) < 0) {
         return ATT_EINVAL;
+    }
+    if (j.decode) {
+        att_pool_run(j.ex.pool, j.threads, f->B * f->Tq, SFX(decode_task),
+                     &j);
+        return ATT_OK;
     }
     if (f->stream) {
         att_pool_run(j.ex.pool, j.threads,
@@ -1319,14 +1457,6 @@ static void SFX(project_backward)(SFX(fjob) *j)
     SFX(par_gemm)(j, P, f->H, BT, 1, dk, 1, ldd, in->keys, f->H, 1,
                   f->score == ATT_SCORE_GENERAL ? j->live_kr : j->live_k, 0,
                   out->dW, ld);
-}
-
-/* n elements of x to 0 (x may be NULL when n is 0). */
-static void SFX(zero)(REAL *x, ptrdiff_t n)
-{
-    if (n > 0) {
-        memset(x, 0, (size_t)n * sizeof(REAL));
-    }
 }
 
 int SFX(att_family_backward)(const att_fdims *f, const att_exec *ex,

@@ -49,6 +49,14 @@
  *                        others; returns their sum (in double).
  *   max_row              the max of a row (-inf when empty).
  *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
+ *   dot_keys             s_t = alpha q . K_t for t < n, K_t = K + t ldk
+ *                        (d wide): decoding's scores, one query against
+ *                        rows read where they are.  Each s_t is summed in
+ *                        an order of its own, whatever n.
+ *   sum_values           out = sum_t w_t V_t over the t < n with use[t]
+ *                        (use NULL: all), V_t = V + t ldv (d wide), in t
+ *                        order: decoding's weighted sum.  A row not used
+ *                        is never read (a NaN there reaches nothing).
  * apad, the padded width of the additive rows, is a multiple of vlen.
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
@@ -80,6 +88,11 @@
                             const unsigned char *vis);                       \
         R (*max_row)(ptrdiff_t n, const R *s);                               \
         void (*ds_row)(ptrdiff_t n, const R *p, R *dp, R D);                 \
+        void (*dot_keys)(ptrdiff_t n, ptrdiff_t d, R alpha, const R *q,      \
+                         const R *K, ptrdiff_t ldk, R *s);                   \
+        void (*sum_values)(ptrdiff_t n, ptrdiff_t d, const R *w,            \
+                           const R *V, ptrdiff_t ldv,                        \
+                           const unsigned char *use, R *out);                \
     } att_ops_##SFX;
 
 ATT_OPS_DECLARE(float, f32)

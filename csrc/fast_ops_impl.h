@@ -517,6 +517,111 @@ static void FSFX(softmax_backward_row)(ptrdiff_t T, const REAL *g,
     }
 }
 
+/* ---------------------------------------------------------------------
+ * Decoding's matrix-vector primitives: one query against rows read where
+ * they are, no packing
+ */
+
+/* q . k over d columns: the vectors in one accumulator, its lanes
+ * reduced, then the columns past the last whole vector one by one (one
+ * key's dot, whichever of dot_keys' loops takes it). */
+#define DOT_REDUCE(acc, k, r)                                                \
+    REAL r = VREDUCE(acc);                                                   \
+    for (ptrdiff_t c = dv; c < d; c++) {                                     \
+        r += q[c] * (k)[c];                                                  \
+    }
+
+/* s_t = alpha q . K_t, four keys at a time on four accumulators (their
+ * loads and FMAs interleave; the row of each is read once, in order). */
+static void FSFX(dot_keys)(ptrdiff_t n, ptrdiff_t d, REAL alpha,
+                           const REAL *q, const REAL *K, ptrdiff_t ldk,
+                           REAL *s)
+{
+    ptrdiff_t dv = d / VLEN * VLEN, t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const REAL *k0 = K + t * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk;
+        const REAL *k3 = k2 + ldk;
+        VEC a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
+        for (ptrdiff_t c = 0; c < dv; c += VLEN) {
+            VEC x = VLOAD(q + c);
+            a0 = VFMA(x, VLOAD(k0 + c), a0);
+            a1 = VFMA(x, VLOAD(k1 + c), a1);
+            a2 = VFMA(x, VLOAD(k2 + c), a2);
+            a3 = VFMA(x, VLOAD(k3 + c), a3);
+        }
+        DOT_REDUCE(a0, k0, r0)
+        DOT_REDUCE(a1, k1, r1)
+        DOT_REDUCE(a2, k2, r2)
+        DOT_REDUCE(a3, k3, r3)
+        s[t] = alpha * r0;
+        s[t + 1] = alpha * r1;
+        s[t + 2] = alpha * r2;
+        s[t + 3] = alpha * r3;
+    }
+    for (; t < n; t++) {
+        const REAL *k0 = K + t * ldk;
+        VEC a0 = VZERO();
+        for (ptrdiff_t c = 0; c < dv; c += VLEN) {
+            a0 = VFMA(VLOAD(q + c), VLOAD(k0 + c), a0);
+        }
+        DOT_REDUCE(a0, k0, r0)
+        s[t] = alpha * r0;
+    }
+}
+
+#undef DOT_REDUCE
+
+/* Columns [c0, c0 + nv VLEN) of sum_values: nv (a constant where it is
+ * called) accumulators held in registers over the rows. */
+static inline void FSFX(sum_block)(ptrdiff_t n, int nv, const REAL *w,
+                                   const REAL *V, ptrdiff_t ldv,
+                                   const unsigned char *use, REAL *out)
+{
+    VEC acc[8];
+    for (int v = 0; v < nv; v++) {
+        acc[v] = VZERO();
+    }
+    for (ptrdiff_t t = 0; t < n; t++) {
+        if (use != NULL && !use[t]) {
+            continue;
+        }
+        VEC wt = VSET1(w[t]);
+        const REAL *row = V + t * ldv;
+        for (int v = 0; v < nv; v++) {
+            acc[v] = VFMA(wt, VLOAD(row + v * VLEN), acc[v]);
+        }
+    }
+    for (int v = 0; v < nv; v++) {
+        VSTORE(out + v * VLEN, acc[v]);
+    }
+}
+
+/* out = sum_t w_t V_t over the used rows: blocks of 8, 4, 2, 1 vectors
+ * of columns (each summed over t in order), then the columns past the
+ * last whole vector. */
+static void FSFX(sum_values)(ptrdiff_t n, ptrdiff_t d, const REAL *w,
+                           const REAL *V, ptrdiff_t ldv,
+                           const unsigned char *use, REAL *out)
+{
+    ptrdiff_t c = 0;
+    for (; c + 8 * VLEN <= d; c += 8 * VLEN) {
+        FSFX(sum_block)(n, 8, w, V + c, ldv, use, out + c);
+    }
+    for (int nv = 4; nv >= 1; nv /= 2) {
+        if (c + nv * VLEN <= d) {
+            FSFX(sum_block)(n, nv, w, V + c, ldv, use, out + c);
+            c += nv * VLEN;
+        }
+    }
+    for (; c < d; c++) {
+        REAL acc = 0;
+        for (ptrdiff_t t = 0; t < n; t++) {
+            acc += use == NULL || use[t] ? w[t] * V[t * ldv + c] : 0;
+        }
+        out[c] = acc;
+    }
+}
+
 void FSFX(att_fast_ops)(OPS_T *ops)
 {
     ops->vlen = VLEN;
@@ -530,6 +635,8 @@ void FSFX(att_fast_ops)(OPS_T *ops)
     ops->exp_shift = FSFX(exp_shift_row);
     ops->max_row = FSFX(max_row);
     ops->ds_row = FSFX(ds_row);
+    ops->dot_keys = FSFX(dot_keys);
+    ops->sum_values = FSFX(sum_values);
 }
 
 #undef OPS_T
