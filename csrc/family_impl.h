@@ -375,7 +375,9 @@ static ptrdiff_t SFX(family_carve)(SFX(fjob) *j, int backward, char *work)
                                      backward ? TqT : 0) /
                           (ptrdiff_t)sizeof(REAL) + 1);
     }
-    ptrdiff_t own = add_or_neg(j->decode ? 0 : j->ops.gemm_work, rows);
+    /* (decoding's dot score runs no product) */
+    ptrdiff_t own = add_or_neg(j->decode && !make_kp ? 0 : j->ops.gemm_work,
+                               rows);
     j->thread_bytes = (size_t)mul_or_neg(own, sizeof(REAL)) / 64 * 64 + 128;
     j->thread_work = arena_take(&ar, mul_or_neg(j->threads, own < 0 ? -1
                                 : (ptrdiff_t)j->thread_bytes), 1);
@@ -991,12 +993,14 @@ static void SFX(stream_forward_task)(void *arg, ptrdiff_t task, int thread)
                           j->bad_v ? j->bad_v + VB(j, b) * f->T + k0 : NULL,
                           &seen, sb.kbuf);
     }
-    for (ptrdiff_t i = 0; i < nq; i++) {      /* no visible key: 0, -inf */
-        REAL l = sb.sum[i], r = l > 0 ? 1 / l : 0;
+    /* no visible key: 0, -inf.  A NaN sum (a score of +inf) stays NaN:
+     * l != 0, not l > 0. */
+    for (ptrdiff_t i = 0; i < nq; i++) {
+        REAL l = sb.sum[i], r = l != 0 ? 1 / l : 0;
         for (ptrdiff_t h = 0; h < Hv; h++) {
-            O[i * Hv + h] = l > 0 ? O[i * Hv + h] * r : 0;
+            O[i * Hv + h] = l != 0 ? O[i * Hv + h] * r : 0;
         }
-        lse[i] = l > 0 ? sb.mx[i] + (REAL)log((double)l) : -INFINITY;
+        lse[i] = l != 0 ? sb.mx[i] + (REAL)log((double)l) : -INFINITY;
     }
 }
 
@@ -1209,15 +1213,16 @@ static void SFX(decode_task)(void *arg, ptrdiff_t task, int thread)
         j->out->lse[row] = -INFINITY;
         return;
     }
-    REAL l = (REAL)j->ops.exp_shift(n, s, top, m), r = l > 0 ? 1 / l : 0;
+    /* l > 0 (a visible weight is at least the least normal), or NaN */
+    REAL l = (REAL)j->ops.exp_shift(n, s, top, m), r = 1 / l;
     if (in->dropout > 0) {
         SFX(drop_row)(j, b, i, 0, n, s, keep);
     }
     j->ops.sum_values(n, Hv, s, V, Hv, m, o);
     for (ptrdiff_t h = 0; h < Hv; h++) {
-        o[h] = l > 0 ? o[h] * r : 0;
+        o[h] *= r;
     }
-    j->out->lse[row] = l > 0 ? top + (REAL)log((double)l) : -INFINITY;
+    j->out->lse[row] = top + (REAL)log((double)l);
 }
 
 /* What both directions start with: the sizes checked, the scratch

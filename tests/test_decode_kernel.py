@@ -1,0 +1,251 @@
+"""Decoding: the dot and general forward with few queries per sequence
+(csrc/family_impl.h decode_task, Tq <= DECODE_TQ = 4), one query against
+its keys by matrix-vector passes instead of the blocked products.
+
+* every section 5 argument (key mask, attn_mask, causal, bias with -inf,
+  dropout, return_weights True and False) against ``attention_c.reference``
+  on odd sizes, Tq 1..4 and T 1, 3, 17, 65, 1000, float32 and float64,
+  with fully masked rows giving exact zeros (and lse -inf);
+* the dropout keep bits read back from the outputs against
+  ``reference.dropout_keep``;
+* a NaN or an infinity reaching exactly the results that see it;
+* key/value caches given as strided views of a larger buffer (sliced on
+  the time axis, or time-major and transposed) giving the same bits as
+  contiguous copies, and left unchanged;
+* bitwise identical results for 1, 2 and 3 threads, on every SIMD path;
+* the backward of such calls against the reference.
+
+Tolerances: ``testing.TOL`` (normwise relative error; 1e-12 float64, 1e-5
+float32) against the float64 reference on the same (cast) values.
+"""
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import _core
+from attention_c import reference as ref
+from attention_c.testing import DTYPES, TOL, rel_err
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+SIMD_PATHS = list(_core._simd_paths())
+DECODE_TQ = 4                   # csrc/family_impl.h
+P_DROP = 0.3
+SEED = 2**40 + 777              # both 32-bit halves of the Philox key used
+KINDS = ["plain", "mask", "attn", "causal", "bias_ninf", "dropout", "all"]
+
+dtype_param = pytest.mark.parametrize("dtype", DTYPES,
+                                      ids=lambda d: np.dtype(d).name)
+
+
+def make_case(rng, score, lead, Tq, T, kind, *, H=17, Hv=5):
+    """(args, kwargs) of a dot or general call of kind `kind`: queries
+    (*lead, Tq, Hq) against keys (*lead, T, H) and values (*lead, T, Hv);
+    masks that leave some query with no visible key."""
+    Hq = H if score == "dot" else 9
+    q = rng.standard_normal(lead + (Tq, Hq))
+    k = rng.standard_normal(lead + (T, H))
+    kw = {"values": rng.standard_normal(lead + (T, Hv))}
+    if kind in ("mask", "all"):
+        mask = rng.random(lead + (T,)) < 0.7
+        mask[(0,) * len(lead)] = False           # a sequence sees nothing
+        kw["mask"] = mask
+    if kind in ("attn", "all"):
+        attn = rng.random((Tq, T)) < 0.6
+        attn[0] = False                          # query 0 sees nothing
+        kw["attn_mask"] = attn
+    if kind in ("causal", "all"):
+        kw["causal"] = True
+    if kind in ("bias_ninf", "all"):
+        bias = rng.standard_normal((1, Tq, T))
+        bias[rng.random(bias.shape) < 0.3] = -np.inf
+        kw["bias"] = bias
+    if kind in ("dropout", "all"):
+        kw.update(dropout=P_DROP, seed=SEED)
+    if score == "dot":
+        return (q, k), kw
+    return (q, k, rng.standard_normal((Hq, H)) / np.sqrt(H)), kw
+
+
+def cast(args, kw, dtype):
+    """The float arrays of a case in dtype (masks left as they are)."""
+    def c(x):
+        x = np.asarray(x)
+        return x.astype(dtype) if x.dtype.kind == "f" else x
+    return (tuple(c(a) for a in args),
+            {n: c(v) if isinstance(v, np.ndarray) else v
+             for n, v in kw.items()})
+
+
+def forward(mod, score, args, kw, rw):
+    fn = mod.dot_attention if score == "dot" else mod.general_attention
+    return fn(*args, **kw, return_weights=rw)
+
+
+def check_against_reference(score, args, kw, dtype, rw):
+    """Our forward in dtype against the float64 reference on the same cast
+    values: within TOL, exact zeros and -inf where they belong."""
+    a, k = cast(args, kw, dtype)
+    out, w = forward(ac, score, a, k, rw)
+    a64, k64 = cast(a, k, np.float64)
+    want_out, want_w = forward(ref, score, a64, k64, rw)
+    assert out.dtype == dtype and out.shape == want_out.shape
+    assert rel_err(out, want_out) <= TOL[dtype]
+    assert np.array_equal(out == 0, want_out == 0) or np.all(
+        out[want_out == 0] == 0)
+    if rw:
+        assert rel_err(w, want_w) <= TOL[dtype]
+        assert np.array_equal(w == 0, want_w == 0)   # 0 iff not visible
+    else:
+        none = np.isneginf(want_w)
+        assert np.array_equal(np.isneginf(w), none)
+        assert np.all(out[none] == 0)
+        assert rel_err(w[~none], want_w[~none]) <= TOL[dtype]
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_matches_reference(score, kind, rw, dtype):
+    rng = np.random.default_rng(KINDS.index(kind))
+    for Tq in (1, 2, 3, DECODE_TQ):
+        for T in (1, 3, 17, 65, 1000):
+            args, kw = make_case(rng, score, (2, 3), Tq, T, kind)
+            check_against_reference(score, args, kw, dtype, rw)
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+def test_one_query_per_sequence(rw, dtype):
+    """query (..., H) with the key mask and a bias of (..., T)."""
+    rng = np.random.default_rng(3)
+    for T in (1, 3, 17, 65):
+        q = rng.standard_normal((3, 5, 17))
+        k = rng.standard_normal((3, 5, T, 17))
+        mask = rng.random((3, 5, T)) < 0.6
+        mask[1, 2] = False
+        bias = rng.standard_normal((5, T))
+        bias[rng.random(bias.shape) < 0.2] = -np.inf
+        kw = {"mask": mask, "bias": bias, "dropout": P_DROP, "seed": SEED}
+        check_against_reference("dot", (q, k), kw, dtype, rw)
+
+
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("Tq", [1, 3])
+def test_dropout_keep_bits(Tq, rw):
+    """The keep bits of query i (its own index) and key t, read back from
+    out with the identity as the values, are reference.dropout_keep's."""
+    rng = np.random.default_rng(11)
+    lead, T = (2, 3), 37
+    q = rng.standard_normal(lead + (Tq, 8))
+    k = rng.standard_normal(lead + (T, 8))
+    vals = np.broadcast_to(np.eye(T), lead + (T, T))
+    out, _ = ac.dot_attention(q, k, values=vals, dropout=P_DROP, seed=SEED,
+                              return_weights=rw)
+    want = ref.dropout_keep(SEED, P_DROP, np.arange(6).reshape(lead), Tq, T)
+    assert np.array_equal(out != 0, want)
+
+
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_nonfinite_reaches_only_what_sees_it(score, rw):
+    """Causal, Tq = 3: the last key is seen only by the last query; a key
+    masked for everyone is seen by none.  NaN and inf in those rows of the
+    keys and values reach exactly the last query's results."""
+    rng = np.random.default_rng(4)
+    T = 9
+    args, kw = make_case(rng, score, (2,), 3, T, "causal")
+    mask = np.ones((2, T), bool)
+    mask[:, 2] = False
+    kw["mask"] = mask
+    clean_out, clean_w = forward(ac, score, args, kw, rw)
+    keys, vals = args[1].copy(), kw["values"].copy()
+    keys[:, 2], vals[:, 2] = np.nan, np.inf          # seen by no query
+    keys[1, T - 1, 0], vals[0, T - 1, 1] = np.inf, np.nan
+    bad = (args[0], keys) + args[2:]
+    out, w = forward(ac, score, bad, dict(kw, values=vals), rw)
+    seen = np.zeros(out.shape[:-1], bool)
+    seen[:, 2] = True                                # the last query
+    assert np.array_equal(out[~seen], clean_out[~seen])
+    assert np.array_equal(w[~seen], clean_w[~seen])
+    assert np.isnan(out[0, 2, 1]) and np.all(np.isnan(out[1, 2]))
+    assert np.all(np.isfinite(out[0, 2, [0, 2, 3, 4]]))
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+def test_strided_cache_views(rw, dtype):
+    """A (B, h, Tmax, d) cache sliced to n keys, and a (B, Tmax, h, d)
+    cache sliced and transposed: the same bits as contiguous copies, the
+    caches unchanged."""
+    rng = np.random.default_rng(6)
+    B, h, Tmax, d, n = 2, 3, 70, 16, 65
+    q = rng.standard_normal((B, h, 1, d)).astype(dtype)
+    head = rng.standard_normal((2, B, h, Tmax, d)).astype(dtype)
+    time = rng.standard_normal((2, B, Tmax, h, d)).astype(dtype)
+    before = head.copy(), time.copy()
+    for kc, vc in ((head[0][:, :, :n], head[1][:, :, :n]),
+                   (time[0][:, :n].transpose(0, 2, 1, 3),
+                    time[1][:, :n].transpose(0, 2, 1, 3))):
+        assert not kc.flags.c_contiguous
+        for kw in ({}, {"causal": True, "bias": np.zeros((1, n))}):
+            got = ac.dot_attention(q, kc, values=vc, return_weights=rw, **kw)
+            want = ac.dot_attention(q, np.ascontiguousarray(kc),
+                                    values=np.ascontiguousarray(vc),
+                                    return_weights=rw, **kw)
+            for g, w in zip(got, want):
+                assert np.array_equal(g, w)
+    assert np.array_equal(head, before[0]) and np.array_equal(time, before[1])
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_threads_bitwise_and_simd_paths(score, rw, simd):
+    """Calls large enough for several threads: bitwise the same for 1, 2
+    and 3 threads, and within TOL of the reference, on every SIMD path."""
+    _core._set_simd(simd)
+    rng = np.random.default_rng(8)
+    for kind, Tq, T in (("plain", 1, 1000), ("all", 3, 1001)):
+        for dtype in DTYPES:
+            args, kw = make_case(rng, score, (2, 4), Tq, T, kind, H=64,
+                                 Hv=64)
+            a, k = cast(args, kw, dtype)
+            ac.set_num_threads(1)
+            one = forward(ac, score, a, k, rw)
+            for n in (2, 3):
+                ac.set_num_threads(n)
+                for g, w in zip(forward(ac, score, a, k, rw), one):
+                    assert np.array_equal(g, w, equal_nan=True)
+            check_against_reference(score, args, kw, dtype, rw)
+
+
+@dtype_param
+@pytest.mark.parametrize("kind", ["plain", "all", "causal", "bias_ninf"])
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+def test_backward_against_reference(rw, kind, dtype):
+    """The backward of a decoding call (from alpha, or from out and lse)
+    against the reference's, gradients measured against max(||want||,
+    1)."""
+    rng = np.random.default_rng(12)
+    for Tq, T in ((1, 1), (1, 17), (3, 65), (4, 3)):
+        args, kw = make_case(rng, "dot", (2, 3), Tq, T, kind)
+        (q, k), kw = cast(args, kw, dtype)
+        out, w = ac.dot_attention(q, k, **kw, return_weights=rw)
+        g = rng.standard_normal(out.shape).astype(dtype)
+        saved = {"alpha": w} if rw else {"out": out, "lse": w}
+        got = ac.dot_attention_backward(g, q, k, **saved, **kw)
+        (q64, k64, g64), kw64 = cast((q, k, g), kw, np.float64)
+        ow, ww = ref.dot_attention(q64, k64, **kw64, return_weights=rw)
+        saved = {"alpha": ww} if rw else {"out": ow, "lse": ww}
+        want = ref.dot_attention_backward(g64, q64, k64, **saved, **kw64)
+        for x, y in zip(got, want):
+            if y is None:
+                assert x is None
+                continue
+            err = np.linalg.norm((x - y).ravel()) / max(
+                np.linalg.norm(y.ravel()), 1.0)
+            assert err <= 10 * TOL[dtype]
