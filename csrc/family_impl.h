@@ -192,8 +192,8 @@ static void SFX(family_ops)(int simd, OPS *ops)
  * sequence runs decode_task, one query against its keys by
  * matrix-vector passes (blocks of 256 queries would run with one useful
  * row); a thread is woken per DECODE_BYTES of keys and values read. */
-#define DECODE_TQ 4
-#define DECODE_BYTES ((double)(1 << 18))
+#define DECODE_TQ 8
+#define DECODE_BYTES ((double)(1 << 20))
 
 typedef struct {
     att_fdims f;

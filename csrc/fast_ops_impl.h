@@ -522,6 +522,16 @@ static void FSFX(softmax_backward_row)(ptrdiff_t T, const REAL *g,
  * they are, no packing
  */
 
+/* A hint to fetch the cache line at p (never faults, even past an
+ * array's end); rows PF_AHEAD ahead of the one read. */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+#define PF_AHEAD 16
+#define LINE ((ptrdiff_t)(64 / sizeof(REAL)))
+
 /* q . k over d columns: the vectors in one accumulator, its lanes
  * reduced, then the columns past the last whole vector one by one (one
  * key's dot, whichever of dot_keys' loops takes it). */
@@ -542,6 +552,13 @@ static void FSFX(dot_keys)(ptrdiff_t n, ptrdiff_t d, REAL alpha,
         const REAL *k0 = K + t * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk;
         const REAL *k3 = k2 + ldk;
         VEC a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
+        for (ptrdiff_t c = 0; c < d; c += LINE) {
+            const REAL *ahead = k0 + PF_AHEAD * ldk + c;
+            PREFETCH(ahead);
+            PREFETCH(ahead + ldk);
+            PREFETCH(ahead + 2 * ldk);
+            PREFETCH(ahead + 3 * ldk);
+        }
         for (ptrdiff_t c = 0; c < dv; c += VLEN) {
             VEC x = VLOAD(q + c);
             a0 = VFMA(x, VLOAD(k0 + c), a0);
@@ -572,7 +589,10 @@ static void FSFX(dot_keys)(ptrdiff_t n, ptrdiff_t d, REAL alpha,
 #undef DOT_REDUCE
 
 /* Columns [c0, c0 + nv VLEN) of sum_values: nv (a constant where it is
- * called) accumulators held in registers over the rows. */
+ * called, inlined there) accumulators held in registers over the rows. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
 static inline void FSFX(sum_block)(ptrdiff_t n, int nv, const REAL *w,
                                    const REAL *V, ptrdiff_t ldv,
                                    const unsigned char *use, REAL *out)
@@ -587,6 +607,9 @@ static inline void FSFX(sum_block)(ptrdiff_t n, int nv, const REAL *w,
         }
         VEC wt = VSET1(w[t]);
         const REAL *row = V + t * ldv;
+        for (int v = 0; v < nv * VLEN; v += LINE) {
+            PREFETCH(row + PF_AHEAD * ldv + v);
+        }
         for (int v = 0; v < nv; v++) {
             acc[v] = VFMA(wt, VLOAD(row + v * VLEN), acc[v]);
         }
@@ -640,6 +663,9 @@ void FSFX(att_fast_ops)(OPS_T *ops)
 }
 
 #undef OPS_T
+#undef PREFETCH
+#undef PF_AHEAD
+#undef LINE
 #undef KC
 #undef GNC
 #undef GMC

@@ -1,10 +1,10 @@
 """Decoding: the dot and general forward with few queries per sequence
-(csrc/family_impl.h decode_task, Tq <= DECODE_TQ = 4), one query against
+(csrc/family_impl.h decode_task, Tq <= DECODE_TQ = 8), one query against
 its keys by matrix-vector passes instead of the blocked products.
 
 * every section 5 argument (key mask, attn_mask, causal, bias with -inf,
   dropout, return_weights True and False) against ``attention_c.reference``
-  on odd sizes, Tq 1..4 and T 1, 3, 17, 65, 1000, float32 and float64,
+  on odd sizes, Tq 1..4 and 8 and T 1, 3, 17, 65, 1000, float32 and float64,
   with fully masked rows giving exact zeros (and lse -inf);
 * the dropout keep bits read back from the outputs against
   ``reference.dropout_keep``;
@@ -30,7 +30,7 @@ from attention_c.testing import DTYPES, TOL, rel_err
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
-DECODE_TQ = 4                   # csrc/family_impl.h
+DECODE_TQ = 8                   # csrc/family_impl.h
 P_DROP = 0.3
 SEED = 2**40 + 777              # both 32-bit halves of the Philox key used
 KINDS = ["plain", "mask", "attn", "causal", "bias_ninf", "dropout", "all"]
