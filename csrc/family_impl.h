@@ -24,6 +24,10 @@
  * and the backward runs the groups that share one in order.
  * Work is split by sizes only, and every sum runs in an order fixed by
  * the sizes, so results are bitwise the same for any thread count.
+ * Decoding (dot and general forward, at most DECODE_TQ queries per
+ * sequence) runs neither: one task per query, its scores by one pass over
+ * the keys and out by one over the values (dot_keys, sum_values), no
+ * packing, no search for non-finite rows first.
  */
 
 #define OPS CAT(att_ops_, TSFX)

@@ -249,3 +249,23 @@ def test_backward_against_reference(rw, kind, dtype):
             err = np.linalg.norm((x - y).ravel()) / max(
                 np.linalg.norm(y.ravel()), 1.0)
             assert err <= 10 * TOL[dtype]
+
+
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("Tq", [1, DECODE_TQ + 1])
+def test_score_of_inf_gives_nan(Tq, rw):
+    """A visible key whose score is +inf makes the row NaN (exp(inf - inf)),
+    in decoding and in the blocked path (whose streamed sum was once taken
+    for 0 and the row returned as 0), as in the reference."""
+    rng = np.random.default_rng(13)
+    T = 7
+    q = np.abs(rng.standard_normal((2, Tq, 4)))
+    k = rng.standard_normal((2, T, 4))
+    k[1, 3, 0] = np.inf                     # sequence 1 only
+    out, w = ac.dot_attention(q, k, return_weights=rw)
+    with np.errstate(invalid="ignore"):
+        want, want_w = ref.dot_attention(q, k, return_weights=rw)
+    assert np.all(np.isnan(want[1])) and np.all(np.isnan(out[1]))
+    assert np.all(np.isnan(w[1]))
+    assert rel_err(out[0], want[0]) <= TOL[np.float64]
+    assert rel_err(w[0], want_w[0]) <= TOL[np.float64]
