@@ -181,6 +181,42 @@ def thread_counts(text, parser):
     return sorted(threads)
 
 
+def add_run_options(parser, section, repeats_help=""):
+    """The options of the issue benchmarks (``--selfattn``, ``--mha``):
+    --quick, --threads, --target, --min-repeats, --seed, --json and
+    --write-docs (of the page's ``section``)."""
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, short measurements (seconds)")
+    parser.add_argument("--threads", default="1,2",
+                        help="comma-separated thread counts; 'all' = the "
+                             "available CPUs (default: 1,2)")
+    parser.add_argument("--target", type=float,
+                        help="seconds per measurement (default 0.5, 0.01 "
+                             "with --quick)")
+    parser.add_argument("--min-repeats", type=int,
+                        help="least timed runs per measurement (default 5"
+                             + repeats_help + "; 1 with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="FILE", help="write all results")
+    parser.add_argument("--write-docs", metavar="PAGE",
+                        help=f"rewrite the '{section}' section of this page "
+                             f"(docs/performance.md), keeping its prose; "
+                             f"appended if the page has none")
+
+
+def finish_run_options(options, parser):
+    """The defaults and checks of :func:`add_run_options`' options, once
+    parsed."""
+    options.threads = thread_counts(options.threads, parser)
+    if options.target is None:
+        options.target = 0.01 if options.quick else 0.5
+    if options.min_repeats is None:
+        options.min_repeats = 1 if options.quick else 5
+    if options.min_repeats < 1:
+        parser.error("--min-repeats must be at least 1")
+    return options
+
+
 @contextlib.contextmanager
 def thread_count(n, tpc, torch):
     """Run ours, NumPy's BLAS (if threadpoolctl) and torch on n threads."""

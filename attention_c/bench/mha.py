@@ -713,37 +713,14 @@ def parse_args(argv):
                     "cache, and the module's decode step with a KVCache, "
                     "against PyTorch, float32, against the targets of "
                     "issue 20.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, short measurements (seconds)")
+    harness.add_run_options(parser, "mha")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="comma-separated, from: " + ", ".join(PARTS)
                         + " (default: all)")
-    parser.add_argument("--threads", default="1,2",
-                        help="comma-separated thread counts; 'all' = the "
-                             "available CPUs (default: 1,2)")
-    parser.add_argument("--target", type=float,
-                        help="seconds per measurement (default 0.5, 0.01 "
-                             "with --quick)")
-    parser.add_argument("--min-repeats", type=int,
-                        help="least timed runs per measurement (default 5, "
-                             "1 with --quick)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="write all results")
-    parser.add_argument("--write-docs", metavar="PAGE",
-                        help="rewrite the 'mha' section of this page "
-                             "(docs/performance.md), keeping its prose; "
-                             "appended if the page has none")
-    options = parser.parse_args(argv)
-    options.threads = harness.thread_counts(options.threads, parser)
+    options = harness.finish_run_options(parser.parse_args(argv), parser)
     options.parts = [s.strip() for s in options.parts.split(",")]
     if not options.parts or set(options.parts) - set(PARTS):
         parser.error(f"--parts: choose from {', '.join(PARTS)}")
-    if options.target is None:
-        options.target = 0.01 if options.quick else 0.5
-    if options.min_repeats is None:
-        options.min_repeats = 1 if options.quick else 5
-    if options.min_repeats < 1:
-        parser.error("--min-repeats must be at least 1")
     return options
 
 

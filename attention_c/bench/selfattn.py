@@ -385,40 +385,18 @@ def parse_args(argv):
                     "float32, forward + backward: full, causal, dropout, "
                     "float bias, peak memory and one causal call at T = "
                     "65536, against the targets of issue 19.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, short measurements (seconds)")
-    parser.add_argument("--threads", default="1,2",
-                        help="comma-separated thread counts; 'all' = the "
-                             "available CPUs (default: 1,2)")
-    parser.add_argument("--target", type=float,
-                        help="seconds per measurement (default 0.5, 0.01 "
-                             "with --quick)")
-    parser.add_argument("--min-repeats", type=int,
-                        help="least timed runs per measurement (default 5, "
-                             "at most 3 at T >= 16384; 1 with --quick)")
-    parser.add_argument("--seed", type=int, default=0)
+    harness.add_run_options(parser, "selfattn",
+                            ", at most 3 at T >= 16384")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the peak-memory subprocesses")
     parser.add_argument("--no-long", action="store_true",
                         help="skip the one causal call at T = 65536")
     parser.add_argument("--no-long-sdpa", action="store_true",
                         help="time only ours on the long call")
-    parser.add_argument("--json", metavar="FILE", help="write all results")
-    parser.add_argument("--write-docs", metavar="PAGE",
-                        help="rewrite the 'selfattn' section of this page "
-                             "(docs/performance.md), keeping its prose")
     parser.add_argument("--memory-child", choices=("ours", "sdpa"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--memory-shape", help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
-    options.threads = harness.thread_counts(options.threads, parser)
-    if options.target is None:
-        options.target = 0.01 if options.quick else 0.5
-    if options.min_repeats is None:
-        options.min_repeats = 1 if options.quick else 5
-    if options.min_repeats < 1:
-        parser.error("--min-repeats must be at least 1")
-    return options
+    return harness.finish_run_options(parser.parse_args(argv), parser)
 
 
 def setup(options, torch):
