@@ -155,9 +155,12 @@ def _weights(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor,
     Asked for, the weights are formed; but the output and its backward stay
     on the streamed kernel, and the weights' own backward runs only if the
     loss uses them (PyTorch users mostly log or plot them)."""
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    # In place where autograd allows it (none of these backwards needs
+    # its input): each pass over the (N, h, L, S) scores costs as much as
+    # the product that made them.
+    s = torch.matmul(q * scale, k.transpose(-2, -1))
     if bias is not None:
-        s = s + bias
+        s.add_(bias)
     L, S = s.shape[-2:]
     hidden = None if mask is None else ~mask.unsqueeze(-2)
     if attn_mask is not None:
@@ -167,11 +170,11 @@ def _weights(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor,
                            device=s.device).triu(S - L + 1)
         hidden = above if hidden is None else hidden | above
     if hidden is not None:
-        s = s.masked_fill(hidden, float("-inf"))
+        s.masked_fill_(hidden, float("-inf"))
     # A query with no visible key has lse = -inf and weights 0: subtract
     # 0 there instead (exp(-inf) = 0, and no NaN in the gradient).
-    return torch.exp(s - lse.masked_fill(lse == float("-inf"), 0)
-                     .unsqueeze(-1))
+    return s.sub_(lse.masked_fill(lse == float("-inf"), 0)
+                  .unsqueeze(-1)).exp_()
 
 
 class MultiheadAttention(torch.nn.MultiheadAttention):
