@@ -200,7 +200,22 @@ typedef struct {
  * not NULL the backward stops at kproj: dkproj gets dL/dkproj, the key
  * columns of dW are 0, and dkeys only has the values' share (0 when
  * values given).
+ * Keys and values are C-contiguous, except where
+ * att_family_reads_strided(f, backward) says the call reads them in place
+ * (ATT_STRIDED_KEYS: the keys, dot decoding; ATT_STRIDED_VALUES: the
+ * values, dot and general decoding; values NULL: the keys are read as the
+ * keys are): row t of key
+ * sequence j of Bk at keys + (koff ? koff[j] : j T H) + t (krs ? krs : H),
+ * of value sequence j of Bv at values + (voff ? voff[j] : j T Hv) +
+ * t (vrs ? vrs : Hv), in elements (offsets and strides may be negative;
+ * the last axis is contiguous).  Elsewhere koff, voff, krs, vrs must be
+ * NULL or 0.
  */
+enum att_strided {
+    ATT_STRIDED_KEYS = 1,
+    ATT_STRIDED_VALUES = 2
+};
+
 #define ATT_FAMILY_DECLARE(R, SFX)                                           \
     typedef struct {                                                         \
         const R *query, *keys, *kproj, *values, *W, *v, *b;                  \
@@ -212,12 +227,15 @@ typedef struct {
         const R *alpha, *grad_out, *grad_alpha, *out, *lse;                  \
         const ptrdiff_t *qidx, *kidx, *vidx, *order, *gstart;                \
         ptrdiff_t ngroups;                                                   \
+        const ptrdiff_t *koff, *voff;                                        \
+        ptrdiff_t krs, vrs;                                                  \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \
         R *dquery, *dkeys, *dkproj, *dvalues, *dW, *dv, *db;                 \
         att_view dbias;                                                      \
     } att_family_out_##SFX;                                                  \
+    int att_family_reads_strided_##SFX(const att_fdims *f, int backward);   \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \
                                          const att_exec *ex);                \
     int att_family_forward_##SFX(const att_fdims *f, const att_exec *ex,     \

@@ -239,6 +239,15 @@ static att_view view_of(const Call *c, int id)
     return i >= 0 && c->arr[i] != NULL ? c->view[i] : none;
 }
 
+/* Keys or values read where they are (read_rows): their offsets and row
+ * stride; zeros when C-contiguous. */
+static att_view rows_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    att_view none = {NULL, NULL, 0, 0, 0};
+    return i >= 0 && c->arr[i] != NULL ? c->view[i] : none;
+}
+
 /* The bias gradient, laid out as the bias made C-contiguous (make_views),
  * or nothing. */
 static att_view dbias_view(const Call *c)
@@ -267,7 +276,9 @@ static att_view dbias_view(const Call *c)
             .out = IN(X_OUT), .lse = IN(X_LSE),                              \
             .qidx = index_of(c, X_QUERY), .kidx = index_of(c, X_KEYS),       \
             .vidx = index_of(c, X_VALUES), .order = c->order,                \
-            .gstart = c->gstart, .ngroups = c->ngroups};                     \
+            .gstart = c->gstart, .ngroups = c->ngroups,                      \
+            .koff = rows_of(c, X_KEYS).off, .voff = rows_of(c, X_VALUES).off, \
+            .krs = rows_of(c, X_KEYS).rs, .vrs = rows_of(c, X_VALUES).rs};   \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \

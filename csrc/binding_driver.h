@@ -1030,7 +1030,8 @@ static int broadcast_lead(Call *c, int i)
 
 /* Step 4: the floating arrays in one dtype, C-contiguous and aligned
  * (np.result_type of them; float16 computes in float32, integers in
- * float64); masks C-contiguous. */
+ * float64), but for the keys and values a decoding call reads where they
+ * are (read_rows); masks C-contiguous. */
 static int cast_args(Call *c)
 {
     const FuncSpec *fn = c->fn;
@@ -1079,6 +1080,13 @@ static int cast_args(Call *c)
             ((fn->args[i].flags & F_VIEW) ? PyArray_ISALIGNED(a)
                                          : PyArray_ISCARRAY_RO(a))) {
             continue;       /* as PyArray_FromArray would return it */
+        }
+        int rows = read_rows(c, i);        /* decoding: keys in place */
+        if (rows != 0) {
+            if (rows < 0) {
+                return -1;
+            }
+            continue;
         }
         PyObject *cast = PyArray_FromArray(
             c->arr[i], PyArray_DescrFromType(mask ? NPY_BOOL : c->typenum),

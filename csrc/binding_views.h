@@ -309,6 +309,65 @@ static int make_groups(Call *c)
     return 0;
 }
 
+/* Step 4, the family's keys or values (argument i, not C-contiguous):
+ * read where they are when the call reads them so (attention.h,
+ * att_family_reads_strided: decoding) and they need no cast: the
+ * computing dtype, native and aligned, the last axis contiguous, every
+ * stride whole elements.  Then c->offs[i] gets the offset of each of its
+ * own sequences (its leading axes in C order) and c->view[i].rs the
+ * rows' stride, in elements; returns 1, 0 when it must be copied, -1 on
+ * error. */
+static int read_rows(Call *c, int i)
+{
+    const FuncSpec *fn = c->fn;
+    PyArrayObject *x = c->arr[i];
+    int id = fn->args[i].id, nd = PyArray_NDIM(x);
+    if (!fn->score || (id != X_KEYS && id != X_VALUES) || nd < 2) {
+        return 0;
+    }
+    att_fdims f = {.score = fn->score - 1,
+                   .Tq = c->several ? c->sym[S_TQ] : 1};
+    int backward = fn->pos[X_GRAD_OUT] >= 0;
+    int what = c->typenum == NPY_FLOAT
+               ? att_family_reads_strided_f32(&f, backward)
+               : att_family_reads_strided_f64(&f, backward);
+    npy_intp item = PyArray_ITEMSIZE(x);
+    if (!(what & (id == X_KEYS ? ATT_STRIDED_KEYS : ATT_STRIDED_VALUES)) ||
+        PyArray_TYPE(x) != c->typenum || !PyArray_ISNOTSWAPPED(x) ||
+        !PyArray_ISALIGNED(x) ||
+        (PyArray_DIM(x, nd - 1) > 1 && PyArray_STRIDE(x, nd - 1) != item) ||
+        (PyArray_DIM(x, nd - 2) > 1 && PyArray_STRIDE(x, nd - 2) == 0)) {
+        return 0;           /* (a row stride of 0 means "H" to the C) */
+    }
+    npy_intp n = 1;
+    for (int k = 0; k < nd; k++) {
+        if (PyArray_STRIDE(x, k) % item != 0) {
+            return 0;
+        }
+        n *= k < nd - 2 ? PyArray_DIM(x, k) : 1;
+    }
+    if (ALLOC_POINT("offsets of", arg_names[id], 1) < 0) {
+        return -1;
+    }
+    c->offs[i] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(ptrdiff_t));
+    if (c->offs[i] == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (npy_intp s = 0; s < n; s++) {
+        npy_intp r = s, o = 0;
+        for (int k = nd - 3; k >= 0; k--) {
+            o += (r % PyArray_DIM(x, k)) * (PyArray_STRIDE(x, k) / item);
+            r /= PyArray_DIM(x, k);
+        }
+        c->offs[i][s] = o;
+    }
+    c->view[i] = (att_view){PyArray_DATA(x), c->offs[i], 0,
+                            PyArray_DIM(x, nd - 2) > 1
+                            ? PyArray_STRIDE(x, nd - 2) / item : 0, 1};
+    return 1;
+}
+
 /* Step 4a: each view as the kernels read it (attention.h att_view): per
  * sequence b of the call's leading axes, the offset of its first element;
  * the strides of its query and key axes, in elements (0 where it

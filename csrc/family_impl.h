@@ -1168,6 +1168,41 @@ static void SFX(zero)(REAL *x, ptrdiff_t n)
     }
 }
 
+/* Decoding reads the keys (dot score) and the values where they are:
+ * sequence j of Bk (Bv) at koff[j] (voff[j]), rows krs (vrs) apart
+ * (attention.h); the keys are the values when none are given. */
+static const REAL *SFX(decode_keys)(const SFX(fjob) *j, ptrdiff_t b,
+                                    ptrdiff_t *ldk, REAL *scale)
+{
+    const FIN *in = j->in;
+    if (j->f.score != ATT_SCORE_DOT ||
+        (in->koff == NULL && in->krs == 0)) {
+        return SFX(score_keys)(j, b, ldk, scale);
+    }
+    ptrdiff_t kb = KB(j, b);
+    *ldk = in->krs != 0 ? in->krs : j->f.H;
+    *scale = in->scale;
+    return in->keys + (in->koff != NULL ? in->koff[kb]
+                                        : kb * j->f.T * j->f.H);
+}
+
+static const REAL *SFX(decode_values)(const SFX(fjob) *j, ptrdiff_t b,
+                                      ptrdiff_t *ldv)
+{
+    const FIN *in = j->in;
+    const att_fdims *f = &j->f;
+    if (in->values == NULL) {          /* the keys, as the score reads */
+        ptrdiff_t kb = KB(j, b);
+        *ldv = in->krs != 0 ? in->krs : f->H;
+        return in->keys + (in->koff != NULL ? in->koff[kb]
+                                            : kb * f->T * f->H);
+    }
+    ptrdiff_t vb = VB(j, b);
+    *ldv = in->vrs != 0 ? in->vrs : f->Hv;
+    return in->values + (in->voff != NULL ? in->voff[vb]
+                                          : vb * f->T * f->Hv);
+}
+
 /* Query i of sequence b against its keys: the scores by one pass over
  * the keys (dot_keys), the softmax of the row (stored in alpha, or
  * streamed: its max and sum, lse), out by one pass over the values
@@ -1182,11 +1217,11 @@ static void SFX(decode_task)(void *arg, ptrdiff_t task, int thread)
     const att_fdims *f = &j->f;
     const FIN *in = j->in;
     ptrdiff_t b = task / f->Tq, i = task % f->Tq, T = f->T, Hv = f->Hv;
-    ptrdiff_t row = b * f->Tq + i, ldk;
+    ptrdiff_t row = b * f->Tq + i, ldk, ldv;
     REAL scale;
-    const REAL *K = SFX(score_keys)(j, b, &ldk, &scale);
+    const REAL *K = SFX(decode_keys)(j, b, &ldk, &scale);
+    const REAL *V = SFX(decode_values)(j, b, &ldv);
     const REAL *q = in->query + (QB(j, b) * f->Tq + i) * f->Hq;
-    const REAL *V = j->vals + VB(j, b) * T * Hv;
     REAL *o = j->out->out + row * Hv;
     REAL *work = SFX(thread_scratch)(j, thread);
     REAL *s = f->stream ? work : j->out->alpha + row * T;
@@ -1207,7 +1242,7 @@ static void SFX(decode_task)(void *arg, ptrdiff_t task, int thread)
             w = dropped;
         }
         /* alpha != 0 exactly where a key is visible (WEIGHT_FLOOR) */
-        j->ops.sum_values(n, Hv, w, V, Hv, m, o);
+        j->ops.sum_values(n, Hv, w, V, ldv, m, o);
         return;
     }
     const unsigned char *m = SFX(prepare_row)(j, b, i, 0, n, s, vis);
@@ -1222,7 +1257,7 @@ static void SFX(decode_task)(void *arg, ptrdiff_t task, int thread)
     if (in->dropout > 0) {
         SFX(drop_row)(j, b, i, 0, n, s, keep);
     }
-    j->ops.sum_values(n, Hv, s, V, Hv, m, o);
+    j->ops.sum_values(n, Hv, s, V, ldv, m, o);
     for (ptrdiff_t h = 0; h < Hv; h++) {
         o[h] *= r;
     }
@@ -1256,6 +1291,15 @@ static int SFX(family_start)(SFX(fjob) *j, const att_fdims *f,
     SFX(project)(j);
     SFX(find_nonfinite)(j, backward);
     return 0;
+}
+
+int SFX(att_family_reads_strided)(const att_fdims *f, int backward)
+{
+    if (f == NULL || backward || f->Tq > DECODE_TQ) {
+        return 0;
+    }
+    return f->score == ATT_SCORE_DOT ? ATT_STRIDED_KEYS | ATT_STRIDED_VALUES
+           : f->score == ATT_SCORE_GENERAL ? ATT_STRIDED_VALUES : 0;
 }
 
 int SFX(att_family_forward)(const att_fdims *f, const att_exec *ex,

@@ -10,14 +10,20 @@ its keys by matrix-vector passes instead of the blocked products.
   ``reference.dropout_keep``;
 * a NaN or an infinity reaching exactly the results that see it;
 * key/value caches given as strided views of a larger buffer (sliced on
-  the time axis, or time-major and transposed) giving the same bits as
-  contiguous copies, and left unchanged;
+  the time axis, time-major and transposed, reversed, broadcast over
+  heads or GQA groups; every section 5 argument, 1-3 threads, every SIMD
+  path) giving the same bits as contiguous copies, and left unchanged;
+  views the C reads in place (binding_views.h read_rows) are never copied
+  (no allocation of their size, by tracemalloc), those it cannot (a
+  strided last axis, another dtype, the backward, Tq > 8) are;
 * bitwise identical results for 1, 2 and 3 threads, on every SIMD path;
 * the backward of such calls against the reference.
 
 Tolerances: ``testing.TOL`` (normwise relative error; 1e-12 float64, 1e-5
 float32) against the float64 reference on the same (cast) values.
 """
+
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -269,3 +275,186 @@ def test_score_of_inf_gives_nan(Tq, rw):
     assert np.all(np.isnan(w[1]))
     assert rel_err(out[0], want[0]) <= TOL[np.float64]
     assert rel_err(w[0], want_w[0]) <= TOL[np.float64]
+
+
+LAYOUTS = ["sliced", "transposed", "reversed", "heads_bcast", "cols"]
+
+
+def layout(rng, x, how, cap=5):
+    """x (B, h, T, w) as a view of a larger buffer of the given layout,
+    with the same values (``heads_bcast``: head 0's repeated over the
+    heads, stride 0; ``cols``: a strided last axis, which must be
+    copied)."""
+    B, h, T, w = x.shape
+    if how == "sliced":                   # (B, h, cap, w) cache, [:, :, :T]
+        buf = rng.standard_normal((B, h, T + cap, w)).astype(x.dtype)
+        buf[:, :, :T] = x
+        return buf[:, :, :T]
+    if how == "transposed":               # (B, cap, h, w) cache
+        buf = rng.standard_normal((B, T + cap, h, w)).astype(x.dtype)
+        buf[:, :T] = x.transpose(0, 2, 1, 3)
+        return buf[:, :T].transpose(0, 2, 1, 3)
+    if how == "reversed":                 # negative row and head strides
+        return np.ascontiguousarray(x[:, ::-1, ::-1])[:, ::-1, ::-1]
+    if how == "heads_bcast":
+        return np.broadcast_to(x[:, :1], x.shape)
+    buf = rng.standard_normal((B, h, T, 2 * w)).astype(x.dtype)
+    buf[..., ::2] = x
+    return buf[..., ::2]
+
+
+def same_as_copies(fn, args, kw, rw):
+    """fn on the views in args and kw (values) against fn on contiguous
+    copies of them: the same bits."""
+    got = fn(*args, **kw, return_weights=rw)
+    c = {n: np.ascontiguousarray(v) if n == "values" else v
+         for n, v in kw.items()}
+    want = fn(*(np.ascontiguousarray(a) for a in args), **c,
+              return_weights=rw)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w, equal_nan=True)
+    return got
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("how", LAYOUTS)
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_cache_layouts_every_argument(score, how, rw, dtype):
+    """Keys and values as views of each layout, with every section 5
+    argument, Tq 1, 3 and 8 (decoding) and 9 (the blocked path, which
+    copies them): the same bits as contiguous copies, within TOL of the
+    reference; the buffers unchanged."""
+    rng = np.random.default_rng(20)
+    fn = ac.dot_attention if score == "dot" else ac.general_attention
+    for Tq, T, kind in ((1, 1, "plain"), (1, 65, "all"), (3, 17, "mask"),
+                        (DECODE_TQ, 17, "causal"), (1, 3, "dropout"),
+                        (DECODE_TQ + 1, 17, "all")):
+        args, kw = make_case(rng, score, (2, 3), Tq, T, kind)
+        (q, k, *w), kw = cast(args, kw, dtype)
+        kv, vv = layout(rng, k, how), layout(rng, kw["values"], how)
+        before = kv.copy(), vv.copy()
+        got = same_as_copies(fn, (q, kv, *w), dict(kw, values=vv), rw)
+        assert np.array_equal(kv, before[0]) and np.array_equal(vv, before[1])
+        if how != "heads_bcast":
+            want = fn(q, k, *w, **kw, return_weights=rw)
+            for g, x in zip(got, want):
+                assert np.array_equal(g, x, equal_nan=True)
+
+
+@dtype_param
+@pytest.mark.parametrize("how", LAYOUTS)
+def test_keys_are_values_in_place(how, dtype):
+    """values=None: the keys' view serves as both (dot reads it in place,
+    general copies it for its projection)."""
+    rng = np.random.default_rng(21)
+    for score in ("dot", "general"):
+        fn = ac.dot_attention if score == "dot" else ac.general_attention
+        args, kw = make_case(rng, score, (2, 3), 2, 17, "all")
+        del kw["values"]
+        (q, k, *w), kw = cast(args, kw, dtype)
+        for rw in (True, False):
+            same_as_copies(fn, (q, layout(rng, k, how), *w), kw, rw)
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+def test_gqa_cache_broadcast(rw, dtype):
+    """Grouped queries: keys and values (B, Hkv, 1, T, d) sliced from a
+    (B, Hkv, cap, d) cache and from a time-major one, broadcast over the G
+    queries of a group (B, Hkv, G, 1, d): the same bits as the copies."""
+    rng = np.random.default_rng(22)
+    B, Hkv, G, cap, d = 2, 3, 4, 40, 16
+    q = rng.standard_normal((B, Hkv, G, 1, d)).astype(dtype)
+    head = rng.standard_normal((2, B, Hkv, cap, d)).astype(dtype)
+    time = rng.standard_normal((2, B, cap, Hkv, d)).astype(dtype)
+    for n in (1, 17, 33):
+        for kc, vc in ((head[0][:, :, None, :n], head[1][:, :, None, :n]),
+                       (time[0][:, None, :n].transpose(0, 3, 1, 2, 4),
+                        time[1][:, None, :n].transpose(0, 3, 1, 2, 4))):
+            mask = rng.random((B, Hkv, 1, n)) < 0.8
+            same_as_copies(ac.dot_attention, (q, kc), {"values": vc}, rw)
+            same_as_copies(ac.dot_attention, (q, kc),
+                           {"values": vc, "mask": mask, "dropout": 0.2,
+                            "seed": 5}, rw)
+
+
+@dtype_param
+def test_other_dtype_and_backward_copy(dtype):
+    """Views the C cannot read as they are: another dtype (cast), and the
+    backward of a decoding call (its keys made C-contiguous): the same as
+    on copies."""
+    rng = np.random.default_rng(23)
+    q = rng.standard_normal((2, 3, 1, 16)).astype(dtype)
+    other = np.float64 if dtype == np.float32 else np.float32
+    buf = rng.standard_normal((2, 2, 3, 30, 16)).astype(other)
+    same_as_copies(ac.dot_attention, (q, buf[0][:, :, :17]),
+                   {"values": buf[1][:, :, :17]}, False)
+    k = layout(rng, rng.standard_normal((2, 3, 17, 16)).astype(dtype),
+               "transposed")
+    out, lse = ac.dot_attention(q, k, values=k, return_weights=False)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    got = ac.dot_attention_backward(g, q, k, values=k, out=out, lse=lse)
+    kc = np.ascontiguousarray(k)
+    want = ac.dot_attention_backward(g, q, kc, values=kc, out=out, lse=lse)
+    for x, y in zip(got, want):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@pytest.mark.parametrize("how", ["sliced", "transposed", "reversed"])
+def test_cache_threads_bitwise(how, simd):
+    """Strided caches large enough for several threads: bitwise the same
+    for 1, 2 and 3 threads and as contiguous copies, on every SIMD path."""
+    _core._set_simd(simd)
+    rng = np.random.default_rng(24)
+    for dtype in DTYPES:
+        for kind, Tq in (("plain", 1), ("all", 3)):
+            args, kw = make_case(rng, "dot", (2, 4), Tq, 1000, kind, H=64,
+                                 Hv=64)
+            (q, k), kw = cast(args, kw, dtype)
+            kw["values"] = layout(rng, kw["values"], how)
+            k = layout(rng, k, how)
+            ac.set_num_threads(1)
+            one = same_as_copies(ac.dot_attention, (q, k), kw, False)
+            for n in (2, 3):
+                ac.set_num_threads(n)
+                for g, w in zip(ac.dot_attention(q, k, **kw,
+                                                 return_weights=False), one):
+                    assert np.array_equal(g, w, equal_nan=True)
+
+
+def peak_bytes(call):
+    """The most memory traced (NumPy's arrays, the binding's PyMem and raw
+    allocations) at once during call()."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        call()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("how", ["sliced", "transposed", "reversed",
+                                 "heads_bcast", "cols"])
+def test_cache_read_in_place(how):
+    """A decoding call on a strided cache allocates nothing of the cache's
+    size (no copy), but for a strided last axis, which it must copy."""
+    rng = np.random.default_rng(25)
+    B, h, T, d = 1, 4, 2048, 32        # 1 MiB of float32 keys
+    q = rng.standard_normal((B, h, 1, d)).astype(np.float32)
+    k = layout(rng, rng.standard_normal((B, h, T, d)).astype(np.float32),
+               how)
+    v = layout(rng, rng.standard_normal((B, h, T, d)).astype(np.float32),
+               how)
+    ac.dot_attention(q, k, values=v, return_weights=False)   # scratch made
+    peak = peak_bytes(lambda: ac.dot_attention(q, k, values=v,
+                                               return_weights=False))
+    size = B * h * T * d * 4
+    if how == "cols":
+        assert peak >= 2 * size
+    else:
+        assert peak < size // 8
