@@ -231,17 +231,10 @@ static ptrdiff_t w_family(Call *c)
     return TYPED(c, family_workspace, &f, family_backward(c), &c->ex);
 }
 
-/* A view argument as the kernel reads it (zeros when not given). */
+/* A view argument as the kernel reads it, or keys and values read where
+ * they are (read_rows: offsets and row stride); zeros when not given or
+ * C-contiguous. */
 static att_view view_of(const Call *c, int id)
-{
-    int i = c->fn->pos[id];
-    att_view none = {NULL, NULL, 0, 0, 0};
-    return i >= 0 && c->arr[i] != NULL ? c->view[i] : none;
-}
-
-/* Keys or values read where they are (read_rows): their offsets and row
- * stride; zeros when C-contiguous. */
-static att_view rows_of(const Call *c, int id)
 {
     int i = c->fn->pos[id];
     att_view none = {NULL, NULL, 0, 0, 0};
@@ -277,8 +270,8 @@ static att_view dbias_view(const Call *c)
             .qidx = index_of(c, X_QUERY), .kidx = index_of(c, X_KEYS),       \
             .vidx = index_of(c, X_VALUES), .order = c->order,                \
             .gstart = c->gstart, .ngroups = c->ngroups,                      \
-            .koff = rows_of(c, X_KEYS).off, .voff = rows_of(c, X_VALUES).off, \
-            .krs = rows_of(c, X_KEYS).rs, .vrs = rows_of(c, X_VALUES).rs};   \
+            .koff = view_of(c, X_KEYS).off, .voff = view_of(c, X_VALUES).off, \
+            .krs = view_of(c, X_KEYS).rs, .vrs = view_of(c, X_VALUES).rs};   \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \

@@ -181,6 +181,15 @@ def thread_counts(text, parser):
     return sorted(threads)
 
 
+def baseline_torch():
+    """torch, the baseline of the issue benchmarks; None (said on stderr)
+    when it is not installed."""
+    torch = optional_import("torch")
+    if torch is None:
+        print("PyTorch is required (it is the baseline)", file=sys.stderr)
+    return torch
+
+
 def add_run_options(parser, section, repeats_help=""):
     """The options of the issue benchmarks (``--selfattn``, ``--mha``):
     --quick, --threads, --target, --min-repeats, --seed, --json and

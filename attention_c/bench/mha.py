@@ -750,9 +750,8 @@ def setup(options, torch):
 def main(argv=None):
     """Entry point of ``python -m attention_c.bench.mha``."""
     options = parse_args(sys.argv[1:] if argv is None else list(argv))
-    torch = harness.optional_import("torch")
+    torch = harness.baseline_torch()
     if torch is None:
-        print("PyTorch is required (it is the baseline)", file=sys.stderr)
         return 1
     start = time.perf_counter()
     ctx, meta = setup(options, torch)

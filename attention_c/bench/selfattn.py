@@ -423,9 +423,8 @@ def main(argv=None):
         shape = tuple(int(x) for x in options.memory_shape.split(","))
         return memory_child(options.memory_child, shape,
                             max(options.threads), options.seed)
-    torch = harness.optional_import("torch")
+    torch = harness.baseline_torch()
     if torch is None:
-        print("PyTorch is required (it is the baseline)", file=sys.stderr)
         return 1
     start = time.perf_counter()
     ctx, meta = setup(options, torch)
