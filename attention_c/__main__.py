@@ -150,6 +150,48 @@ def check_streamed(rng, dtype):
     return errors
 
 
+def check_multihead(rng, dtype):
+    """Normwise errors of ac.MultiHeadAttention (heads read in place, one
+    kernel call) vs reference.multi_head_attention, forward and input
+    gradients (by central differences of the reference, float64 only: the
+    float32 backward against the float64 layer's), on causal
+    self-attention with a key mask that leaves sequence 2 one key; and
+    decoding one token at a time with a KVCache vs the full causal call."""
+    B, T, E, heads = 3, 7, 12, 3
+    mha = ac.MultiHeadAttention(E, heads, seed=0, dtype=dtype)
+    x = rng.standard_normal((B, T, E)).astype(dtype)
+    mask = np.arange(T) < np.array([[T], [5], [1]])
+    out = mha(x, mask=mask, causal=True)
+    r_out, _ = ref.multi_head_attention(mha.parameters(), heads, x,
+                                        mask=mask, causal=True)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    dx = mha.backward(g).query
+    full = mha.parameters()
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    if dtype == np.float32:            # against the float64 layer's
+        exact = ac.MultiHeadAttention(E, heads, dtype=np.float64)
+        for name, p in exact.parameters().items():
+            p[...] = full[name]
+        exact(x64, mask=mask, causal=True)
+        r_dx = exact.backward(g64).query
+    else:                              # central differences of the ref
+        eps, r_dx = 1e-6, np.zeros_like(x64)
+        for idx in np.ndindex(x64.shape):
+            for sign in (1, -1):
+                xp = x64.copy()
+                xp[idx] += sign * eps
+                o, _ = ref.multi_head_attention(full, heads, xp, mask=mask,
+                                                causal=True)
+                r_dx[idx] += sign * (o * g64).sum() / (2 * eps)
+    cache = ac.KVCache(max_len=T)
+    steps = np.concatenate([mha(x[:, t:t + 1], cache=cache)
+                            for t in range(T)], axis=1)
+    fwd = max(rel_err(out, r_out), rel_err(steps, mha(x, causal=True)))
+    bwd = rel_err(dx, r_dx)
+    tol = TOL[dtype] if dtype == np.float32 else 1e-7   # differences
+    return fwd, bwd, fwd <= TOL[dtype] and bwd <= tol
+
+
 def parse_args(argv=None):
     """The command line of ``python -m attention_c``."""
     parser = argparse.ArgumentParser(
@@ -220,6 +262,14 @@ def main(argv=None):
             print(f"  {score:8s} {np.dtype(dtype).name:8s} forward "
                   f"{fwd:.1e}  gradients {bwd:.1e}  "
                   f"{'ok' if ok else 'FAILED'}")
+
+    print("multi-head attention (ac.MultiHeadAttention: causal, key mask; "
+          "decoding with\n  a KVCache against the full call):")
+    for dtype in (np.float32, np.float64):
+        fwd, bwd, ok = check_multihead(rng, dtype)
+        all_ok &= ok
+        print(f"  {np.dtype(dtype).name:8s} forward {fwd:.1e}  gradients "
+              f"{bwd:.1e}  {'ok' if ok else 'FAILED'}")
 
     if args.no_timing:
         print("\nall checks passed" if all_ok else "\nSELF-CHECK FAILED")

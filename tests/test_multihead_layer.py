@@ -31,66 +31,8 @@ FD_TOL = 1e-7
 # --------------------------------------------------------------------------
 # The plain-NumPy reading of the layer
 
-def _softmax_visible(s, vis):
-    """Softmax of s over the visible keys; 0 for a row with none."""
-    s = np.where(vis, s, -np.inf)
-    seen = vis.any(axis=-1, keepdims=True)
-    top = np.where(seen, s.max(axis=-1, keepdims=True, initial=-np.inf), 0)
-    e = np.exp(s - top)
-    return e / np.where(seen, e.sum(axis=-1, keepdims=True), 1)
-
-
-def _reference_forward(params, num_heads, query, key=None, value=None, *,
-                       mask=None, attn_mask=None, causal=False,
-                       dropout=0.0, seed=None):
-    """Multi-head attention, one head at a time, in float64.
-
-    ``params`` holds the layer's parameters by name (``in_proj_weight`` or
-    ``q/k/v_proj_weight``, ``in_proj_bias``, ``out_proj_weight``,
-    ``out_proj_bias``); masks are True = valid; ``causal`` is aligned at
-    the bottom right; dropout uses the keep bits of docs/contract.md
-    section 5.2 with the flat index of (batch..., head).  Returns ``(out,
-    weights)`` with the per-head weights (..., h, Tq, S) before dropout.
-    """
-    p = {n: np.asarray(x, np.float64) for n, x in params.items()}
-    q_in = np.asarray(query, np.float64)
-    k_in = q_in if key is None else np.asarray(key, np.float64)
-    v_in = k_in if value is None else np.asarray(value, np.float64)
-    E = p["out_proj_weight"].shape[0]
-    if "in_proj_weight" in p:
-        Wq, Wk, Wv = np.split(p["in_proj_weight"], 3)
-    else:
-        Wq, Wk, Wv = (p["q_proj_weight"], p["k_proj_weight"],
-                      p["v_proj_weight"])
-    bq, bk, bv = (np.split(p["in_proj_bias"], 3) if "in_proj_bias" in p
-                  else (0.0, 0.0, 0.0))
-    q, k, v = q_in @ Wq.T + bq, k_in @ Wk.T + bk, v_in @ Wv.T + bv
-    Tq, S, d = q.shape[-2], k.shape[-2], E // num_heads
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    vis = np.ones(lead + (Tq, S), bool)
-    if mask is not None:
-        vis = vis & np.asarray(mask)[..., None, :]
-    if attn_mask is not None:
-        vis = vis & np.asarray(attn_mask)
-    if causal:
-        vis = vis & (np.arange(S)[None, :]
-                     <= np.arange(Tq)[:, None] + (S - Tq))
-    outs, weights = [], []
-    for i in range(num_heads):
-        cols = slice(i * d, (i + 1) * d)
-        s = q[..., cols] @ k[..., cols].swapaxes(-1, -2) / np.sqrt(d)
-        alpha = _softmax_visible(s, vis)
-        weights.append(alpha)
-        P = alpha
-        if dropout:
-            b = np.arange(int(np.prod(lead, dtype=int)))
-            b = b.reshape(lead) * num_heads + i
-            keep = ref.dropout_keep(seed, dropout, b, Tq, S)
-            P = alpha * keep / (1 - dropout)
-        outs.append(P @ v[..., cols])
-    o = np.concatenate(outs, axis=-1)
-    out = o @ p["out_proj_weight"].T + p.get("out_proj_bias", 0.0)
-    return out, np.stack(weights, axis=-3)
+# The reading reference: one head at a time, in float64.
+_reference_forward = ref.multi_head_attention
 
 
 # --------------------------------------------------------------------------
