@@ -133,6 +133,29 @@ static int broadcast_inputs(Call *c)
     return 0;
 }
 
+/* A table of n sequence offsets: sequence b's index (in C order over nd
+ * axes of sizes dims) times the strides st, summed.  NULL with the
+ * exception set. */
+static ptrdiff_t *offset_table(npy_intp n, int nd, const npy_intp *dims,
+                               const npy_intp *st)
+{
+    ptrdiff_t *off = PyMem_Malloc((size_t)(n > 0 ? n : 1) *
+                                  sizeof(ptrdiff_t));
+    if (off == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (npy_intp b = 0; b < n; b++) {
+        npy_intp r = b, o = 0;
+        for (int k = nd - 1; k >= 0; k--) {
+            o += (r % dims[k]) * st[k];
+            r /= dims[k];
+        }
+        off[b] = o;
+    }
+    return off;
+}
+
 /* Argument i as an att_view of the call's sequences (the array as it is,
  * or, `contiguous`, as a C-contiguous copy of it would be laid out: its
  * gradient); the offsets into *off (owned by the caller). */
@@ -156,19 +179,9 @@ static int make_view(Call *c, int i, int contiguous, att_view *v,
     if (ALLOC_POINT("offsets of", arg_names[c->fn->args[i].id], 1) < 0) {
         return -1;
     }
-    *off = PyMem_Malloc((size_t)(c->d.B > 0 ? c->d.B : 1) *
-                        sizeof(ptrdiff_t));
+    *off = offset_table(c->d.B, c->nlead, c->lead, st);
     if (*off == NULL) {
-        PyErr_NoMemory();
         return -1;
-    }
-    for (npy_intp b = 0; b < c->d.B; b++) {
-        npy_intp r = b, o = 0;
-        for (int k = c->nlead - 1; k >= 0; k--) {
-            o += (r % c->lead[k]) * st[k];
-            r /= c->lead[k];
-        }
-        (*off)[b] = o;
     }
     /* the key axis is last; the query axis, if any, before it */
     int with_q = nt - c->nlead == 2;
@@ -205,21 +218,8 @@ static int make_index(Call *c, int i)
     if (ALLOC_POINT("indices of", arg_names[c->fn->args[i].id], 1) < 0) {
         return -1;
     }
-    c->idx[i] = PyMem_Malloc((size_t)(c->d.B > 0 ? c->d.B : 1) *
-                             sizeof(ptrdiff_t));
-    if (c->idx[i] == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (npy_intp b = 0; b < c->d.B; b++) {
-        npy_intp r = b, o = 0;
-        for (int k = c->nlead - 1; k >= 0; k--) {
-            o += (r % c->lead[k]) * st[k];
-            r /= c->lead[k];
-        }
-        c->idx[i][b] = o;
-    }
-    return 0;
+    c->idx[i] = offset_table(c->d.B, c->nlead, c->lead, st);
+    return c->idx[i] == NULL ? -1 : 0;
 }
 
 static npy_intp find_root(npy_intp *parent, npy_intp b)
@@ -339,28 +339,20 @@ static int read_rows(Call *c, int i)
         (PyArray_DIM(x, nd - 2) > 1 && PyArray_STRIDE(x, nd - 2) == 0)) {
         return 0;           /* (a row stride of 0 means "H" to the C) */
     }
-    npy_intp n = 1;
+    npy_intp n = 1, st[NPY_MAXDIMS];
     for (int k = 0; k < nd; k++) {
         if (PyArray_STRIDE(x, k) % item != 0) {
             return 0;
         }
+        st[k] = PyArray_STRIDE(x, k) / item;
         n *= k < nd - 2 ? PyArray_DIM(x, k) : 1;
     }
     if (ALLOC_POINT("offsets of", arg_names[id], 1) < 0) {
         return -1;
     }
-    c->offs[i] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(ptrdiff_t));
+    c->offs[i] = offset_table(n, nd - 2, PyArray_DIMS(x), st);
     if (c->offs[i] == NULL) {
-        PyErr_NoMemory();
         return -1;
-    }
-    for (npy_intp s = 0; s < n; s++) {
-        npy_intp r = s, o = 0;
-        for (int k = nd - 3; k >= 0; k--) {
-            o += (r % PyArray_DIM(x, k)) * (PyArray_STRIDE(x, k) / item);
-            r /= PyArray_DIM(x, k);
-        }
-        c->offs[i][s] = o;
     }
     c->view[i] = (att_view){PyArray_DATA(x), c->offs[i], 0,
                             PyArray_DIM(x, nd - 2) > 1
