@@ -49,8 +49,13 @@ def _import_attention_c():
     with atheris.instrument_imports(include=["attention_c"]):
         import attention_c
         from attention_c import _core as core
+        from attention_c.testing import SIGNATURES
     ac, _core = attention_c, core
     SIMD = list(_core._simd_paths())
+    SIGS.update((name, (pos, kw + EXTRA_KEYWORDS.get(name, [])))
+                for name, (pos, kw) in SIGNATURES.items())
+    FUNCS.extend(SIGS)
+    FAMILY.extend(FUNCS[FUNCS.index("additive_attention"):])
 
 
 import numpy as np  # noqa: E402
@@ -59,48 +64,15 @@ warnings.simplefilter("ignore")
 np.seterr(all="ignore")
 
 # (positional, keyword-only) arguments of every function, in the binding's
-# order (attention_c.testing.SIGNATURES plus the savings and flags).
-SIGS = {
-    "mean_context": (["h"], ["mask"]),
-    "mean_context_backward": (["grad_c", "h"], ["mask"]),
-    "additive_score": (["h", "context", "W", "v"], ["b"]),
-    "additive_score_backward": (["grad_s", "h", "context", "W", "v"],
-                                ["b"]),
-    "masked_softmax": (["scores"], ["mask"]),
-    "masked_softmax_backward": (["grad_alpha", "alpha"], []),
-    "weighted_sum": (["alpha", "h"], []),
-    "weighted_sum_backward": (["grad_out", "alpha", "h"], []),
-    "context_attention": (["h", "W", "v"], ["b", "mask",
-                                            "keep_activations"]),
-    "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
-                                   ["b", "mask", "grad_alpha",
-                                    "activations"]),
-    "additive_attention": (["query", "keys", "W", "v"],
-                           ["b", "mask", "attn_mask", "causal", "values",
-                            "key_proj"]),
-    "additive_attention_backward": (
-        ["grad_out", "query", "keys", "W", "v", "alpha"],
-        ["b", "mask", "attn_mask", "causal", "values", "grad_alpha",
-         "key_proj", "stop_at_key_proj"]),
-    "dot_attention": (["query", "keys"],
-                      ["mask", "attn_mask", "causal", "bias", "dropout",
-                       "seed", "values", "scale", "return_weights"]),
-    "dot_attention_backward": (
-        ["grad_out", "query", "keys", "alpha"],
-        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
-         "seed", "values", "scale", "grad_alpha"]),
-    "general_attention": (["query", "keys", "W"],
-                          ["mask", "attn_mask", "causal", "bias", "dropout",
-                           "seed", "values", "key_proj", "return_weights"]),
-    "general_attention_backward": (
-        ["grad_out", "query", "keys", "W", "alpha"],
-        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
-         "seed", "values", "grad_alpha", "key_proj", "stop_at_key_proj"]),
-    "project_keys": (["keys", "W"], []),
-    "project_keys_backward": (["grad_proj", "keys", "W"], []),
-}
-FUNCS = list(SIGS)
-FAMILY = FUNCS[10:]
+# order: attention_c.testing.SIGNATURES plus the savings and flags it
+# leaves out (all last).  Filled with the import, on the first input.
+EXTRA_KEYWORDS = {"context_attention": ["keep_activations"],
+                  "context_attention_backward": ["activations"],
+                  "additive_attention_backward": ["stop_at_key_proj"],
+                  "general_attention_backward": ["stop_at_key_proj"]}
+SIGS: dict = {}
+FUNCS: list = []
+FAMILY: list = []
 SCALES = [None, 1.0, 0.5, -2.0, 0.0, 1e300, float("nan"), float("inf"), 3,
           True, np.float32(0.25), np.float64(2.0), np.array(0.5),
           np.array([0.5]), "0.5", 1j, 2 ** 70]
