@@ -10,17 +10,14 @@ baselines compute what ours does step after step, and that
 nothing else.
 """
 
-import json
 import pathlib
 import re
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from attention_c.bench import docs_page, harness, mha
+from attention_c.testing import run_quick_bench
 
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 THREADS = (1, 2)
@@ -46,18 +43,8 @@ def expected_rows():
 def run(tmp_path_factory):
     """One --quick run, its JSON, its report and the page it rewrote."""
     pytest.importorskip("torch")       # the baseline
-    path = tmp_path_factory.mktemp("mha")
-    shutil.copy(PAGE, path / "performance.md")
-    proc = subprocess.run(
-        [sys.executable, "-m", "attention_c.bench.mha", "--quick",
-         "--threads", "1,2", "--json", str(path / "run.json"),
-         "--write-docs", str(path / "performance.md")],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    with open(path / "run.json", encoding="utf-8") as f:
-        data = json.load(f)
-    page = (path / "performance.md").read_text(encoding="utf-8")
-    return data, proc.stdout, page
+    return run_quick_bench(["attention_c.bench.mha"],
+                           tmp_path_factory.mktemp("mha"), PAGE)
 
 
 def by_key(data):

@@ -8,13 +8,9 @@ targets follow their formulas, and that ``--write-docs`` rewrites the
 ``selfattn`` section of docs/performance.md and nothing else.
 """
 
-import json
 import math
 import pathlib
 import re
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +19,7 @@ from attention_c.bench import cli, docs_page, harness, selfattn
 from attention_c.bench.targets import (CAUSAL_FULL, PEAK, SELFATTN_SCALING,
                                        add_selfattn_ratios,
                                        evaluate_selfattn)
+from attention_c.testing import run_quick_bench
 
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 THREADS = (1, 2)
@@ -43,18 +40,8 @@ def expected_rows():
 def run(tmp_path_factory):
     """One --quick run, its JSON, its report and the page it rewrote."""
     pytest.importorskip("torch")       # the baseline
-    path = tmp_path_factory.mktemp("selfattn")
-    shutil.copy(PAGE, path / "performance.md")
-    proc = subprocess.run(
-        [sys.executable, "-m", "attention_c.bench", "--selfattn", "--quick",
-         "--threads", "1,2", "--json", str(path / "run.json"),
-         "--write-docs", str(path / "performance.md")],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    with open(path / "run.json", encoding="utf-8") as f:
-        data = json.load(f)
-    page = (path / "performance.md").read_text(encoding="utf-8")
-    return data, proc.stdout, page
+    return run_quick_bench(["attention_c.bench", "--selfattn"],
+                           tmp_path_factory.mktemp("selfattn"), PAGE)
 
 
 def by_key(data):

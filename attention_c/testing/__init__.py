@@ -405,3 +405,25 @@ def record_figure(key, value, add=False):
         FIGURES[key] = FIGURES.get(key, 0) + value
     else:
         FIGURES[key] = value
+
+
+def run_quick_bench(args, folder, page):
+    """Run ``python -m <args> --quick --threads 1,2`` in ``folder``, with
+    ``--json`` and ``--write-docs`` on a copy of ``page``: ``(the JSON
+    data, the report, the rewritten page)``.  AssertionError (with its
+    stderr) if it fails.  The benchmarks' tests run each once."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    shutil.copy(page, folder / "performance.md")
+    proc = subprocess.run(
+        [sys.executable, "-m", *args, "--quick", "--threads", "1,2",
+         "--json", str(folder / "run.json"),
+         "--write-docs", str(folder / "performance.md")],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    with open(folder / "run.json", encoding="utf-8") as f:
+        data = json.load(f)
+    return (data, proc.stdout,
+            (folder / "performance.md").read_text(encoding="utf-8"))
