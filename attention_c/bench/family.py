@@ -61,7 +61,6 @@ import gc
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -409,10 +408,7 @@ def memory_child(which, seed):
         kept = fwdbwd()
         peak = harness.peak_now(method)
     del kept
-    print(json.dumps({"which": which, "method": method,
-                      "rss_before_mib": before / 1024,
-                      "peak_mib": (peak - before) / 1024,
-                      "inputs_mib": input_bytes(p) / MiB}))
+    harness.print_memory(which, method, before, peak, input_bytes(p) / MiB)
     return 0
 
 
@@ -424,20 +420,9 @@ def measure_memory(seed):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
-    found = {}
-    for which in ("ours", "torch"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "attention_c.bench.family",
-             "--memory-child", which, "--seed", str(seed)],
-            capture_output=True, text=True, env=env, timeout=600,
-            check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory subprocess ({which}) failed:\n"
-                               + proc.stderr[-2000:])
-        child = json.loads(proc.stdout.strip().splitlines()[-1])
-        found[f"{which}_mib"] = child["peak_mib"]
-        found["method"], found["inputs_mib"] = (child["method"],
-                                                child["inputs_mib"])
+    found = harness.memory_children(
+        "attention_c.bench.family", ("ours", "torch"), ["--seed", str(seed)],
+        env, 600)
     found["shape"] = SIZES["full"]["additive"]
     return found
 

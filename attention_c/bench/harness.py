@@ -8,6 +8,7 @@ import datetime
 import gc
 import importlib
 import io
+import json
 import os
 import platform
 import statistics
@@ -179,6 +180,35 @@ def thread_counts(text, parser):
         else:
             parser.error(f"bad thread count {item!r}")
     return sorted(threads)
+
+
+def memory_children(module, names, args, env, timeout):
+    """Peak memory of one forward + backward of each of ``names`` (ours,
+    the baseline), each in a fresh ``python -m module --memory-child NAME
+    *args`` that prints :func:`print_memory`'s line last:
+    ``{'<name>_mib', 'method', 'inputs_mib'}``."""
+    found = {}
+    for which in names:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--memory-child", which, *args],
+            capture_output=True, text=True, env=env, timeout=timeout,
+            check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory subprocess ({which}) failed:\n"
+                               + proc.stderr[-2000:])
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        found[f"{which}_mib"] = child["peak_mib"]
+        found["method"], found["inputs_mib"] = (child["method"],
+                                                child["inputs_mib"])
+    return found
+
+
+def print_memory(which, method, before, peak, inputs_mib):
+    """A memory child's result line (KiB of RSS before and at the peak)."""
+    print(json.dumps({"which": which, "method": method,
+                      "rss_before_mib": before / 1024,
+                      "peak_mib": (peak - before) / 1024,
+                      "inputs_mib": inputs_mib}))
 
 
 def baseline_torch():

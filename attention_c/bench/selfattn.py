@@ -43,7 +43,6 @@ import gc
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -337,10 +336,7 @@ def memory_child(which, shape, threads, seed):
         peak = harness.peak_now(method)
     del kept
     inputs = sum(p[n].nbytes for n in ("q", "k", "v", "g"))
-    print(json.dumps({"which": which, "method": method,
-                      "rss_before_mib": before / 1024,
-                      "peak_mib": (peak - before) / 1024,
-                      "inputs_mib": inputs / MiB}))
+    harness.print_memory(which, method, before, peak, inputs / MiB)
     return 0
 
 
@@ -352,21 +348,10 @@ def measure_memory(shape, threads, seed):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     found = {"shape": list(shape), "lead": list(split(shape[0])),
              "threads": threads}
-    for which in ("ours", "sdpa"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "attention_c.bench.selfattn",
-             "--memory-child", which, "--memory-shape",
-             ",".join(map(str, shape)), "--threads", str(threads),
-             "--seed", str(seed)],
-            capture_output=True, text=True, env=env, timeout=900,
-            check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory subprocess ({which}) failed:\n"
-                               + proc.stderr[-2000:])
-        child = json.loads(proc.stdout.strip().splitlines()[-1])
-        found[f"{which}_mib"] = child["peak_mib"]
-        found["method"], found["inputs_mib"] = (child["method"],
-                                                child["inputs_mib"])
+    found.update(harness.memory_children(
+        "attention_c.bench.selfattn", ("ours", "sdpa"),
+        ["--memory-shape", ",".join(map(str, shape)), "--threads",
+         str(threads), "--seed", str(seed)], env, 900))
     found["ratio"] = found["ours_mib"] / found["sdpa_mib"]
     print(f"  memory  {str(shape):<16} {threads} thr", file=sys.stderr)
     return found
