@@ -715,14 +715,7 @@ class AdditiveAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T), optional
-            The key mask, the same for every query: True marks a valid
-            key.  A query with no visible key gives 0.
-        attn_mask : array_like of bool, optional
-            Broadcastable to (..., Tq, T): True where query i may attend
-            to key t (several queries only).
-        causal : bool, optional
-            Key t visible to query i iff ``t <= i + (T - Tq)``.
+        %(masks)s
         key_proj : array_like (..., T, A), optional
             :meth:`project_keys` of these keys, to skip projecting them
             again (e.g. once per step of a decoder).  The results, and the
@@ -821,23 +814,9 @@ class DotAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T), optional
-            The key mask, the same for every query: True marks a valid
-            key.  A query with no visible key gives 0.
-        attn_mask : array_like of bool, optional
-            Broadcastable to (..., Tq, T): True where query i may attend
-            to key t (several queries only).
-        causal : bool, optional
-            Key t visible to query i iff ``t <= i + (T - Tq)``.
-        bias : array_like, optional
-            Float, broadcastable to (..., Tq, T) ((..., T) with one
-            query), added to the scores; -inf masks.  :meth:`backward`
-            returns its gradient.
-        return_weights : bool, optional
-            True (default): keep the weights in :attr:`attention_weights`
-            for the backward.  False: never form them (the streaming
-            kernel; :attr:`attention_weights` is None) and keep the output
-            and the log-sum-exp of the scores instead.
+        %(masks)s
+        %(bias)s
+        %(return_weights)s
 
         Returns
         -------
@@ -970,27 +949,13 @@ class GeneralAttention(_Attention):
         keys : array_like (..., T, H)
         values : array_like (..., T, Hv), optional
             Default: the keys.
-        mask : array_like of bool (..., T), optional
-            The key mask, the same for every query: True marks a valid
-            key.  A query with no visible key gives 0.
-        attn_mask : array_like of bool, optional
-            Broadcastable to (..., Tq, T): True where query i may attend
-            to key t (several queries only).
-        causal : bool, optional
-            Key t visible to query i iff ``t <= i + (T - Tq)``.
-        bias : array_like, optional
-            Float, broadcastable to (..., Tq, T) ((..., T) with one
-            query), added to the scores; -inf masks.  :meth:`backward`
-            returns its gradient.
+        %(masks)s
+        %(bias)s
         key_proj : array_like (..., T, Hq), optional
             :meth:`project_keys` of these keys, to skip projecting them
             again (e.g. once per step of a decoder).  The results, and the
             gradients of :meth:`backward`, are the same.
-        return_weights : bool, optional
-            True (default): keep the weights in :attr:`attention_weights`
-            for the backward.  False: never form them (the streaming
-            kernel; :attr:`attention_weights` is None) and keep the output
-            and the log-sum-exp of the scores instead.
+        %(return_weights)s
 
         Returns
         -------
@@ -1009,3 +974,27 @@ class GeneralAttention(_Attention):
     def _config(self) -> str:
         return (f"query_size={self.query_size}, key_size={self.key_size}"
                 + _dropout_config(self.dropout))
+
+
+# The parameters the family's forwards share, written once.
+_FORWARD_DOCS = dict(
+    masks="""mask : array_like of bool (..., T), optional
+            The key mask, the same for every query: True marks a valid
+            key.  A query with no visible key gives 0.
+        attn_mask : array_like of bool, optional
+            Broadcastable to (..., Tq, T): True where query i may attend
+            to key t (several queries only).
+        causal : bool, optional
+            Key t visible to query i iff ``t <= i + (T - Tq)``.""",
+    bias="""bias : array_like, optional
+            Float, broadcastable to (..., Tq, T) ((..., T) with one
+            query), added to the scores; -inf masks.  :meth:`backward`
+            returns its gradient.""",
+    return_weights="""return_weights : bool, optional
+            True (default): keep the weights in :attr:`attention_weights`
+            for the backward.  False: never form them (the streaming
+            kernel; :attr:`attention_weights` is None) and keep the output
+            and the log-sum-exp of the scores instead.""")
+for _cls in (AdditiveAttention, DotAttention, GeneralAttention):
+    _cls.__call__.__doc__ = (_cls.__call__.__doc__ or "") % _FORWARD_DOCS
+del _cls
