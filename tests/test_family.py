@@ -30,9 +30,10 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import (DTYPES, FAMILY_FUNCTIONS, FD_RTOL,
-                                 ILL_FACTOR, MASK_KINDS, SIGNATURES, TOL,
-                                 Problem, numerical_grad, rel_err)
+from attention_c.testing import (DTYPES, FAMILY_FUNCTIONS, FD_RTOL, ILL_FACTOR,
+                                 MASK_KINDS, Problem, SIGNATURES, TOL,
+                                 assert_all_identical, assert_identical,
+                                 numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -440,25 +441,8 @@ def check_grads(got, want, dtype, what, same=None):
         check(got[n], w, dtype, f"{what} d{n}", tol)
 
 
-def assert_identical(a, b, what):
-    """Same type, shape, dtype and bits (None matches None only)."""
-    if a is None or b is None:
-        assert a is None and b is None, what
-        return
-    assert type(a) is np.ndarray and type(b) is np.ndarray, what
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert a.tobytes() == b.tobytes(), f"{what}: not bit-for-bit identical"
-
-
 def as_tuple(res):
     return tuple(res) if isinstance(res, tuple) else (res,)
-
-
-def assert_all_identical(got, want, what):
-    got, want = as_tuple(got), as_tuple(want)
-    assert len(got) == len(want), what
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_identical(g, w, f"{what} output {i}")
 
 
 def run_pair(p, x, with_ga, mod=ac):

@@ -50,8 +50,8 @@ import pytest
 import attention_c as ac
 from attention_c import _core, _core_tests
 from attention_c import reference as ref
-from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, TOL, Problem,
-                                 rel_err)
+from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, Problem, TOL,
+                                 assert_identical, rel_err)
 
 ORDER = ["scalar", "avx2", "avx512", "neon"]
 BEST = _core._simd_best()
@@ -106,15 +106,6 @@ pytestmark = pytest.mark.usefixtures("restore_settings")
 def f64(x):
     """x as float64 (None stays None): the reference's input."""
     return None if x is None else np.asarray(x, dtype=np.float64)
-
-
-def assert_identical(a, b, what):
-    """Same shape, dtype and bits (None matches None)."""
-    if a is None or b is None:
-        assert a is None and b is None, what
-        return
-    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape)
-    assert a.tobytes() == b.tobytes(), f"{what}: not bitwise identical"
 
 
 def assert_rel(got, want, tol, what):

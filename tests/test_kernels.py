@@ -16,8 +16,9 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, TOL, Problem,
-                                 assert_close, make_mask, rel_err)
+from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, Problem, TOL,
+                                 assert_close, assert_identical, make_mask,
+                                 rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -74,15 +75,6 @@ def check(got, want, dtype, what):
     assert isinstance(got, np.ndarray), what
     assert got.dtype == np.dtype(dtype), (what, got.dtype)
     assert_close(got, want, dtype, what)
-
-
-def assert_identical(a, b, what):
-    """Same shape, dtype and bits (NaN payloads and signed zeros included)."""
-    if a is None or b is None:
-        assert a is None and b is None, what
-        return
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert a.tobytes() == b.tobytes(), f"{what}: not bit-for-bit identical"
 
 
 def assert_masked_zero(x, mask, what):

@@ -35,6 +35,7 @@ import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
 from attention_c.testing import (DTYPES, FD_RTOL, ILL_FACTOR, TOL,
+                                 assert_all_identical, assert_identical,
                                  numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -248,22 +249,6 @@ def check(got, want, dtype, what, tol=None, floor=0.0):
     err = err / scale if scale > 0 else err
     assert err <= tol, f"{what}: normwise relative error {err:.3g} > " \
                        f"{tol:.3g}"
-
-
-def assert_identical(a, b, what):
-    """Same type, shape, dtype and bits (None matches None only)."""
-    if a is None or b is None:
-        assert a is None and b is None, what
-        return
-    assert type(a) is np.ndarray and type(b) is np.ndarray, what
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert a.tobytes() == b.tobytes(), f"{what}: not bit-for-bit identical"
-
-
-def assert_all_identical(got, want, what):
-    assert len(got) == len(want), what
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_identical(g, w, f"{what} [{i}]")
 
 
 def check_grads(case, got, want, same, dtype, what):

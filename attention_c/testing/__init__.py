@@ -394,6 +394,28 @@ API_ARGS = {fn: [a for a in required + optional if a != "key_proj"]
 FIGURES: dict[str, float] = {}
 
 
+def assert_identical(a, b, what=""):
+    """Both plain ndarrays of the same shape, dtype and bits (NaN payloads
+    and signed zeros included); None matches None only."""
+    if a is None or b is None:
+        assert a is None and b is None, what
+        return
+    assert type(a) is np.ndarray and type(b) is np.ndarray, what
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape,
+                                                       b.shape)
+    assert a.tobytes() == b.tobytes(), f"{what}: not bit-for-bit identical"
+
+
+def assert_all_identical(got, want, what=""):
+    """:func:`assert_identical` on each output of two calls (a tuple or a
+    list of them, or one array)."""
+    got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_identical(g, w, f"{what} output {i}")
+
+
 def record_figure(key, value, add=False):
     """Set FIGURES[key] to value, or with add=True add value to it.
 
