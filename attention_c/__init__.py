@@ -55,7 +55,9 @@ def _not_built(exc):
 try:
     from . import _core
 except ImportError as _exc:
-    raise _not_built(_exc) from _exc
+    # from None: the message says it all; the chained ImportError would
+    # add Python's "most likely due to a circular import" guess.
+    raise _not_built(_exc) from None
 
 from ._version import __version__  # noqa: E402
 
