@@ -56,7 +56,7 @@ def _last_call(cache: _T | None) -> _T:
 
 
 # --------------------------------------------------------------------------
-# What every layer shares
+# The base class of the context-pooled and family layers
 
 class _Layer:
     """A float dtype, the parameters by name (the live arrays), the
