@@ -55,7 +55,9 @@ def _not_built(exc):
 try:
     from . import _core
 except ImportError as _exc:
-    raise _not_built(_exc) from _exc
+    # from None: the message says it all; the chained ImportError would
+    # add Python's "most likely due to a circular import" guess.
+    raise _not_built(_exc) from None
 
 from ._version import __version__  # noqa: E402
 
@@ -81,16 +83,16 @@ from ._add_newdocs import (  # noqa: E402
     project_keys, project_keys_backward,
 )
 
-# Trainable NumPy layers and optimiser steps, built on the functions above.
-from .layer import (  # noqa: E402
+# Trainable NumPy layers, built on the functions above (attention_c.layers;
+# also importable from attention_c.layer and attention_c.multihead), and
+# the optimiser steps.
+from .layers import (  # noqa: E402
     AdditiveAttention, AttentionInputGrads, ContextAttention, DotAttention,
-    GeneralAttention, adam_step, sgd_step,
-)
-
-# Multi-head attention (heads read in place) and decoding with a cache.
-from .multihead import (  # noqa: E402
+    GeneralAttention,
+    # multi-head attention (heads read in place) and decoding with a cache
     KVCache, MultiHeadAttention, MultiHeadInputGrads,
 )
+from .optim import adam_step, sgd_step  # noqa: E402
 
 __all__ = [
     "mean_context", "mean_context_backward",

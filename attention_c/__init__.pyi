@@ -7,16 +7,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ._version import __version__ as __version__
-from .layer import AdditiveAttention as AdditiveAttention
-from .layer import AttentionInputGrads as AttentionInputGrads
-from .layer import ContextAttention as ContextAttention
-from .layer import DotAttention as DotAttention
-from .layer import GeneralAttention as GeneralAttention
-from .layer import adam_step as adam_step
-from .layer import sgd_step as sgd_step
-from .multihead import KVCache as KVCache
-from .multihead import MultiHeadAttention as MultiHeadAttention
-from .multihead import MultiHeadInputGrads as MultiHeadInputGrads
+from .layers import AdditiveAttention as AdditiveAttention
+from .layers import AttentionInputGrads as AttentionInputGrads
+from .layers import ContextAttention as ContextAttention
+from .layers import DotAttention as DotAttention
+from .layers import GeneralAttention as GeneralAttention
+from .optim import adam_step as adam_step
+from .optim import sgd_step as sgd_step
+from .layers import KVCache as KVCache
+from .layers import MultiHeadAttention as MultiHeadAttention
+from .layers import MultiHeadInputGrads as MultiHeadInputGrads
 
 __all__ = [
     "mean_context", "mean_context_backward",

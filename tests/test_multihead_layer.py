@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attention_c import adam_step, sgd_step
-from attention_c import multihead
+from attention_c.layers import multihead
 from attention_c import reference as ref
 from attention_c.multihead import (KVCache, MultiHeadAttention,
                                    MultiHeadInputGrads)

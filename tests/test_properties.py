@@ -498,7 +498,7 @@ def _shifted_family(fn, kw):
     """The reference family backward with the kernels' (equally exact)
     evaluation of delta.  If reference._attend_backward is renamed, this
     raises rather than silently checking nothing."""
-    with mock.patch.object(reference, "_attend_backward",
+    with mock.patch.object(reference.family, "_attend_backward",
                            _stable_attend_backward):
         return _ref(fn, kw)
 
@@ -531,7 +531,7 @@ def _cancellation(fn, kw, want):
     is then off by about eps times this ratio, relative.  (A draw with T = 6
     keys and H = Hq = A = 1 had a ratio of 211 for dquery: float32 error
     1.4e-5 there is rounding, not a wrong formula.)"""
-    with mock.patch.object(reference, "_attend_backward",
+    with mock.patch.object(reference.family, "_attend_backward",
                            _abs_delta_attend_backward):
         big = _ref(fn, kw)
     ratios = []
@@ -575,7 +575,7 @@ def _tanh_sensitivity(fn, kw, want, dtype):
     the scalar one, from the tanh alone."""
     worst = [0.0] * len(want)
     for seed in (None, 1, 2, 3):
-        with mock.patch.object(reference, "np",
+        with mock.patch.object(reference.family, "np",
                                _NoisyTanh(3, np.finfo(dtype).eps, seed)):
             moved = _ref(fn, kw)
         worst = [w0 if w is None else max(w0, rel_err(m, w))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attention_c import layer as _layer
+from attention_c.layers import _torch_weights
 
 from ._utils import _DTYPES_TEXT, _FLOATS, _LOW
 from .functional import (additive_attention, context_attention,
@@ -142,7 +142,7 @@ class ContextAttention(torch.nn.Module):
         change the softmax.  ``out`` may also be ``v`` itself, a tensor (A,)
         or (1, A).
         """
-        W, v, b = _layer._context_from_linear(score, out)
+        W, v, b = _torch_weights._context_from_linear(score, out)
         module = cls(W.shape[1] // 2, W.shape[0], bias=b is not None,
                      dtype=score.weight.dtype)
         for p, x in [(module.W, W), (module.v, v), (module.b, b)]:
@@ -261,7 +261,7 @@ class AdditiveAttention(torch.nn.Module):
         (A,) or (1, A); ``out.bias`` is dropped (a constant added to every
         score does not change the softmax).
         """
-        W, v, b = _layer._additive_from_linear(score, out, key_size)
+        W, v, b = _torch_weights._additive_from_linear(score, out, key_size)
         return cls._from_weights(W, v, b, key_size)
 
     @classmethod
@@ -276,7 +276,7 @@ class AdditiveAttention(torch.nn.Module):
         d2l masks with ``valid_lens`` and gives a query with no valid key
         uniform weights; here it gets 0.
         """
-        W, v, b, H = _layer._additive_from_d2l(W_k, W_q, w_v)
+        W, v, b, H = _torch_weights._additive_from_d2l(W_k, W_q, w_v)
         return cls._from_weights(W, v, b, H)
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
@@ -426,7 +426,7 @@ class GeneralAttention(torch.nn.Module):
         (copied) of a ``Linear(H, Hq)``.  A bias would add ``q_i . bias``
         to every score of query i, which leaves its softmax as it is: it is
         dropped."""
-        W = _layer._general_from_linear(linear)
+        W = _torch_weights._general_from_linear(linear)
         module = cls(W.shape[0], W.shape[1], dtype=torch.from_numpy(W).dtype)
         _load_(module.W, W)
         return module

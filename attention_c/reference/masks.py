@@ -1,0 +1,162 @@
+"""Which keys a query of the attention family sees, and sums that
+padding cannot reach (docs/contract.md section 5.1).
+
+    mask       (..., T)       key mask, the same for every query
+    attn_mask  -> (..., Tq, T) per query, broadcast by NumPy rules
+    causal     key t visible to query i iff t <= i + (T - Tq)
+    bias       -inf acts as a mask too
+
+    visible_it = mask_t AND attn_mask_it AND causal_it AND bias_it > -inf
+
+A masked item never influences anything: rows that no (query, key) pair
+sees are set to 0 before any product, a product keeps a NaN or inf of a
+row only where it is visible, and the softmax runs over the visible keys.
+"""
+
+import numpy as np
+
+from ._shapes import _sum_to
+
+
+def _queries(query, keys):
+    """(query as (..., Tq, Hq), whether it was a single query)."""
+    query, keys = np.asarray(query), np.asarray(keys)
+    single = query.ndim == keys.ndim - 1
+    return (query[..., None, :] if single else query), single
+
+
+
+def _fits(name, shape, target):
+    """Refuse an array of ``shape`` that does not broadcast to ``target``
+    without changing it (masks and bias never add leading axes)."""
+    try:
+        ok = np.broadcast_shapes(tuple(shape), target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(shape)} does not "
+                         f"broadcast to {target}")
+
+
+def _layout(query, keys, values, mask, attn_mask, causal, bias):
+    """Check the arguments and lay them out for several queries.
+
+    Returns (q, single, vis, bias): q (..., Tq, Hq); vis (lead, Tq, T) the
+    booleans visible_it of the leading shape ``lead`` of the result; bias
+    (..., Tq, T) (a single query's (..., T) bias gets its Tq = 1 axis) or
+    None.  ``values`` is only read for its shape.
+    """
+    q, single = _queries(query, keys)
+    keys = np.asarray(keys)
+    Tq, T = q.shape[-2], keys.shape[-2]
+    vals_lead = () if values is None else np.shape(values)[:-2]
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], vals_lead)
+    except ValueError:
+        raise ValueError(
+            f"the leading axes of query {np.shape(query)}, keys "
+            f"{keys.shape} and values {np.shape(values)} do not broadcast"
+        ) from None
+    full = lead + (Tq, T)
+    vis = np.ones(full, dtype=bool)
+
+    if mask is not None:
+        m = np.asarray(mask, dtype=bool)
+        if not single and m.ndim - 1 > len(lead):
+            # the (..., Tq, T) form belongs to attn_mask, so that a mask is
+            # never read one way or the other depending on the sizes
+            raise ValueError(
+                f"mask of shape {m.shape} has a query axis: mask is the key "
+                f"mask (..., T); for a mask per query use attn_mask=")
+        _fits("mask", m.shape, lead + (T,))
+        vis = vis & m[..., None, :]                    # same for every i
+
+    if single and (attn_mask is not None or causal):
+        raise ValueError("attn_mask and causal need several queries "
+                         "(query (..., Tq, Hq)); with one query per "
+                         "sequence, mask (..., T) says it all")
+    if attn_mask is not None:
+        am = np.asarray(attn_mask)
+        if am.dtype != bool:
+            raise TypeError(
+                f"attn_mask must be boolean (True = may attend), not "
+                f"{am.dtype}: for a float mask use bias=; note that "
+                f"nn.MultiheadAttention's (PyTorch) boolean masks mean True "
+                f"= masked, the opposite of ours, while "
+                f"scaled_dot_product_attention's mean True = take part")
+        _fits("attn_mask", am.shape, full)
+        vis = vis & am
+    if causal:
+        # bottom-right aligned: the last query sees every key
+        i = np.arange(Tq)[:, None]
+        t = np.arange(T)[None, :]
+        vis = vis & (t <= i + (T - Tq))
+
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype == bool:
+            raise TypeError("bias is a float array added to the scores; "
+                            "for a boolean mask use attn_mask=")
+        if single:
+            _fits("bias", bias.shape, lead + (T,))
+            bias = bias[..., None, :]
+        else:
+            _fits("bias", bias.shape, full)
+        vis = vis & ~np.isneginf(bias)                 # -inf: a mask
+    return q, single, vis, bias
+
+
+
+def _live(vis, shape):
+    """(shape[:-1]) booleans: the rows of an input of ``shape`` that some
+    (query, key) pair sees, over all the positions it is broadcast to.
+    ``vis`` is reduced over its other axis first: (lead, n)."""
+    return _sum_to(vis, shape[:-1]) > 0
+
+
+def _drop_padding(x, live):
+    """x with the rows no pair sees set to 0.  Then a NaN in padding cannot
+    reach a sum over rows (0 * NaN is NaN), and nothing else changes:
+    padding has weight 0."""
+    if x is None:
+        return None
+    x = np.asarray(x)
+    return np.where(_live(live, x.shape)[..., None], x, 0)
+
+
+def _visible_matmul(a, vis, b):
+    """a @ b, where a (..., m, k) is 0 wherever vis (..., m, k) is False,
+    without letting a NaN or inf of row k of b reach row m unless (m, k)
+    is visible.
+
+    A plain a @ b would: 0 * NaN = NaN.  So the non-finite entries of b are
+    taken out of the product and added back only where visible; the rare
+    (..., m, k, n) tensor is formed only when b has such entries.
+    """
+    finite = np.isfinite(b)
+    out = a @ np.where(finite, b, 0)
+    if finite.all():
+        return out
+    bad = np.where(finite, 0, b)
+    seen = vis[..., :, :, None] & ~finite[..., None, :, :]
+    with np.errstate(invalid="ignore"):                # 0 * inf not kept
+        terms = np.where(seen, a[..., :, :, None] * bad[..., None, :, :], 0)
+    return out + terms.sum(axis=-2)
+
+
+def _softmax(s, vis):
+    """(alpha, lse) of s (..., Tq, T) over the visible keys.
+
+    Shifted by the largest visible score M, so exp never overflows;
+    lse_i = M_i + log sum_t exp(s_it - M_i).  A query with no visible key
+    gets alpha = 0 and lse = -inf (no 0/0, no log 0).
+    """
+    seen = vis.any(axis=-1, keepdims=True)             # (..., Tq, 1)
+    s = np.where(vis, s, -np.inf)
+    M = np.where(seen, np.max(s, axis=-1, keepdims=True, initial=-np.inf), 0)
+    e = np.exp(s - M)                                  # invisible: 0
+    total = np.where(seen, e.sum(axis=-1, keepdims=True), 1)
+    alpha = e / total
+    lse = np.where(seen, M + np.log(total), -np.inf)[..., 0]
+    return alpha, lse
+
