@@ -1,5 +1,5 @@
 /*
- * pool.c - see pool.h.  Workers sleep on a condition variable between
+ * core/pool.c - see core/pool.h.  Workers sleep on a condition variable between
  * jobs; a job hands out tasks through an atomic counter, so a fast thread
  * takes more of them.  Plain C11 with POSIX threads; no Python.
  */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
 struct att_pool {
     int nthreads;               /* the caller and nthreads - 1 workers */

@@ -1,5 +1,5 @@
 /*
- * philox.h - the dropout keep bits: a counter-based generator, so that the
+ * core/philox.h - the dropout keep bits: a counter-based generator, so that the
  * backward regenerates the forward's bits instead of storing them, and any
  * thread count or blocking draws the same ones (docs/contract.md 5.1).
  *
