@@ -45,6 +45,7 @@
 
 #include "attention.h"
 #include "core/arena.h"
+#include "core/compiler.h"
 #include "core/dispatch.h"
 #include "core/exec.h"
 #include "core/philox.h"
