@@ -1,7 +1,7 @@
 /*
- * core/pool.c - see core/pool.h.  Workers sleep on a condition variable between
- * jobs; a job hands out tasks through an atomic counter, so a fast thread
- * takes more of them.  Plain C11 with POSIX threads; no Python.
+ * core/pool.c - see core/pool.h.  Workers sleep on a condition variable
+ * between jobs; a job hands out tasks through an atomic counter, so a fast
+ * thread takes more of them.  Plain C11 with POSIX threads; no Python.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
