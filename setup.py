@@ -11,10 +11,11 @@ The kernels (every C file but the binding) are compiled once and linked
 into both, so the second extension costs one more compile of binding.c.
 
 Linux and macOS (x86-64 and arm64) with gcc or clang: the thread pool
-(csrc/pool.c) uses POSIX threads, so there is no Windows build.
+(csrc/core/pool.c) uses POSIX threads, so there is no Windows build.
 """
 
 import sys
+from pathlib import Path
 
 import numpy as np
 from setuptools import Extension, setup
@@ -35,15 +36,20 @@ compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra",
                 "-fno-strict-aliasing", "-pthread"]
 include_dirs = ["csrc", np.get_include()]
 
-# Compiled once, shared by both extensions.
-KERNEL_SOURCES = ["csrc/kernels.c", "csrc/pool.c", "csrc/fast_avx2.c",
-                  "csrc/fast_avx512.c", "csrc/fast_neon.c"]
-# Every header, so that editing one rebuilds what includes it (MANIFEST.in
-# ships them all in the sdist).
-HEADERS = ["csrc/attention.h", "csrc/kernels_impl.h", "csrc/fast.h",
-           "csrc/fast_impl.h", "csrc/pool.h", "csrc/family_impl.h",
-           "csrc/fast_ops_impl.h", "csrc/formulas.h", "csrc/testhooks.h",
-           "csrc/philox.h"]
+# Compiled once, shared by both extensions: every C file of the kernel
+# layers (csrc/core, ref, simd, pooled, family), so that a new kernel file
+# needs no edit here.  Sorted: the same link order on every machine.  The
+# SIMD files set their own instruction set (target pragmas in
+# csrc/simd/avx2.c, avx512.c; neon.c compiles to nothing off AArch64), so
+# every file takes the same flags.
+KERNEL_LAYERS = ["core", "ref", "simd", "pooled", "family"]
+KERNEL_SOURCES = sorted(
+    path.as_posix() for layer in KERNEL_LAYERS
+    for path in Path("csrc", layer).glob("*.c"))
+# Every header and template body (.inc) under csrc, so that editing one
+# rebuilds what includes it (MANIFEST.in ships them all in the sdist).
+HEADERS = sorted(path.as_posix() for pattern in ("*.h", "*.inc")
+                 for path in Path("csrc").rglob(pattern))
 
 
 class BuildExt(build_ext):

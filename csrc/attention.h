@@ -69,7 +69,7 @@ struct att_pool;
 typedef struct {
     int simd;                 /* enum att_simd, att_simd_supported */
     int threads;              /* use at most this many threads (>= 1) */
-    struct att_pool *pool;    /* the threads (pool.h); NULL: the caller's */
+    struct att_pool *pool;    /* threads (core/pool.h); NULL: the caller's */
 } att_exec;
 
 /* B sequences of T items with H features; A hidden units in the score. */
@@ -79,7 +79,7 @@ typedef struct {
 
 /*
  * The kernels, once per dtype: suffix _f32 takes float, _f64 double.
- * Shapes are given as (B, T, H) etc. in the comments of kernels_impl.h.
+ * Shapes are given as (B, T, H) etc. in the comments of pooled/kernels.inc.
  */
 #define ATT_DECLARE(R, SFX)                                                  \
     ptrdiff_t att_additive_score_workspace_##SFX(att_dims d);                \
@@ -182,7 +182,7 @@ typedef struct {
  * projected (att_project_keys).  v, b: additive only (b may be NULL).
  * mask (bytes, rows 0: (B, T)), attn_mask (bytes, (B, Tq, T)) and bias
  * (REAL, (B, Tq, T); dot and general) are views.  dropout p in [0, 1)
- * with its seed (philox.h); dot and general.
+ * with its seed (core/philox.h); dot and general.
  * Forward outputs: out (B, Tq, Hv); alpha (B, Tq, T), or NULL to stream
  * the keys by blocks without storing the weights, writing lse (B, Tq)
  * (log sum_t exp(s_it) over the visible keys, -inf with none) instead.

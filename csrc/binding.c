@@ -39,9 +39,9 @@
 #include <numpy/arrayobject.h>
 
 #include "attention.h"
-#include "pool.h"
+#include "core/pool.h"
 #ifdef ATT_TEST_HOOKS
-#include "testhooks.h"
+#include "core/testhooks.h"
 #define MODULE_NAME "attention_c._core_tests"
 #define MODULE_DOC "attention_c._core with the tests' hooks (allocation " \
     "points, fault injection, _tanh); for the test suite only."

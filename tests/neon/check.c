@@ -33,8 +33,8 @@
 #include <time.h>
 
 #include "attention.h"
-#include "testhooks.h"
-#include "pool.h"
+#include "core/testhooks.h"
+#include "core/pool.h"
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512",
                                          "neon"};

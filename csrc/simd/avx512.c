@@ -1,5 +1,5 @@
 /*
- * fast_avx512.c - the blocked path (fast_impl.h) for AVX-512 (F, DQ, BW,
+ * simd/avx512.c - the SIMD path (the simd/ bodies) for AVX-512 (F, DQ, BW,
  * VL: Skylake-SP and later).  Compiled for that target by the pragmas
  * below, whatever the build's flags; called only when the CPU has it.
  * Micro-tile: 12 rows x 2 vectors (24 accumulators of the 32 registers).
@@ -20,13 +20,16 @@
 #include <string.h>
 
 #include "attention.h"
-#include "fast.h"
+#include "core/arena.h"
+#include "core/dispatch.h"
+#include "ref/formulas.h"
 
 #define MR 12
 
 /* ---- float: 16 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_avx512
+#define RSFX(name) name##_f32
 #define VEC __m512
 #define VLEN 16
 #define VZERO() _mm512_setzero_ps()
@@ -55,11 +58,17 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VABS _mm512_abs_ps
 #define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 /* ---- double: 8 lanes ---- */
 #define REAL double
 #define FSFX(name) name##_f64_avx512
+#define RSFX(name) name##_f64
 #define VEC __m512d
 #define VLEN 8
 #define VZERO() _mm512_setzero_pd()
@@ -88,7 +97,12 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
     s, _mm512_castsi512_pd(                                            \
            _mm512_set1_epi64((long long)0x8000000000000000ull))))
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,7 +1,8 @@
 /*
- * philox.h - the dropout keep bits: a counter-based generator, so that the
- * backward regenerates the forward's bits instead of storing them, and any
- * thread count or blocking draws the same ones (docs/contract.md 5.1).
+ * core/philox.h - the dropout keep bits: a counter-based generator, so
+ * that the backward regenerates the forward's bits instead of storing
+ * them, and any thread count or blocking draws the same ones
+ * (docs/contract.md 5.1).
  *
  * Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as
  * easy as 1, 2, 3", SC 2011), checked against Random123's known answers.

@@ -1,5 +1,5 @@
 /*
- * testhooks.h - kernels that only the tests' extension
+ * core/testhooks.h - kernels that only the tests' extension
  * (attention_c._core_tests, binding.c with ATT_TEST_HOOKS) calls; not part
  * of the public kernel API in attention.h.
  */

@@ -1,32 +1,37 @@
 /*
- * fast.h - internal: the blocked SIMD kernels, one set per instruction set
- * and type (fast_avx512.c, fast_avx2.c, fast_neon.c), called by
- * kernels.c's dispatch.
- * Same arguments and layouts as the kernels of attention.h; `work` is a
- * buffer of att_fast_workspace_*(d, backward, threads) bytes (no alignment
- * needed), and the kernel must get the same `threads`.
+ * core/dispatch.h - internal: which instruction sets are compiled in, and
+ * the one SIMD dispatch, a table of kernels per type and instruction set
+ * (att_ops_for_f32 / att_ops_for_f64 pick it).  The tables are defined by
+ * the layers that implement them (ref/ops.c, simd/avx2.c, simd/avx512.c,
+ * simd/neon.c); the pooled layer and the family only call through them.
+ * CPU detection (att_simd_best, att_simd_supported) is in attention.h.
  */
-#ifndef ATTENTION_C_FAST_H
-#define ATTENTION_C_FAST_H
+#ifndef ATTENTION_C_CORE_DISPATCH_H
+#define ATTENTION_C_CORE_DISPATCH_H
 
-#include <float.h>
 #include <stddef.h>
 
 #include "attention.h"
-#include "pool.h"
+#include "core/pool.h"
 
-/* A valid item's softmax weight w, raised to at least the least normal
- * number of REAL (a NaN stays NaN): then alpha is exactly 0 exactly where
- * an item is masked, even when exp underflows or flush-to-zero is on, and
- * the binding can check a backward's alpha against its mask. */
-#define LEAST_NORMAL ((REAL)(sizeof(REAL) == sizeof(float) ? FLT_MIN \
-                                                          : DBL_MIN))
-#define WEIGHT_FLOOR(w) ((w) < LEAST_NORMAL ? LEAST_NORMAL : (w))
+/* x86-64's two SIMD paths (avx2, avx512), AArch64's one (neon). */
+#if defined(__x86_64__) || defined(_M_X64)
+#define ATT_HAVE_X86 1
+#else
+#define ATT_HAVE_X86 0
+#endif
+#if defined(__aarch64__)
+#define ATT_HAVE_NEON 1
+#else
+#define ATT_HAVE_NEON 0
+#endif
 
 /*
- * The primitives the attention family is built from (kernels.c's
- * family_impl.h runs the loops, threads and scratch around them), one
- * table per type and instruction set:
+ * THE one SIMD dispatch: a table of kernels per type and instruction set
+ * (the scalar one in ref/ops.c, the SIMD ones in simd/), picked by
+ * att_ops_for_f32 / att_ops_for_f64 below.  The attention family
+ * (family/) runs the loops, threads and scratch around the primitives;
+ * the pooled layer (pooled/) calls the fused kernels.
  *   gemm      C (M x N) = alpha A B + beta C (beta 0 or 1; C is not read
  *             when beta is 0).  A(i, k) = A[i ars + k acs], B(k, j) =
  *             B[k brs + j bcs]; rows k with kmask[k] == 0 count as zero
@@ -43,7 +48,7 @@
  *                        eq = sum_t e, ek_t += e (ek_t = e, and 0 for
  *                        masked t, when `first`).
  *   softmax, softmax_backward  one row, as seq_softmax and
- *                        seq_softmax_backward of kernels_impl.h.
+ *                        seq_softmax_backward of ref/scalar.inc.
  *   exp_shift            the streamed softmax's step: s_t = exp(s_t - M)
  *                        for the visible t (vis NULL: all), 0 for the
  *                        others; returns their sum (in double).
@@ -58,6 +63,15 @@
  *                        order: decoding's weighted sum.  A row not used
  *                        is never read (a NaN there reaches nothing).
  * apad, the padded width of the additive rows, is a multiple of vlen.
+ * The fused context-attention layer (attention.h's context_attention) of
+ * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
+ *   workspace            bytes of `work` for (d, backward, threads), no
+ *                        alignment needed; 0 when a size overflows
+ *   context_attention, context_attention_backward  the kernels of
+ *                        attention.h, on `threads` threads of pool (the
+ *                        same `threads` as the workspace)
+ * And every table's
+ *   tanh                 y = tanh(x) elementwise, the path's tanh (tests)
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \
@@ -93,6 +107,17 @@
         void (*sum_values)(ptrdiff_t n, ptrdiff_t d, const R *w,            \
                            const R *V, ptrdiff_t ldv,                        \
                            const unsigned char *use, R *out);                \
+        size_t (*workspace)(att_dims d, int backward, int threads);          \
+        int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
+                                 const R *h, const R *W, const R *v,         \
+                                 const R *b, const unsigned char *mask,      \
+                                 R *out, R *alpha, R *act, void *work);      \
+        int (*context_attention_backward)(                                   \
+            att_dims d, att_pool *pool, int threads, const R *grad_out,      \
+            const R *h, const R *W, const R *v, const R *alpha, const R *b,  \
+            const unsigned char *mask, const R *grad_alpha, const R *act,    \
+            R *dh, R *dW, R *dv, R *db, void *work);                         \
+        void (*tanh)(ptrdiff_t n, const R *x, R *y);                         \
     } att_ops_##SFX;
 
 ATT_OPS_DECLARE(float, f32)
@@ -100,35 +125,23 @@ ATT_OPS_DECLARE(double, f64)
 
 #undef ATT_OPS_DECLARE
 
-#define ATT_FAST_DECLARE(R, SFX, T)                                          \
-    size_t att_fast_workspace_##SFX(att_dims d, int backward, int threads);  \
-    int att_fast_context_attention_##SFX(                                    \
-        att_dims d, att_pool *pool, int threads, const R *h, const R *W,     \
-        const R *v, const R *b,                                              \
-        const unsigned char *mask, R *out, R *alpha, R *act, void *work);    \
-    int att_fast_context_attention_backward_##SFX(                           \
-        att_dims d, att_pool *pool, int threads, const R *grad_out,          \
-        const R *h, const R *W, const R *v,                                  \
-        const R *alpha, const R *b, const unsigned char *mask,               \
-        const R *grad_alpha, const R *act, R *dh, R *dW, R *dv, R *db,       \
-        void *work);                                                         \
-    void att_fast_tanh_##SFX(ptrdiff_t n, const R *x, R *y);                 \
-    void att_fast_ops_##SFX(att_ops_##T *ops);
+/* The table of the path simd for each type: the scalar one for
+ * ATT_SIMD_SCALAR; simd must be supported (att_simd_supported). */
+const att_ops_f32 *att_ops_for_f32(int simd);
+const att_ops_f64 *att_ops_for_f64(int simd);
 
-#if defined(__x86_64__) || defined(_M_X64)
-#define ATT_HAVE_X86 1
-ATT_FAST_DECLARE(float, f32_avx512, f32)
-ATT_FAST_DECLARE(double, f64_avx512, f64)
-ATT_FAST_DECLARE(float, f32_avx2, f32)
-ATT_FAST_DECLARE(double, f64_avx2, f64)
+/* The tables themselves (use the two functions above). */
+extern const att_ops_f32 att_ops_table_f32_scalar;
+extern const att_ops_f64 att_ops_table_f64_scalar;
+#if ATT_HAVE_X86
+extern const att_ops_f32 att_ops_table_f32_avx2;
+extern const att_ops_f64 att_ops_table_f64_avx2;
+extern const att_ops_f32 att_ops_table_f32_avx512;
+extern const att_ops_f64 att_ops_table_f64_avx512;
+#endif
+#if ATT_HAVE_NEON
+extern const att_ops_f32 att_ops_table_f32_neon;
+extern const att_ops_f64 att_ops_table_f64_neon;
 #endif
 
-#if defined(__aarch64__)
-#define ATT_HAVE_NEON 1
-ATT_FAST_DECLARE(float, f32_neon, f32)
-ATT_FAST_DECLARE(double, f64_neon, f64)
-#endif
-
-#undef ATT_FAST_DECLARE
-
-#endif /* ATTENTION_C_FAST_H */
+#endif /* ATTENTION_C_CORE_DISPATCH_H */

@@ -1,5 +1,5 @@
 /*
- * pool.h - a minimal thread pool for the kernels (POSIX threads).
+ * core/pool.h - a minimal thread pool for the kernels (POSIX threads).
  *
  * The pool is an object its owner (the Python binding) creates and passes
  * to the kernels; the kernels keep no global state.  att_pool_run runs

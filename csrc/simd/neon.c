@@ -1,5 +1,5 @@
 /*
- * fast_neon.c - the blocked path (fast_impl.h) for AArch64 Advanced SIMD
+ * simd/neon.c - the SIMD path (the simd/ bodies) for AArch64 Advanced SIMD
  * (Apple Silicon, Graviton, any ARMv8-A 64-bit CPU: NEON is part of the
  * architecture, so no target pragma and no run-time check are needed).
  * Compiles to nothing on other targets.
@@ -19,11 +19,13 @@
 #include <string.h>
 
 #include "attention.h"
-#include "fast.h"
+#include "core/arena.h"
+#include "core/dispatch.h"
+#include "ref/formulas.h"
 
 #define MR 8
 
-/* The macro layer follows the x86 semantics fast_impl.h relies on:
+/* The macro layer follows the x86 semantics the simd/ bodies rely on:
  * VFMA(a, b, c) = a b + c fused; VMAX(a, b) = a > b ? a : b, so it
  * returns b when either is NaN (maxps; NEON's fmax would return the NaN
  * and fmaxnm the number, and v_tanh relies on b = NaN surviving). */
@@ -80,6 +82,7 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 /* ---- float: 4 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_neon
+#define RSFX(name) name##_f32
 #define VEC float32x4_t
 #define VLEN 4
 #define VZERO() vdupq_n_f32(0.0f)
@@ -98,11 +101,17 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VSCALE scale_f32
 #define VABS vabsq_f32
 #define VCOPYSIGN copysign_f32
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 /* ---- double: 2 lanes ---- */
 #define REAL double
 #define FSFX(name) name##_f64_neon
+#define RSFX(name) name##_f64
 #define VEC float64x2_t
 #define VLEN 2
 #define VZERO() vdupq_n_f64(0.0)
@@ -121,6 +130,11 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VSCALE scale_f64
 #define VABS vabsq_f64
 #define VCOPYSIGN copysign_f64
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 #endif /* __aarch64__ */

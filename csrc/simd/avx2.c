@@ -1,5 +1,5 @@
 /*
- * fast_avx2.c - the blocked path (fast_impl.h) for AVX2 with FMA (Haswell
+ * simd/avx2.c - the SIMD path (the simd/ bodies) for AVX2 with FMA (Haswell
  * and later).  Compiled for that target by the pragmas below; called only
  * when the CPU has it.  Micro-tile: 6 rows x 2 vectors (12 accumulators
  * of the 16 registers).
@@ -20,7 +20,9 @@
 #include <string.h>
 
 #include "attention.h"
-#include "fast.h"
+#include "core/arena.h"
+#include "core/dispatch.h"
+#include "ref/formulas.h"
 
 #define MR 6
 
@@ -62,6 +64,7 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 /* ---- float: 8 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_avx2
+#define RSFX(name) name##_f32
 #define VEC __m256
 #define VLEN 8
 #define VZERO() _mm256_setzero_ps()
@@ -81,11 +84,17 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
     _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 /* ---- double: 4 lanes ---- */
 #define REAL double
 #define FSFX(name) name##_f64_avx2
+#define RSFX(name) name##_f64
 #define VEC __m256d
 #define VLEN 4
 #define VZERO() _mm256_setzero_pd()
@@ -105,7 +114,12 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
     _mm256_and_pd(_mm256_set1_pd(-0.0), s))
-#include "fast_impl.h"
+#include "simd/vmath.inc"
+#include "simd/tile.inc"
+#include "simd/fused.inc"
+#include "simd/fused_backward.inc"
+#include "simd/ops.inc"
+#include "simd/undef.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,7 +1,7 @@
 /*
- * pool.c - see pool.h.  Workers sleep on a condition variable between
- * jobs; a job hands out tasks through an atomic counter, so a fast thread
- * takes more of them.  Plain C11 with POSIX threads; no Python.
+ * core/pool.c - see core/pool.h.  Workers sleep on a condition variable
+ * between jobs; a job hands out tasks through an atomic counter, so a fast
+ * thread takes more of them.  Plain C11 with POSIX threads; no Python.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
 struct att_pool {
     int nthreads;               /* the caller and nthreads - 1 workers */

@@ -1,0 +1,79 @@
+/*
+ * core/dispatch.c - the CPU's instruction sets (attention.h's
+ * att_simd_best, att_simd_supported) and the one SIMD dispatch: the table
+ * of kernels of a path (core/dispatch.h).  Plain C11; no Python here.
+ */
+#include <stddef.h>
+
+#include "attention.h"
+#include "core/dispatch.h"
+
+int att_simd_best(void)
+{
+#if ATT_HAVE_NEON
+    /* Advanced SIMD is part of AArch64: every such CPU and OS runs it */
+    return ATT_SIMD_NEON;
+#else
+#if ATT_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+    /* libgcc's check includes the OS saving the wide registers (XGETBV) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl")) {
+        return ATT_SIMD_AVX512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return ATT_SIMD_AVX2;
+    }
+#endif
+    return ATT_SIMD_SCALAR;
+#endif
+}
+
+int att_simd_supported(int simd)
+{
+    switch (simd) {
+    case ATT_SIMD_SCALAR:
+        return 1;
+    case ATT_SIMD_AVX2:     /* the best x86 path implies the narrower one */
+    case ATT_SIMD_AVX512:
+        return ATT_HAVE_X86 && att_simd_best() >= simd;
+    case ATT_SIMD_NEON:     /* every AArch64 CPU runs it */
+        return ATT_HAVE_NEON;
+    default:
+        return 0;
+    }
+}
+
+/* Any path but the scalar one is the only SIMD path on AArch64 (neon),
+ * and avx512 or else avx2 on x86-64; callers pass supported paths. */
+const att_ops_f32 *att_ops_for_f32(int simd)
+{
+    if (simd == ATT_SIMD_SCALAR) {
+        return &att_ops_table_f32_scalar;
+    }
+#if ATT_HAVE_NEON
+    return &att_ops_table_f32_neon;
+#elif ATT_HAVE_X86
+    return simd == ATT_SIMD_AVX512 ? &att_ops_table_f32_avx512
+                                   : &att_ops_table_f32_avx2;
+#else
+    return &att_ops_table_f32_scalar;
+#endif
+}
+
+const att_ops_f64 *att_ops_for_f64(int simd)
+{
+    if (simd == ATT_SIMD_SCALAR) {
+        return &att_ops_table_f64_scalar;
+    }
+#if ATT_HAVE_NEON
+    return &att_ops_table_f64_neon;
+#elif ATT_HAVE_X86
+    return simd == ATT_SIMD_AVX512 ? &att_ops_table_f64_avx512
+                                   : &att_ops_table_f64_avx2;
+#else
+    return &att_ops_table_f64_scalar;
+#endif
+}

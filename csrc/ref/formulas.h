@@ -1,0 +1,39 @@
+/*
+ * ref/formulas.h - the scalar formulas of the contract (docs/contract.md)
+ * that the scalar path (ref/, pooled/) and the SIMD path (simd/) share:
+ * one C function each, so that the two paths cannot drift apart.  The
+ * SIMD path keeps its own vector loops (its tanh, exp, products,
+ * reductions in lanes) around them.  Static functions for float (x_f32)
+ * and double (x_f64), from ref/formulas.inc; a SIMD file includes this
+ * header under its target pragma, so they are compiled for its
+ * instruction set as the rest of it.
+ */
+#ifndef ATTENTION_C_REF_FORMULAS_H
+#define ATTENTION_C_REF_FORMULAS_H
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+
+#include "core/compiler.h"
+
+/* A valid item's softmax weight w, raised to at least the least normal
+ * number of REAL (a NaN stays NaN): then alpha is exactly 0 exactly where
+ * an item is masked, even when exp underflows or flush-to-zero is on, and
+ * the binding can check a backward's alpha against its mask.  REAL is the
+ * type where the macro is used. */
+#define LEAST_NORMAL ((REAL)(sizeof(REAL) == sizeof(float) ? FLT_MIN \
+                                                          : DBL_MIN))
+#define WEIGHT_FLOOR(w) ((w) < LEAST_NORMAL ? LEAST_NORMAL : (w))
+
+#define REAL float
+#define FML(x) x##_f32
+#include "ref/formulas.inc"
+#undef REAL
+
+#define REAL double
+#define FML(x) x##_f64
+#include "ref/formulas.inc"
+#undef REAL
+
+#endif /* ATTENTION_C_REF_FORMULAS_H */
