@@ -3,17 +3,19 @@
 Two extensions from the same sources:
 
 * attention_c._core, the one the package uses;
-* attention_c._core_tests, the same binding compiled with ATT_TEST_HOOKS
-  (csrc/binding_tests.c): it adds the tests' allocation-point counter,
-  fault injection and the vector tanh entry, which _core does not have.
+* attention_c._core_tests, the same binding (csrc/python/) compiled with
+  ATT_TEST_HOOKS: it adds the tests' allocation-point counter, fault
+  injection and the vector tanh entry, which _core does not have.
 
 The kernels (every C file but the binding) are compiled once and linked
-into both, so the second extension costs one more compile of binding.c.
+into both, so the second extension costs one more compile of the binding
+(in a build folder of its own: the same sources make other objects).
 
 Linux and macOS (x86-64 and arm64) with gcc or clang: the thread pool
 (csrc/pool.c) uses POSIX threads, so there is no Windows build.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -63,24 +65,40 @@ class BuildExt(build_ext):
                                   depends=HEADERS)
         for ext in self.extensions:
             ext.extra_objects = objects
-            # a rebuilt kernel object relinks the extension; binding_tests.c
-            # is binding.c, which includes the binding_*.h
-            ext.depends = HEADERS + objects + ["csrc/binding.c",
-                                               "csrc/binding_driver.h",
-                                               "csrc/binding_views.h",
-                                               "csrc/binding_module.h"]
+            # a rebuilt kernel object relinks the extension
+            ext.depends = HEADERS + BINDING_HEADERS + objects
         super().build_extensions()
 
+    def build_extension(self, ext):
+        # the binding's objects of each extension in a folder of its own:
+        # _core_tests compiles the same sources with other macros
+        base = self.build_temp
+        self.build_temp = os.path.join(base, ext.name)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = base
 
-def extension(name, source):
-    return Extension(name, sources=[source], include_dirs=include_dirs,
+
+# The binding: the only C code that speaks CPython and NumPy.
+BINDING_SOURCES = ["csrc/python/module.c", "csrc/python/call.c",
+                   "csrc/python/parse.c", "csrc/python/shapes.c",
+                   "csrc/python/views.c", "csrc/python/table.c"]
+BINDING_HEADERS = ["csrc/python/binding.h", "csrc/python/args.h"]
+
+
+def extension(name, test_hooks=False):
+    return Extension(name, sources=BINDING_SOURCES,
+                     include_dirs=include_dirs,
+                     define_macros=[("ATT_TEST_HOOKS", "1")] if test_hooks
+                     else [],
                      extra_compile_args=compile_args)
 
 
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
-        extension("attention_c._core", "csrc/binding.c"),
-        extension("attention_c._core_tests", "csrc/binding_tests.c"),
+        extension("attention_c._core"),
+        extension("attention_c._core_tests", test_hooks=True),
     ],
 )
