@@ -87,12 +87,16 @@ BINDING_SOURCES = ["csrc/python/module.c", "csrc/python/call.c",
 BINDING_HEADERS = ["csrc/python/binding.h", "csrc/python/args.h"]
 
 
+# -flto: the binding is six files by concern, but one call runs through
+# all of them; link-time optimisation inlines across them as the single
+# file it was did (without it a tiny call cost 5% more, ~50 ns).
 def extension(name, test_hooks=False):
     return Extension(name, sources=BINDING_SOURCES,
                      include_dirs=include_dirs,
                      define_macros=[("ATT_TEST_HOOKS", "1")] if test_hooks
                      else [],
-                     extra_compile_args=compile_args)
+                     extra_compile_args=compile_args + ["-flto"],
+                     extra_link_args=["-flto"])
 
 
 setup(
