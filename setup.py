@@ -21,6 +21,7 @@ import sys
 import numpy as np
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 try:                                   # setuptools >= 69
     from setuptools.modified import newer_group
@@ -76,6 +77,14 @@ class BuildExt(build_ext):
         self.build_temp = os.path.join(base, ext.name)
         try:
             super().build_extension(ext)
+        except (CompileError, LinkError):
+            if LTO not in ext.extra_link_args:
+                raise
+            # a toolchain without link-time optimisation (clang without
+            # its linker plugin): the same binding, a call a little slower
+            ext.extra_compile_args.remove(LTO)
+            ext.extra_link_args.remove(LTO)
+            super().build_extension(ext)
         finally:
             self.build_temp = base
 
@@ -90,13 +99,16 @@ BINDING_HEADERS = ["csrc/python/binding.h", "csrc/python/args.h"]
 # -flto: the binding is six files by concern, but one call runs through
 # all of them; link-time optimisation inlines across them as the single
 # file it was did (without it a tiny call cost 5% more, ~50 ns).
+LTO = "-flto"
+
+
 def extension(name, test_hooks=False):
     return Extension(name, sources=BINDING_SOURCES,
                      include_dirs=include_dirs,
                      define_macros=[("ATT_TEST_HOOKS", "1")] if test_hooks
                      else [],
-                     extra_compile_args=compile_args + ["-flto"],
-                     extra_link_args=["-flto"])
+                     extra_compile_args=compile_args + [LTO],
+                     extra_link_args=[LTO])
 
 
 setup(
