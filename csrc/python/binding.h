@@ -2,17 +2,22 @@
  * binding.h - the internal types and declarations of the binding, the
  * only C code that speaks CPython and NumPy (the .c files of csrc/python).
  *
- * A call flows one way (each file uses only those after it):
- *   module.c  the module: its private functions, _publish, _table, init;
- *   call.c    call_function: steps 1-6 for one row, the outputs, the
- *             scratch and the threads;
- *   parse.c   step 1 and 2: the arguments taken (positional, keywords)
+ * A call flows one way, through one file per concern:
+ *   module.c  the module: its init, its private functions, _publish and
+ *             _table, and each row's entry points, which call
+ *   call.c    call_function, steps 1-6 in order for one row (the outputs,
+ *             the scratch and the threads are its own), through
+ *   parse.c   steps 1 and 2: the arguments taken (positional, keywords)
  *             and each one as an array or a value;
  *   shapes.c  step 3: the shape patterns and their checks;
  *   views.c   step 4: casts, and the arguments read where they are
  *             (views, broadcast indices, groups);
  *   table.c   the rows of the table (args.h names their arguments) and
- *             their kernel calls.
+ *             their kernel calls, which call_function makes last.
+ * A file calls no other but the ones after it in the flow, and the shape
+ * helpers of shapes.c (fmt_shape for messages, pattern_dims, axes_present)
+ * that every later step uses; what all of them read (a call's arguments
+ * by id) is inline here.
  *
  * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
  * as attention_c._core_tests, which adds what only the tests use: the
@@ -263,6 +268,17 @@ static inline int is_backward(const FuncSpec *fn)
     return fn->pos[X_GRAD_OUT] >= 0;
 }
 
+/* Whether a family call streams (no weights): a forward asked for no
+ * weights, a backward given no alpha (but out and lse). */
+static inline int stream_of(const Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    if (is_backward(fn)) {
+        return fn->pos[X_ALPHA] >= 0 && !given(c, X_ALPHA);
+    }
+    return fn->pos[X_RETURN_WEIGHTS] >= 0 && !given(c, X_RETURN_WEIGHTS);
+}
+
 /* ---------------------------------------------------------------------
  * The steps of a call, in order
  */
@@ -288,11 +304,10 @@ int cast_args(Call *c);
 int make_views(Call *c);
 
 /* call.c: steps 1-6 for row fn (grads: the public function's named tuple
- * of a backward, or NULL); whether a family call streams (no weights). */
+ * of a backward, or NULL); the error of a kernel's status. */
 PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames,
                         PyTypeObject *grads);
-int stream_of(const Call *c);
 int check_status(int st);
 
 /* call.c: the instruction set and the threads of the fused kernels, and
@@ -306,16 +321,9 @@ extern att_pool *pool;
 extern int pool_users;
 void release_exec_state(void);
 
-/* table.c: the rows, and two entry points per row (CPython passes no row
- * to a C function): the module's function (results as plain tuples) and
- * the public one that _publish makes (a backward's gradients as its named
- * tuple). */
-typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
-                              PyObject *);
+/* table.c: the rows of the table. */
 extern FuncSpec funcs[];
 extern const int n_funcs;
-extern const entry_fn entries[];
-extern const entry_fn public_entries[];
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -332,17 +332,6 @@ static int wanted(const Call *c, int k)
            (unless == X_NONE || !given(c, unless));
 }
 
-/* Whether a family call streams (no weights): a forward asked for no
- * weights, a backward given no alpha (but out and lse). */
-int stream_of(const Call *c)
-{
-    const FuncSpec *fn = c->fn;
-    if (is_backward(fn)) {
-        return fn->pos[X_ALPHA] >= 0 && !given(c, X_ALPHA);
-    }
-    return fn->pos[X_RETURN_WEIGHTS] >= 0 && !given(c, X_RETURN_WEIGHTS);
-}
-
 /* The scratch bytes of the call (-1: overflow).  A decoder calls with
  * the same sizes at every step: the last call's count is kept per row
  * (under the GIL) and the kernels' sizing, 5% of a small call, is

@@ -36,6 +36,45 @@
 PyObject *arg_name_objs[N_ARG_IDS];
 
 /* ---------------------------------------------------------------------
+ * The entry points: two per row (CPython passes no row to a C function),
+ * the module's function (results as plain tuples) and the public one that
+ * _publish makes (a backward's gradients as its named tuple)
+ */
+
+typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
+                              PyObject *);
+
+#define ENTRY(i)                                                             \
+    static PyObject *entry_##i(PyObject *self, PyObject *const *args,       \
+                               Py_ssize_t nargs, PyObject *kwnames)          \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, nargs, kwnames, NULL);         \
+    }                                                                        \
+    static PyObject *public_##i(PyObject *self, PyObject *const *args,      \
+                                Py_ssize_t nargs, PyObject *kwnames)         \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, nargs, kwnames,                \
+                             funcs[i].grads);                                \
+    }
+ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
+ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
+ENTRY(15) ENTRY(16) ENTRY(17)
+#undef ENTRY
+
+static const entry_fn entries[] = {
+    entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
+    entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
+    entry_15, entry_16, entry_17};
+static const entry_fn public_entries[] = {
+    public_0, public_1, public_2, public_3, public_4, public_5, public_6,
+    public_7, public_8, public_9, public_10, public_11, public_12, public_13,
+    public_14, public_15, public_16, public_17};
+
+#define N_ENTRIES ((int)(sizeof(entries) / sizeof(entries[0])))
+
+/* ---------------------------------------------------------------------
  * The table, made ready at import
  */
 
@@ -111,9 +150,9 @@ static int init_outs(FuncSpec *fn)
 /* Parses the table's patterns and makes each row's signature, once. */
 static int init_table(void)
 {
-    if (n_funcs > MAX_FUNCS) {
-        PyErr_SetString(PyExc_SystemError, "attention_c: at most MAX_FUNCS "
-                        "rows in the table");
+    if (n_funcs != N_ENTRIES || n_funcs > MAX_FUNCS) {
+        PyErr_SetString(PyExc_SystemError, "attention_c: one ENTRY per row "
+                        "of the table, at most MAX_FUNCS rows");
         return -1;
     }
     for (int id = X_NONE + 1; id < N_ARG_IDS; id++) {

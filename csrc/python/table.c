@@ -6,7 +6,7 @@
  * call, a few lines above the table.  The generic driver (call.c) parses,
  * checks, casts, allocates, releases the GIL and maps the status the same
  * way for every row.  Adding a function: its argument names in args.h if
- * new, one kernel call, one row, one ENTRY.
+ * new, one kernel call, one row, and its ENTRY in module.c.
  *
  * Arguments up to .npos (default: the required ones, .nreq) may be given
  * by position; the rest are keyword-only, so that an optional array can
@@ -617,36 +617,3 @@ FuncSpec funcs[] = {
 
 #define N_FUNCS ((int)(sizeof(funcs) / sizeof(funcs[0])))
 const int n_funcs = N_FUNCS;
-
-/* Two entry points per row: see entry_fn (binding.h). */
-#define ENTRY(i)                                                             \
-    static PyObject *entry_##i(PyObject *self, PyObject *const *args,       \
-                               Py_ssize_t nargs, PyObject *kwnames)          \
-    {                                                                        \
-        (void)self;                                                          \
-        return call_function(&funcs[i], args, nargs, kwnames, NULL);         \
-    }                                                                        \
-    static PyObject *public_##i(PyObject *self, PyObject *const *args,      \
-                                Py_ssize_t nargs, PyObject *kwnames)         \
-    {                                                                        \
-        (void)self;                                                          \
-        return call_function(&funcs[i], args, nargs, kwnames,                \
-                             funcs[i].grads);                                \
-    }
-ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
-ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
-ENTRY(15) ENTRY(16) ENTRY(17)
-#undef ENTRY
-
-const entry_fn entries[] = {
-    entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
-    entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
-    entry_15, entry_16, entry_17};
-const entry_fn public_entries[] = {
-    public_0, public_1, public_2, public_3, public_4, public_5, public_6,
-    public_7, public_8, public_9, public_10, public_11, public_12, public_13,
-    public_14, public_15, public_16, public_17};
-
-_Static_assert(sizeof(entries) / sizeof(entries[0]) == N_FUNCS &&
-               sizeof(public_entries) / sizeof(public_entries[0]) == N_FUNCS,
-               "one ENTRY per row of the table");
