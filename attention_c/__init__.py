@@ -66,8 +66,9 @@ from ._config import (  # noqa: E402
     get_num_threads, set_num_threads, show_config,
 )
 
-# The C functions, with their docstrings and gradient tuples.
-from ._add_newdocs import (  # noqa: E402
+# The C functions of the binding's table, with their docstrings and
+# gradient tuples.
+from ._functions import (  # noqa: E402
     # context-pooled attention: building blocks, each with its backward
     mean_context, mean_context_backward,
     additive_score, additive_score_backward,

@@ -1,6 +1,7 @@
 # Type stubs of the public API of attention_c (the functions are the C
 # functions of the extension _core, which has no annotations of its own).
-# tests/test_typing.py checks these against the runtime with mypy.stubtest.
+# tests/test_typing.py checks these against the runtime with mypy.stubtest,
+# tests/binding/test_argument_table.py against the binding's table.
 from typing import IO, Any, Literal, NamedTuple, overload
 
 import numpy as np

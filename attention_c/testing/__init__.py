@@ -37,6 +37,8 @@ import math
 
 import numpy as np
 
+from attention_c._functions import TABLE as _TABLE
+
 # The PyTorch half; torch is imported when its functions run.
 from attention_c.testing.pytorch import (
     TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES,
@@ -325,54 +327,28 @@ def ragged_batch(rng, B, T, H, A, min_length=1, empty_row=False):
 # The arguments of the public functions
 
 # (positional, keyword-only) arguments of each public function, in the
-# binding's order (inspect.signature).  The savings are left out, except
+# binding's order (inspect.signature), derived from the binding's table
+# (attention_c._functions.TABLE).  The savings are left out, except
 # key_proj, which the family's functions check like any other input: the
 # context layer's keep_activations and activations, and stop_at_key_proj.
 # Keyword-only arguments default to None except those in DEFAULTS; a
 # dot/general backward's alpha is positional with default None (it may be
 # left out when out= and lse= are given, SPEC 5.2).
+_SAVINGS = ("keep_activations", "activations", "stop_at_key_proj")
 SIGNATURES = {
-    "mean_context": (["h"], ["mask"]),
-    "mean_context_backward": (["grad_c", "h"], ["mask"]),
-    "additive_score": (["h", "context", "W", "v"], ["b"]),
-    "additive_score_backward": (["grad_s", "h", "context", "W", "v"], ["b"]),
-    "masked_softmax": (["scores"], ["mask"]),
-    "masked_softmax_backward": (["grad_alpha", "alpha"], []),
-    "weighted_sum": (["alpha", "h"], []),
-    "weighted_sum_backward": (["grad_out", "alpha", "h"], []),
-    "context_attention": (["h", "W", "v"], ["b", "mask"]),
-    "context_attention_backward": (["grad_out", "h", "W", "v", "alpha"],
-                                   ["b", "mask", "grad_alpha"]),
-    # the attention family (contract sections 4 and 5)
-    "additive_attention": (["query", "keys", "W", "v"],
-                           ["b", "mask", "attn_mask", "causal", "values",
-                            "key_proj"]),
-    "additive_attention_backward": (
-        ["grad_out", "query", "keys", "W", "v", "alpha"],
-        ["b", "mask", "attn_mask", "causal", "values", "grad_alpha",
-         "key_proj"]),
-    "dot_attention": (["query", "keys"],
-                      ["mask", "attn_mask", "causal", "bias", "dropout",
-                       "seed", "values", "scale", "return_weights"]),
-    "dot_attention_backward": (
-        ["grad_out", "query", "keys", "alpha"],
-        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
-         "seed", "values", "scale", "grad_alpha"]),
-    "general_attention": (["query", "keys", "W"],
-                          ["mask", "attn_mask", "causal", "bias", "dropout",
-                           "seed", "values", "key_proj", "return_weights"]),
-    "general_attention_backward": (
-        ["grad_out", "query", "keys", "W", "alpha"],
-        ["out", "lse", "mask", "attn_mask", "causal", "bias", "dropout",
-         "seed", "values", "grad_alpha", "key_proj"]),
-    "project_keys": (["keys", "W"], []),
-    "project_keys_backward": (["grad_proj", "keys", "W"], []),
-}
+    fn: ([a.name for a in f.args if a.positional],
+         [a.name for a in f.args
+          if not a.positional and a.name not in _SAVINGS])
+    for fn, f in _TABLE.items()}
 # The defaults of the keyword-only arguments that are not None.
-DEFAULTS = {"causal": False, "dropout": 0.0, "return_weights": True}
+DEFAULTS = {a.name: a.default for f in _TABLE.values() for a in f.args
+            if not a.required and a.default is not None
+            and a.name not in _SAVINGS}
 # Positional arguments with a default (None): alpha of these backwards.
-OPTIONAL_POSITIONAL = {"dot_attention_backward": ["alpha"],
-                       "general_attention_backward": ["alpha"]}
+OPTIONAL_POSITIONAL = {
+    fn: [a.name for a in f.args if a.positional and not a.required]
+    for fn, f in _TABLE.items()
+    if any(a.positional and not a.required for a in f.args)}
 # The arguments of SPEC section 5 (self-attention at scale).
 SEC5_ARGS = ["attn_mask", "causal", "bias", "dropout", "seed",
              "return_weights", "out", "lse"]

@@ -29,7 +29,9 @@ import torch
 import attention_c as _ac
 
 from . import _pure
+from .._functions import TABLE
 from ._utils import _np, _np_opt, _tracing
+from ._vmap import _loop_rule, _vmap_family, _vmap_native
 
 # The C extension itself, for the backward's private stop_at_key_proj=True
 # (it has no type stub: the public functions' are in __init__.pyi).
@@ -51,106 +53,71 @@ def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:
     return None if grad_alpha is None else _np(grad_alpha)
 
 
-# ---- vmap: leading batch axes are native, so a vmapped data argument just
-# moves its batched dimension to the front (unbatched data is expanded).
-# Batched weights, and every backward op (whose parameter gradients are
-# summed over the batch axes, but must stay per-example under vmap), loop.
+# ---- the schemas, from the binding's table (attention_c._functions): each
+# op's arguments by name, in the op's order, typed by their kind there.
 
-def _vmap_loop(op: Any, info: Any, in_dims: tuple[Any, ...],
-               *args: Any) -> tuple[Any, Any]:
-    outs = []
-    for i in range(info.batch_size):
-        outs.append(op(*[a.select(d, i) if d is not None else a
-                         for a, d in zip(args, in_dims)]))
-    stacked = tuple(torch.stack(o) for o in zip(*outs))
-    return stacked, (0,) * len(stacked)
-
-
-def _vmap_native(op: Any, data: tuple[int, ...]) -> Any:
-    """A vmap rule for a forward op whose arguments at positions ``data``
-    take leading batch axes (the others are weights or flags)."""
-
-    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
-             ) -> tuple[Any, Any]:
-        if any(d is not None for i, d in enumerate(in_dims)
-               if i not in data):
-            return _vmap_loop(op, info, in_dims, *args)
-        new = list(args)
-        for i in data:
-            a, d = args[i], in_dims[i]
-            if a is None:
-                continue
-            new[i] = (a.movedim(d, 0) if d is not None
-                      else a.expand(info.batch_size, *a.shape))
-        outs = op(*new)
-        # An empty placeholder (no activations kept) is not batched.
-        return outs, tuple(0 if o.numel() or o.ndim > 1 else None
-                           for o in outs)
-
-    return rule
-
-
-# A family op's data arguments and their trailing (non-batch) axes; None:
-# a query's, 1 or 2.  bias takes the query's: (..., T) with one query.
-_CORE = {"query": None, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
-         "attn_mask": 2, "bias": None}
-# Inputs and outputs broadcast to the results' leading shape (the kernels
-# want one leading shape for these); masks and bias broadcast as they are.
-_FULL = ("query", "keys", "values", "key_proj")
+# The ops' arguments (what torch.export and torch.jit.trace record: they
+# stay as they are).  A family backward op takes both forward results:
+# ``alpha`` (alpha or lse, as the forward gave) and ``out``.
+_ARGS = {
+    "context_attention": ("h", "W", "v", "b", "mask", "keep"),
+    "context_attention_backward": (
+        "grad_out", "grad_alpha", "h", "W", "v", "alpha", "b", "mask",
+        "act"),
+    "additive_attention": (
+        "query", "keys", "W", "v", "b", "mask", "attn_mask", "causal",
+        "values", "key_proj"),
+    "additive_attention_backward": (
+        "grad_out", "grad_alpha", "query", "keys", "W", "v", "alpha", "b",
+        "mask", "attn_mask", "causal", "values", "key_proj", "stop"),
+    "dot_attention": (
+        "query", "keys", "mask", "attn_mask", "causal", "bias", "dropout",
+        "seed", "values", "scale", "weights"),
+    "dot_attention_backward": (
+        "grad_out", "grad_alpha", "query", "keys", "alpha", "out", "mask",
+        "attn_mask", "causal", "bias", "dropout", "seed", "values", "scale",
+        "weights"),
+    "general_attention": (
+        "query", "keys", "W", "mask", "attn_mask", "causal", "bias",
+        "dropout", "seed", "values", "key_proj", "weights"),
+    "general_attention_backward": (
+        "grad_out", "grad_alpha", "query", "keys", "W", "alpha", "out",
+        "mask", "attn_mask", "causal", "bias", "dropout", "seed", "values",
+        "key_proj", "stop", "weights"),
+}
+# The table's names of the ops' short ones.
+_TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
+               "stop": "stop_at_key_proj", "weights": "return_weights"}
+# An argument's kind (the same in every function) and its schema type;
+# an array's is Tensor or Tensor?.  The seed is an int64 tensor holding
+# its 64 bits, so that a module can draw it from torch's generator inside
+# a compiled graph.
+_KINDS = {a.name: a.kind for f in TABLE.values() for a in f.args}
+_TYPES = {"mask": "Tensor?", "flag": "bool", "number": "float",
+          "scale": "float?", "seed": "Tensor?"}
 
 
-def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
-    """The vmap rule of a family forward op (argument ``names``): the
-    vmapped axis becomes the first leading axis of the call, each batched
-    input getting size-1 axes where it has fewer leading axes than the
-    results.  Batched weights, and dropout (whose keep bits depend on the
-    flat batch index, which the extra axis would change), loop."""
-
-    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
-             ) -> tuple[Any, Any]:
-        a = dict(zip(names, args))
-        d = dict(zip(names, in_dims))
-        if (any(d[n] is not None for n in names if n not in _CORE)
-                or a.get("dropout", 0.0) > 0):
-            return _vmap_loop(op, info, in_dims, *args)
-        logical = {n: (x.shape if d[n] is None
-                       else x.shape[:d[n]] + x.shape[d[n] + 1:])
-                   for n, x in a.items() if n in _CORE and x is not None}
-        single = len(logical["query"]) < len(logical["keys"])
-        core = {n: (1 if single else 2) if c is None else c
-                for n, c in _CORE.items()}
-        lead = _pure._broadcast_shapes(*[logical[n][:-core[n]]
-                                        for n in _FULL if n in logical])
-        N = info.batch_size
-        new = dict(a)
-        for n, shape in logical.items():
-            x, pad = a[n], len(lead) - (len(shape) - core[n])
-            if d[n] is None and n not in _FULL:
-                continue                        # broadcasts as it is
-            x = x.movedim(d[n], 0) if d[n] is not None else x[None]
-            x = x.reshape(x.shape[0], *(1,) * pad, *shape)
-            if n in _FULL:
-                x = x.expand(N, *lead, *shape[len(shape) - core[n]:])
-            new[n] = x
-        outs = op(*[new[n] for n in names])
-        return outs, (0,) * len(outs)
-
-    return rule
-
-
-def _loop_rule(op: Any) -> Any:
-    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
-             ) -> tuple[Any, Any]:
-        return _vmap_loop(op, info, in_dims, *args)
-    return rule
+def _schema(function: str, nout: int) -> str:
+    """The schema of the op of ``function``: its arguments (_ARGS) typed by
+    the binding's table, an array a Tensor where ``function`` requires it
+    or it is a forward's saved result (a backward op always takes alpha
+    and out), else Tensor?; ``nout`` Tensors back."""
+    required = {a.name for a in TABLE[function].args if a.required}
+    if function.endswith("_backward"):
+        required |= {"alpha", "out"}
+    args = []
+    for name in _ARGS[function]:
+        kind = _KINDS[_TABLE_NAMES.get(name, name)]
+        array = "Tensor" if name in required else "Tensor?"
+        args.append(f"{_TYPES.get(kind, array)} {name}")
+    return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * nout)})"
 
 
 # ---- context_attention
 
 @torch.library.custom_op(
     f"{_NS}::context_attention", mutates_args=(),
-    schema="(Tensor h, Tensor W, Tensor v, Tensor? b, Tensor? mask, "
-           "bool keep) -> (Tensor, Tensor, Tensor)")
+    schema=_schema("context_attention", 3))
 def _context_op(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
                 b: torch.Tensor | None, mask: torch.Tensor | None,
                 keep: bool) -> tuple[torch.Tensor, torch.Tensor,
@@ -178,9 +145,7 @@ def _context_fake(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::context_attention_backward", mutates_args=(),
-    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor h, Tensor W, "
-           "Tensor v, Tensor alpha, Tensor? b, Tensor? mask, Tensor? act) "
-           "-> (Tensor, Tensor, Tensor, Tensor)")
+    schema=_schema("context_attention_backward", 4))
 def _context_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                     h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
                     alpha: torch.Tensor, b: torch.Tensor | None,
@@ -279,9 +244,7 @@ def _saved_kw(alpha: torch.Tensor, out: torch.Tensor, weights: bool
 
 @torch.library.custom_op(
     f"{_NS}::additive_attention", mutates_args=(),
-    schema="(Tensor query, Tensor keys, Tensor W, Tensor v, Tensor? b, "
-           "Tensor? mask, Tensor? attn_mask, bool causal, Tensor? values, "
-           "Tensor? key_proj) -> (Tensor, Tensor)")
+    schema=_schema("additive_attention", 2))
 def _additive_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                  v: torch.Tensor, b: torch.Tensor | None,
                  mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
@@ -307,11 +270,7 @@ def _additive_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::additive_attention_backward", mutates_args=(),
-    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
-           "Tensor keys, Tensor W, Tensor v, Tensor alpha, Tensor? b, "
-           "Tensor? mask, Tensor? attn_mask, bool causal, Tensor? values, "
-           "Tensor? key_proj, bool stop) "
-           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    schema=_schema("additive_attention_backward", 7))
 def _additive_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                      query: torch.Tensor, keys: torch.Tensor,
                      W: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor,
@@ -354,9 +313,7 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::dot_attention", mutates_args=(),
-    schema="(Tensor query, Tensor keys, Tensor? mask, Tensor? attn_mask, "
-           "bool causal, Tensor? bias, float dropout, Tensor? seed, "
-           "Tensor? values, float? scale, bool weights) -> (Tensor, Tensor)")
+    schema=_schema("dot_attention", 2))
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
             mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
             causal: bool, bias: torch.Tensor | None, dropout: float,
@@ -383,11 +340,7 @@ def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::dot_attention_backward", mutates_args=(),
-    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
-           "Tensor keys, Tensor alpha, Tensor out, Tensor? mask, "
-           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
-           "Tensor? seed, Tensor? values, float? scale, bool weights) "
-           "-> (Tensor, Tensor, Tensor, Tensor)")
+    schema=_schema("dot_attention_backward", 4))
 def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
                 out: torch.Tensor, mask: torch.Tensor | None,
@@ -422,10 +375,7 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
 
 @torch.library.custom_op(
     f"{_NS}::general_attention", mutates_args=(),
-    schema="(Tensor query, Tensor keys, Tensor W, Tensor? mask, "
-           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
-           "Tensor? seed, Tensor? values, Tensor? key_proj, bool weights) "
-           "-> (Tensor, Tensor)")
+    schema=_schema("general_attention", 2))
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                 mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
                 causal: bool, bias: torch.Tensor | None, dropout: float,
@@ -452,12 +402,7 @@ def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
 
 @torch.library.custom_op(
     f"{_NS}::general_attention_backward", mutates_args=(),
-    schema="(Tensor grad_out, Tensor? grad_alpha, Tensor query, "
-           "Tensor keys, Tensor W, Tensor alpha, Tensor out, Tensor? mask, "
-           "Tensor? attn_mask, bool causal, Tensor? bias, float dropout, "
-           "Tensor? seed, Tensor? values, Tensor? key_proj, bool stop, "
-           "bool weights) "
-           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    schema=_schema("general_attention_backward", 6))
 def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
                     query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                     alpha: torch.Tensor, out: torch.Tensor,
@@ -536,32 +481,19 @@ class _Spec(NamedTuple):
 _SPECS = {
     "context": _Spec(
         "context", _context_op, _context_bwd_op,
-        ("h", "W", "v", "b", "mask", "keep"),
-        ("grad_out", "grad_alpha", "h", "W", "v", "alpha", "b", "mask",
-         "act"),
+        _ARGS["context_attention"], _ARGS["context_attention_backward"],
         ("h", "W", "v", "b")),
     "additive": _Spec(
         "additive", _additive_op, _additive_bwd_op,
-        ("query", "keys", "W", "v", "b", "mask", "attn_mask", "causal",
-         "values", "key_proj"),
-        ("grad_out", "grad_alpha", "query", "keys", "W", "v", "alpha", "b",
-         "mask", "attn_mask", "causal", "values", "key_proj", "stop"),
+        _ARGS["additive_attention"], _ARGS["additive_attention_backward"],
         ("query", "keys", "W", "v", "b", "values", "key_proj")),
     "dot": _Spec(
         "dot", _dot_op, _dot_bwd_op,
-        ("query", "keys", "mask", "attn_mask", "causal", "bias", "dropout",
-         "seed", "values", "scale", "weights"),
-        ("grad_out", "grad_alpha", "query", "keys", "alpha", "out", "mask",
-         "attn_mask", "causal", "bias", "dropout", "seed", "values",
-         "scale", "weights"),
+        _ARGS["dot_attention"], _ARGS["dot_attention_backward"],
         ("query", "keys", "values", "bias")),
     "general": _Spec(
         "general", _general_op, _general_bwd_op,
-        ("query", "keys", "W", "mask", "attn_mask", "causal", "bias",
-         "dropout", "seed", "values", "key_proj", "weights"),
-        ("grad_out", "grad_alpha", "query", "keys", "W", "alpha", "out",
-         "mask", "attn_mask", "causal", "bias", "dropout", "seed", "values",
-         "key_proj", "stop", "weights"),
+        _ARGS["general_attention"], _ARGS["general_attention_backward"],
         ("query", "keys", "W", "bias", "values", "key_proj")),
 }
 

@@ -1,378 +1,11 @@
-"""The docstrings of attention_c's C functions, attached at import.
-
-The public functions are the C functions of ``attention_c._core`` themselves,
-so that a call (thousands per epoch in a decoder) goes through no Python
-frame.  Their signatures come from the binding's table (inspect.signature
-reads them); their docstrings from here, as NumPy attaches its C functions'
-docstrings in ``numpy/_core/_add_newdocs.py``.  A backward returns its named
-tuple of gradients, defined here with its docstring, from C.
-
-``attention_c/__init__.py`` imports every name defined here.
+"""The docstrings of the attention family's C functions (and of the keys'
+projection) and of their gradients' named tuples, as ``_docstrings`` has
+the layer's.  Pieces shared by several docstrings (``{shapes}``,
+``{masks}``, ...) are written once, in ``_PIECES``, and substituted.
 """
 
-from collections import namedtuple
-
-from . import _core  # type: ignore[attr-defined]
-
-AttentionGrads = namedtuple("AttentionGrads", ["h", "W", "v", "b"])
-AttentionGrads.__doc__ = """Gradients of the loss with respect to the layer's
-inputs, returned by :func:`context_attention_backward`.
-
-Attributes
-----------
-h : ndarray (..., T, H)
-W : ndarray (A, 2H), summed over the batch
-v : ndarray (A,), summed over the batch
-b : ndarray (A,) summed over the batch, or None when no bias was given
-
-Examples
---------
->>> import numpy as np, attention_c as ac
->>> rng = np.random.default_rng(0)
->>> h = rng.standard_normal((2, 5, 4))
->>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
->>> out, alpha = ac.context_attention(h, W, v)
->>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha)
->>> g.h.shape, g.W.shape, g.v.shape, g.b
-((2, 5, 4), (3, 8), (3,), None)
-"""
-
-
-def add_newdoc(name, doc, grads=None, shapes=False):
-    """attention_c.<name>: _core's function with docstring ``doc`` (with
-    shapes=True, ``{shapes}``, ``{masks}``, ... replaced by the pieces of
-    _DOCS, defined with the family) and, for a backward, its gradients as
-    the named tuple ``grads``."""
-    if shapes:
-        for key, text in _DOCS.items():
-            doc = doc.replace("{" + key + "}", text)
-    return _core._publish(name, doc, grads)
-
-
-mean_context = add_newdoc("mean_context", """\
-Mean of the valid items of each sequence.
-
-    ``c = (1/n) sum_t m_t h_t`` with ``n = sum_t m_t``; ``c = 0`` when n = 0.
-    Masked items are left out of the sum (a NaN in padding does not matter).
-
-    Parameters
-    ----------
-    h : array_like (..., T, H)
-        States, one row per item.
-    mask : array_like of bool (..., T), optional
-        True marks a valid item.  Default: all items valid.
-
-    Returns
-    -------
-    c : ndarray (..., H)
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> h = np.arange(12.0).reshape(2, 3, 2)          # B=2, T=3, H=2
-    >>> mask = np.array([[True, True, False], [False, False, False]])
-    >>> ac.mean_context(h, mask=mask)                      # row 1: no valid item
-    array([[1., 2.],
-           [0., 0.]])
-    """)
-
-
-mean_context_backward = add_newdoc("mean_context_backward", """\
-Backward of :func:`mean_context`: ``dh_t = (m_t / n) grad_c``.
-
-    Parameters
-    ----------
-    grad_c : array_like (..., H)
-        Gradient of the loss with respect to ``c``.
-    h : array_like (..., T, H)
-        The states given to the forward (only their shape and dtype are used).
-    mask : array_like of bool (..., T), optional
-
-    Returns
-    -------
-    dh : ndarray (..., T, H)
-        Zero for masked items and for rows with no valid item.
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> h = np.zeros((3, 2))                          # T=3, H=2
-    >>> mask = np.array([True, True, False])
-    >>> ac.mean_context_backward(np.array([1.0, -2.0]), h, mask=mask)
-    array([[ 0.5, -1. ],
-           [ 0.5, -1. ],
-           [ 0. ,  0. ]])
-    """)
-
-
-additive_score = add_newdoc("additive_score", """\
-Additive score of each item given its sequence's context.
-
-    ``s_t = v . tanh(W_h h_t + W_c c + b)`` where ``W = [W_h | W_c]``.
-    ``W_c c + b`` is computed once per sequence.
-
-    Parameters
-    ----------
-    h : array_like (..., T, H)
-    context : array_like (..., H)
-        One context vector per sequence (e.g. :func:`mean_context`).
-    W : array_like (A, 2H)
-        Layout of ``torch.nn.Linear(2H, A).weight``: ``W[:, :H]`` multiplies
-        the item, ``W[:, H:]`` the context.
-    v : array_like (A,)
-    b : array_like (A,), optional
-        Bias of the hidden layer.  Default: none.
-
-    Returns
-    -------
-    s : ndarray (..., T)
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> rng = np.random.default_rng(0)
-    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
-    >>> W, v = rng.standard_normal((3, 8)), rng.standard_normal(3)
-    >>> s = ac.additive_score(h, ac.mean_context(h), W, v)
-    >>> s.shape
-    (2, 5)
-    """)
-
-
-additive_score_backward = add_newdoc("additive_score_backward", """\
-Backward of :func:`additive_score`.
-
-    With ``u_t = tanh(z_t)`` and ``eps_t = grad_s_t v (1 - u_t^2)``:
-    ``dv = sum_t grad_s_t u_t``, ``db = sum_t eps_t``,
-    ``dW_h = sum_t eps_t h_t^T``, ``dW_c = (sum_t eps_t) c^T``,
-    ``dh_t = W_h^T eps_t``, ``dcontext = W_c^T sum_t eps_t``.
-
-    Parameters
-    ----------
-    grad_s : array_like (..., T)
-        Gradient of the loss with respect to the scores.
-    h, context, W, v, b
-        As given to :func:`additive_score`.
-
-    Returns
-    -------
-    dh : ndarray (..., T, H)
-    dcontext : ndarray (..., H)
-    dW : ndarray (A, 2H), summed over the batch
-    dv : ndarray (A,), summed over the batch
-    db : ndarray (A,) summed over the batch, or None when ``b`` is None
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> rng = np.random.default_rng(0)
-    >>> h = rng.standard_normal((2, 5, 4)); c = ac.mean_context(h)
-    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
-    ...            np.zeros(3))
-    >>> grad_s = np.ones((2, 5))
-    >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v, b=b)
-    >>> dh.shape, dc.shape, dW.shape, dv.shape, db.shape
-    ((2, 5, 4), (2, 4), (3, 8), (3,), (3,))
-    """)
-
-
-masked_softmax = add_newdoc("masked_softmax", """\
-Softmax over the last axis, restricted to the valid items.
-
-    ``alpha_t = m_t exp(s_t - M) / sum_j m_j exp(s_j - M)`` with ``M`` the
-    largest valid score, so no exponential overflows.  Masked items get
-    exactly 0; a row with no valid item is all zeros.
-
-    Parameters
-    ----------
-    scores : array_like (..., T)
-    mask : array_like of bool (..., T), optional
-
-    Returns
-    -------
-    alpha : ndarray (..., T)
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> scores = np.array([[1000.0, 1000.0, 5.0], [1.0, 2.0, 3.0]])
-    >>> mask = np.array([[True, True, False], [False, False, False]])
-    >>> ac.masked_softmax(scores, mask=mask)               # no overflow, no NaN
-    array([[0.5, 0.5, 0. ],
-           [0. , 0. , 0. ]])
-    """)
-
-
-masked_softmax_backward = add_newdoc("masked_softmax_backward", """\
-Backward of :func:`masked_softmax`.
-
-    ``ds_t = alpha_t (g_t - sum_j alpha_j g_j)``; masked items (alpha = 0)
-    get 0.  Evaluated as ``alpha_t ((g_t - g_k) - sum_j alpha_j (g_j -
-    g_k))`` with k the item of largest weight, which is the same value
-    because the weights sum to 1, and stays accurate when one weight is
-    near 1.
-
-    Parameters
-    ----------
-    grad_alpha : array_like (..., T)
-    alpha : array_like (..., T)
-        The forward's output (weights summing to 1 over the valid items,
-        or all 0).
-
-    Returns
-    -------
-    dscores : ndarray (..., T)
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> alpha = ac.masked_softmax(np.zeros(4), mask=np.array([1, 1, 0, 0], bool))
-    >>> ac.masked_softmax_backward(np.array([1.0, 3.0, 5.0, 7.0]), alpha)
-    array([-0.5,  0.5,  0. ,  0. ])
-    """)
-
-
-weighted_sum = add_newdoc("weighted_sum", """\
-``out = sum_t alpha_t h_t``.
-
-    Parameters
-    ----------
-    alpha : array_like (..., T)
-    h : array_like (..., T, H)
-
-    Returns
-    -------
-    out : ndarray (..., H)
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
-    >>> ac.weighted_sum(np.array([0.25, 0.75, 0.0]), h)
-    array([0.25, 0.75])
-    """)
-
-
-weighted_sum_backward = add_newdoc("weighted_sum_backward", """\
-Backward of :func:`weighted_sum`.
-
-    Parameters
-    ----------
-    grad_out : array_like (..., H)
-    alpha : array_like (..., T)
-    h : array_like (..., T, H)
-
-    Returns
-    -------
-    dalpha : ndarray (..., T)
-        ``dalpha_t = grad_out . h_t``.
-    dh : ndarray (..., T, H)
-        ``dh_t = alpha_t grad_out``.
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> h = np.array([[1.0, 0.0], [0.0, 1.0], [4.0, 4.0]])    # T=3, H=2
-    >>> alpha = np.array([0.25, 0.75, 0.0])
-    >>> dalpha, dh = ac.weighted_sum_backward(np.array([1.0, 2.0]), alpha, h)
-    >>> dalpha
-    array([ 1.,  2., 12.])
-    >>> dh
-    array([[0.25, 0.5 ],
-           [0.75, 1.5 ],
-           [0.  , 0.  ]])
-    """)
-
-
-context_attention = add_newdoc("context_attention", """\
-The whole layer: mean context, additive score, masked softmax, sum.
-
-    ``c = mean of valid h_t``; ``s_t = v . tanh(W_h h_t + W_c c + b)``;
-    ``alpha = masked softmax(s)``; ``out = sum_t alpha_t h_t``.  One pass
-    over the data; the (T, A) activations are never stored.
-
-    Parameters
-    ----------
-    h : array_like (..., T, H)
-    W : array_like (A, 2H)
-        Layout of ``torch.nn.Linear(2H, A).weight``.
-    v : array_like (A,)
-    b : array_like (A,), optional
-    mask : array_like of bool (..., T), optional
-        True marks a valid item.  Masked items never influence any output.
-    keep_activations : bool, optional
-        Also return the activations ``u_t = tanh(z_t)``, which
-        :func:`context_attention_backward` then uses instead of recomputing
-        them: memory (..., T, A) for a faster backward.
-
-    Returns
-    -------
-    out : ndarray (..., H)
-        Zero for a row with no valid item.
-    alpha : ndarray (..., T)
-        Attention weights; exactly 0 for masked items.
-    activations : ndarray (..., T, A)
-        Only with ``keep_activations=True``: ``tanh(z_t)``, 0 for masked
-        items.
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c
-    >>> rng = np.random.default_rng(0)
-    >>> h = rng.standard_normal((2, 5, 4))          # B=2, T=5, H=4
-    >>> W = rng.standard_normal((3, 8)); v = rng.standard_normal(3)
-    >>> out, alpha = attention_c.context_attention(h, W, v)
-    >>> out.shape, alpha.shape
-    ((2, 4), (2, 5))
-    >>> np.allclose(alpha.sum(axis=-1), 1)
-    True
-    """)
-
-
-context_attention_backward = add_newdoc("context_attention_backward", """\
-Gradients of the whole layer (docs/contract.md section 2) in one call.
-
-    Parameters
-    ----------
-    grad_out : array_like (..., H)
-        Gradient of the loss with respect to ``out``.
-    h, W, v, b, mask
-        As given to :func:`context_attention`.
-    alpha : array_like (..., T)
-        The attention weights returned by :func:`context_attention`.
-    grad_alpha : array_like (..., T), optional
-        Gradient of the loss with respect to ``alpha``, if the loss uses it.
-    activations : array_like (..., T, A), optional
-        The activations returned by ``context_attention(...,
-        keep_activations=True)`` for the same inputs; they spare
-        recomputing ``tanh(W_h h_t + W_c c + b)`` (the backward's largest
-        product).  Results are the same within rounding.
-
-    Returns
-    -------
-    AttentionGrads
-        Named tuple ``(h, W, v, b)``: ``h`` is (..., T, H) and zero for
-        masked items; ``W``, ``v``, ``b`` are summed over the batch; ``b``
-        is None when no bias was given.
-
-    Examples
-    --------
-    >>> import numpy as np, attention_c as ac
-    >>> rng = np.random.default_rng(0)
-    >>> h = rng.standard_normal((2, 5, 4))            # B=2, T=5, H=4
-    >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
-    ...            np.zeros(3))
-    >>> mask = np.arange(5) < np.array([[5], [2]])    # lengths 5 and 2
-    >>> out, alpha, act = ac.context_attention(h, W, v, b=b, mask=mask,
-    ...                                        keep_activations=True)
-    >>> g = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha,
-    ...                                   b=b, mask=mask, activations=act)
-    >>> g.h.shape, g.W.shape, g.b.shape
-    ((2, 5, 4), (3, 8), (3,))
-    >>> bool((g.h[1, 2:] == 0).all())                 # masked items: 0
-    True
-    """, AttentionGrads)
-
+DOCS: dict[str, str] = {}
+GRADS_DOCS: dict[str, str] = {}
 
 # --------------------------------------------------------------------------
 # The attention family (docs/contract.md sections 4 and 5): a query scored
@@ -380,9 +13,8 @@ Gradients of the whole layer (docs/contract.md section 2) in one call.
 # general scores also a float bias, dropout and a streamed path that never
 # forms the weights.
 
-AdditiveAttentionGrads = namedtuple(
-    "AdditiveAttentionGrads", ["query", "keys", "values", "W", "v", "b"])
-AdditiveAttentionGrads.__doc__ = """Gradients returned by
+GRADS_DOCS["AdditiveAttentionGrads"] = """\
+Gradients returned by
 :func:`additive_attention_backward`.
 
 Attributes
@@ -409,9 +41,8 @@ Examples
 ((2, 3), (2, 7, 4), None, (5, 7), None)
 """
 
-DotAttentionGrads = namedtuple("DotAttentionGrads",
-                               ["query", "keys", "values", "bias"])
-DotAttentionGrads.__doc__ = """Gradients returned by
+GRADS_DOCS["DotAttentionGrads"] = """\
+Gradients returned by
 :func:`dot_attention_backward`.
 
 Attributes
@@ -440,9 +71,8 @@ Examples
 ((2, 3, 4), (2, 7, 4), (2, 7, 5), (3, 7))
 """
 
-GeneralAttentionGrads = namedtuple("GeneralAttentionGrads",
-                                   ["query", "keys", "values", "W", "bias"])
-GeneralAttentionGrads.__doc__ = """Gradients returned by
+GRADS_DOCS["GeneralAttentionGrads"] = """\
+Gradients returned by
 :func:`general_attention_backward`.
 
 Attributes
@@ -469,10 +99,10 @@ Examples
 ((2, 3), (2, 7, 4), None, (3, 4), None)
 """
 
-# Pieces shared by several docstrings, substituted by add_newdoc.
-_DOCS = {}
+# Pieces shared by the family's docstrings, substituted below.
+_PIECES = {}
 
-_DOCS["shapes"] = """
+_PIECES["shapes"] = """
     Shapes (any leading batch axes ``...``; heads are one more of them):
 
     - ``query``: (..., Hq) for one query per sequence, or (..., Tq, Hq) for
@@ -492,7 +122,7 @@ _DOCS["shapes"] = """
     (Tq, T) mask serves every sequence and head without a copy.
 """
 
-_DOCS["masks"] = """\
+_PIECES["masks"] = """\
     mask : array_like of bool (..., T), optional
         The key mask, the same for every query: True = valid key.  This is
         its only form; a mask with a query axis, (..., Tq, T), is refused
@@ -512,7 +142,7 @@ _DOCS["masks"] = """\
         array is formed.  Only with several queries.  Default False.
 """
 
-_DOCS["bias_dropout"] = """\
+_PIECES["bias_dropout"] = """\
     bias : array_like of float, optional
         Broadcastable to (..., Tq, T) ((..., T) for one query per
         sequence): added to the scores (after ``scale``) before the
@@ -529,7 +159,7 @@ _DOCS["bias_dropout"] = """\
         for any thread count, regenerated by the backward, never stored.
 """
 
-_DOCS["return_weights"] = """\
+_PIECES["return_weights"] = """\
     return_weights : bool, optional
         Default True: return the weights ``alpha``.  False: return
         ``lse`` instead, and never form the (..., Tq, T) weights (keys
@@ -538,7 +168,7 @@ _DOCS["return_weights"] = """\
         rounding.
 """
 
-_DOCS["returns"] = """\
+_PIECES["returns"] = """\
     Returns
     -------
     out : ndarray (..., Hv) or (..., Tq, Hv)
@@ -551,7 +181,7 @@ _DOCS["returns"] = """\
         it with ``out`` to the backward.
 """
 
-_DOCS["philox"] = """\
+_PIECES["philox"] = """\
     Notes
     -----
     Dropout keeps key t for query i of the sequence of flat index b (the
@@ -566,7 +196,7 @@ _DOCS["philox"] = """\
     the same bits in NumPy.
 """
 
-_DOCS["backward_state"] = """\
+_PIECES["backward_state"] = """\
     alpha : array_like, the forward's ``alpha``, optional
         The weights of a ``return_weights=True`` forward.  Either
         ``alpha`` or ``out=`` and ``lse=``.
@@ -579,7 +209,7 @@ _DOCS["backward_state"] = """\
         and refuses ``alpha`` and ``grad_alpha``.
 """
 
-_DOCS["backward_args"] = """\
+_PIECES["backward_args"] = """\
     mask, attn_mask, causal, bias, dropout, seed
         As given to the forward: the same seed regenerates the same keep
         pattern.
@@ -588,7 +218,7 @@ _DOCS["backward_args"] = """\
         ``alpha``.
 """
 
-_DOCS["backward_formulas"] = """
+_PIECES["backward_formulas"] = """
     With ``g_i = dL/dout_i``, ``P_it`` the weights (``alpha``, or
     ``exp(s_it - lse_i)`` on the visible keys, recomputed from ``lse``),
     ``gamma_it = (g_i . val_t) keep_it / (1 - p) (+ grad_alpha_it)`` and
@@ -599,7 +229,7 @@ _DOCS["backward_formulas"] = """
 """
 
 
-additive_attention = add_newdoc("additive_attention", """\
+DOCS["additive_attention"] = """\
 Additive (Bahdanau, Luong "concat") attention of queries over keys.
 
     ``s_it = v . tanh(W_k k_t + W_q q_i + b)``, ``alpha_i = masked
@@ -655,10 +285,10 @@ Additive (Bahdanau, Luong "concat") attention of queries over keys.
     ...                                    mask=np.arange(7) < lengths)
     >>> bool(alpha[0, 2, 3:].any()), bool(alpha[1, 6, 5:].any())
     (False, False)
-    """, shapes=True)
+    """
 
 
-additive_attention_backward = add_newdoc("additive_attention_backward", """\
+DOCS["additive_attention_backward"] = """\
 Gradients of :func:`additive_attention` in one call.
 
     ``delta_it = alpha_it (gamma_it - sum_j alpha_ij gamma_ij)`` with
@@ -727,10 +357,10 @@ Gradients of :func:`additive_attention` in one call.
     ...                                    alpha, causal=True)
     >>> g.query.shape, g.W.shape
     ((2, 7, 4), (5, 8))
-    """, AdditiveAttentionGrads, shapes=True)
+    """
 
 
-dot_attention = add_newdoc("dot_attention", """\
+DOCS["dot_attention"] = """\
 Dot-product (Luong "dot", scaled dot) attention, self-attention at scale.
 
     ``s_it = scale q_i . k_t + bias_it`` (Hq = H), ``alpha_i = masked
@@ -794,10 +424,10 @@ Dot-product (Luong "dot", scaled dot) attention, self-attention at scale.
     >>> o2, _ = ac.dot_attention(x, x, dropout=0.1, seed=42)
     >>> bool((o1 == o2).all())
     True
-    """, shapes=True)
+    """
 
 
-dot_attention_backward = add_newdoc("dot_attention_backward", """\
+DOCS["dot_attention_backward"] = """\
 Gradients of :func:`dot_attention` in one call.
 
     ``dq_i = scale sum_t delta_it k_t``, ``dk_t = scale sum_i delta_it
@@ -840,10 +470,10 @@ Gradients of :func:`dot_attention` in one call.
     ...                                causal=True, bias=bias)
     >>> bool(np.allclose(g.query, g2.query) and np.allclose(g.bias, g2.bias))
     True
-    """, DotAttentionGrads, shapes=True)
+    """
 
 
-general_attention = add_newdoc("general_attention", """\
+DOCS["general_attention"] = """\
 General (Luong "general", bilinear) attention.
 
     ``s_it = q_i . (W_a k_t) + bias_it``, ``alpha_i = masked softmax of
@@ -886,10 +516,10 @@ General (Luong "general", bilinear) attention.
     ...                                  causal=True, return_weights=False)
     >>> lse.shape
     (2, 5)
-    """, shapes=True)
+    """
 
 
-general_attention_backward = add_newdoc("general_attention_backward", """\
+DOCS["general_attention_backward"] = """\
 Gradients of :func:`general_attention` in one call.
 
     ``dq_i = W_a sum_t delta_it k_t``, ``dk_t = W_a^T sum_i delta_it q_i
@@ -939,10 +569,10 @@ Gradients of :func:`general_attention` in one call.
     ...     dropout=0.1, seed=7)
     >>> g.query.shape, g.W.shape
     ((2, 6, 4), (4, 4))
-    """, GeneralAttentionGrads, shapes=True)
+    """
 
 
-project_keys = add_newdoc("project_keys", """\
+DOCS["project_keys"] = """\
 The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
 
     For the additive score (``W = [W_k | W_q]``, (A, H + Hq)) this is
@@ -973,10 +603,10 @@ The keys' side of a score, once per key: ``keys @ W[:, :H].T``.
     ...     out, alpha = ac.additive_attention(state, keys, W, v, key_proj=kp)
     >>> out.shape
     (2, 4)
-    """)
+    """
 
 
-project_keys_backward = add_newdoc("project_keys_backward", """\
+DOCS["project_keys_backward"] = """\
 Backward of :func:`project_keys`.
 
     Parameters
@@ -1001,4 +631,13 @@ Backward of :func:`project_keys`.
     >>> dkeys, dW = ac.project_keys_backward(np.ones_like(kp), keys, W)
     >>> dkeys.shape, dW.shape, bool((dW[:, 4:] == 0).all())
     ((2, 7, 4), (5, 7), True)
-    """)
+    """
+
+
+# The family's docstrings with their shared pieces.
+for _name in ("additive_attention", "additive_attention_backward",
+              "dot_attention", "dot_attention_backward",
+              "general_attention", "general_attention_backward"):
+    for _key, _text in _PIECES.items():
+        DOCS[_name] = DOCS[_name].replace("{" + _key + "}", _text)
+del _name, _key, _text

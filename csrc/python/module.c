@@ -1,10 +1,256 @@
 /*
- * binding_module.h - the module around the table: its private functions
- * (the SIMD path, the threads, the tests' hooks), _publish (the public
- * functions with their docstrings), and make_module, the body of the
- * module's init.  Included once, by binding.c, after binding_driver.h;
- * not a header of its own.
+ * module.c - the module around the table: its init (the table's patterns
+ * parsed and each row's signature made, once), its private functions (the
+ * SIMD path, the threads, the tests' hooks), _publish (the public
+ * functions with their docstrings) and _table (the table, for Python).
+ *
+ * Each row is two builtins: the module's (a backward returns a plain
+ * tuple) and the public attention_c.<name>, made by _publish with the
+ * docstring attention_c/_docstrings.py gives and the row's signature (so
+ * inspect.signature works), whose backward returns its named tuple.  A
+ * decoder calls thousands of times per epoch, so the public functions
+ * are these C functions, not Python wrappers, and the common case skips
+ * NumPy's conversions (parse.c, views.c).
  */
+#define BINDING_IMPORT_ARRAY
+#include "binding.h"
+
+#ifdef ATT_TEST_HOOKS
+#include "core/testhooks.h"
+#define MODULE_NAME "attention_c._core_tests"
+#define MODULE_DOC "attention_c._core with the tests' hooks (allocation " \
+    "points, fault injection, _tanh); for the test suite only."
+#define MODULE_INIT PyInit__core_tests
+/* __module__ of the functions _publish makes */
+#define PUBLIC_MODULE MODULE_NAME
+#else
+#define MODULE_NAME "attention_c._core"
+#define MODULE_DOC "C kernels of attention_c; use the functions of " \
+    "attention_c."
+#define MODULE_INIT PyInit__core
+#define PUBLIC_MODULE "attention_c"
+#endif
+
+#define MAX_FUNCS 32
+
+PyObject *arg_name_objs[N_ARG_IDS];
+
+/* ---------------------------------------------------------------------
+ * The entry points: two per row (CPython passes no row to a C function),
+ * the module's function (results as plain tuples) and the public one that
+ * _publish makes (a backward's gradients as its named tuple)
+ */
+
+typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
+                              PyObject *);
+
+#define ENTRY(i)                                                             \
+    static PyObject *entry_##i(PyObject *self, PyObject *const *args,       \
+                               Py_ssize_t nargs, PyObject *kwnames)          \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, nargs, kwnames, NULL);         \
+    }                                                                        \
+    static PyObject *public_##i(PyObject *self, PyObject *const *args,      \
+                                Py_ssize_t nargs, PyObject *kwnames)         \
+    {                                                                        \
+        (void)self;                                                          \
+        return call_function(&funcs[i], args, nargs, kwnames,                \
+                             funcs[i].grads);                                \
+    }
+ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
+ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
+ENTRY(15) ENTRY(16) ENTRY(17)
+#undef ENTRY
+
+static const entry_fn entries[] = {
+    entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
+    entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
+    entry_15, entry_16, entry_17};
+static const entry_fn public_entries[] = {
+    public_0, public_1, public_2, public_3, public_4, public_5, public_6,
+    public_7, public_8, public_9, public_10, public_11, public_12, public_13,
+    public_14, public_15, public_16, public_17};
+
+#define N_ENTRIES ((int)(sizeof(entries) / sizeof(entries[0])))
+
+/* ---------------------------------------------------------------------
+ * The table, made ready at import
+ */
+
+/* The default an optional argument shows in its signature. */
+static const char *default_text(unsigned flags)
+{
+    return flags & F_TRUE ? "True"
+           : flags & F_FLAG ? "False"
+           : flags & F_NUMBER ? "0.0" : "None";
+}
+
+/* Row fn's arguments: their kinds (args.h) added to the row's flags,
+ * their positions and patterns, and the signature CPython shows. */
+static int init_args(FuncSpec *fn)
+{
+    size_t len = (size_t)PyOS_snprintf(fn->textsig, sizeof fn->textsig,
+                                       "%s(", fn->name);
+    for (int id = 0; id < N_ARG_IDS; id++) {
+        fn->pos[id] = -1;
+    }
+    if (fn->npos < fn->nreq) {
+        fn->npos = fn->nreq;       /* the default: the required ones */
+    }
+    for (fn->nargs = 0; fn->nargs < MAX_ARGS &&
+                        fn->args[fn->nargs].id != X_NONE; fn->nargs++) {
+        ArgSpec *a = &fn->args[fn->nargs];
+        a->flags |= arg_kinds[a->id];
+        fn->pos[a->id] = fn->nargs;
+        if (a->shape != NULL && parse_pattern(a->shape, &a->pat) < 0) {
+            return -1;
+        }
+        /* the keyword-only ones after a "*" */
+        len += (size_t)PyOS_snprintf(
+            fn->textsig + len, sizeof fn->textsig - len, "%s%s%s%s%s",
+            fn->nargs ? ", " : "", fn->nargs == fn->npos ? "*, " : "",
+            arg_names[a->id], fn->nargs < fn->nreq ? "" : "=",
+            fn->nargs < fn->nreq ? "" : default_text(a->flags));
+    }
+    if (fn->npos > fn->nargs) {
+        PyErr_Format(PyExc_SystemError, "attention_c: %s has npos > "
+                     "nargs", fn->name);
+        return -1;
+    }
+    len += (size_t)PyOS_snprintf(fn->textsig + len,
+                                 sizeof fn->textsig - len, ")\n--\n\n");
+    if (len >= sizeof fn->textsig) {
+        PyErr_Format(PyExc_SystemError, "attention_c: signature of %s "
+                     "too long", fn->name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Row fn's outputs: their positions and patterns. */
+static int init_outs(FuncSpec *fn)
+{
+    for (int id = 0; id < N_OUT_IDS; id++) {
+        fn->opos[id] = -1;
+    }
+    fn->nfields = 0;
+    for (fn->nouts = 0; fn->nouts < MAX_OUTS &&
+                        fn->outs[fn->nouts].shape != NULL; fn->nouts++) {
+        OutSpec *o = &fn->outs[fn->nouts];
+        fn->opos[o->id] = fn->nouts;
+        fn->nfields += !o->drop;
+        if (parse_pattern(o->shape, &o->pat) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Parses the table's patterns and makes each row's signature, once. */
+static int init_table(void)
+{
+    if (n_funcs != N_ENTRIES || n_funcs > MAX_FUNCS) {
+        PyErr_SetString(PyExc_SystemError, "attention_c: one ENTRY per row "
+                        "of the table, at most MAX_FUNCS rows");
+        return -1;
+    }
+    for (int id = X_NONE + 1; id < N_ARG_IDS; id++) {
+        if (arg_name_objs[id] == NULL &&
+            (arg_name_objs[id] = PyUnicode_InternFromString(arg_names[id]))
+            == NULL) {
+            return -1;
+        }
+    }
+    for (int f = 0; f < n_funcs; f++) {
+        if (init_args(&funcs[f]) < 0 || init_outs(&funcs[f]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * _table(): the table for Python
+ */
+
+/* The kind of an argument, by name. */
+static const char *kind_name(unsigned flags)
+{
+    return flags & F_MASK ? "mask"
+           : flags & F_FLAG ? "flag"
+           : flags & F_NUMBER ? "number"
+           : flags & F_SEED ? "seed"
+           : flags & F_SCALE ? "scale" : "array";
+}
+
+/* (name, kind, shape, required, positional, default) of argument i; the
+ * default of a required one is None. */
+static PyObject *arg_entry(const FuncSpec *fn, int i)
+{
+    const ArgSpec *a = &fn->args[i];
+    int opt = i >= fn->nreq;
+    PyObject *dflt = opt && (a->flags & F_NUMBER) ? PyFloat_FromDouble(0.0)
+                     : Py_NewRef(opt && (a->flags & F_TRUE) ? Py_True
+                                 : opt && (a->flags & F_FLAG) ? Py_False
+                                 : Py_None);
+    if (dflt == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(sszNNN)", arg_names[a->id], kind_name(a->flags),
+                         a->shape, PyBool_FromLong(!opt),
+                         PyBool_FromLong(i < fn->npos), dflt);
+}
+
+/* (name, shape, like, when, unless, extra) of output k: like, when and
+ * unless are argument names or None; extra: left out of the result, not
+ * None, when not made (an extra result, or one of two alternatives). */
+static PyObject *out_entry(const FuncSpec *fn, int k)
+{
+    const OutSpec *o = &fn->outs[k];
+    return Py_BuildValue("(sszzzN)", out_names[o->id], o->shape,
+                         o->like != X_NONE ? arg_names[o->like] : NULL,
+                         o->when != X_NONE ? arg_names[o->when] : NULL,
+                         o->unless != X_NONE ? arg_names[o->unless] : NULL,
+                         PyBool_FromLong(o->drop));
+}
+
+/* {name: (arguments, outputs)} for every row, in the table's order. */
+static PyObject *py_table(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *table = PyDict_New();
+    for (int f = 0; table != NULL && f < n_funcs; f++) {
+        const FuncSpec *fn = &funcs[f];
+        PyObject *args = PyTuple_New(fn->nargs);
+        PyObject *outs = PyTuple_New(fn->nouts);
+        PyObject *row = NULL;
+        int ok = args != NULL && outs != NULL;
+        for (int i = 0; ok && i < fn->nargs; i++) {
+            PyObject *e = arg_entry(fn, i);
+            ok = e != NULL;
+            if (ok) {
+                PyTuple_SET_ITEM(args, i, e);
+            }
+        }
+        for (int k = 0; ok && k < fn->nouts; k++) {
+            PyObject *e = out_entry(fn, k);
+            ok = e != NULL;
+            if (ok) {
+                PyTuple_SET_ITEM(outs, k, e);
+            }
+        }
+        row = ok ? PyTuple_Pack(2, args, outs) : NULL;
+        if (row == NULL || PyDict_SetItemString(table, fn->name, row) < 0) {
+            Py_CLEAR(table);
+        }
+        Py_XDECREF(row);
+        Py_XDECREF(args);
+        Py_XDECREF(outs);
+    }
+    return table;
+}
 
 /* ---------------------------------------------------------------------
  * Private: the instruction set, threads; the tests' hooks
@@ -108,17 +354,9 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     }
     Py_RETURN_NONE;
 }
-
-/* The module's table, given by make_module: the rows and their two entry
- * points each (CPython passes no row to a C function): the module's
- * function (results as plain tuples) and the public one that _publish
- * makes (a backward's gradients as its named tuple). */
-typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
-                              PyObject *);
-#define MAX_FUNCS 32
-static FuncSpec *funcs_ = NULL;
-static int nfuncs_ = 0;
-static const entry_fn *public_entries_ = NULL;
+/* ---------------------------------------------------------------------
+ * _publish: the public functions
+ */
 
 /* The public functions: one method per row, made by _publish. */
 static PyMethodDef public_defs[MAX_FUNCS];
@@ -138,10 +376,10 @@ static PyObject *py_publish(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "sU|O:_publish", &name, &doc, &grads)) {
         return NULL;
     }
-    while (f < nfuncs_ && strcmp(funcs_[f].name, name) != 0) {
+    while (f < n_funcs && strcmp(funcs[f].name, name) != 0) {
         f++;
     }
-    if (f == nfuncs_) {
+    if (f == n_funcs) {
         return PyErr_Format(PyExc_ValueError, "_publish: no function %s",
                             name);
     }
@@ -152,14 +390,14 @@ static PyObject *py_publish(PyObject *self, PyObject *args)
         Py_XDECREF(fields);
         if (!PyType_Check(grads) ||
             !PyType_IsSubtype((PyTypeObject *)grads, &PyTuple_Type) ||
-            n != funcs_[f].nfields) {
+            n != funcs[f].nfields) {
             PyErr_Clear();
             return PyErr_Format(PyExc_TypeError, "_publish: grads of %s "
                                 "must be a named tuple of %d fields", name,
-                                funcs_[f].nfields);
+                                funcs[f].nfields);
         }
     }
-    PyObject *text = PyUnicode_FromFormat("%s%U", funcs_[f].textsig, doc);
+    PyObject *text = PyUnicode_FromFormat("%s%U", funcs[f].textsig, doc);
     const char *utf8 = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
     PyObject *module = PyUnicode_FromString(PUBLIC_MODULE);
     if (utf8 == NULL || module == NULL) {
@@ -167,18 +405,17 @@ static PyObject *py_publish(PyObject *self, PyObject *args)
         Py_XDECREF(module);
         return NULL;
     }
-    public_defs[f] = (PyMethodDef){funcs_[f].name,
+    public_defs[f] = (PyMethodDef){funcs[f].name,
                                    (PyCFunction)(void (*)(void))
-                                   public_entries_[f],
+                                   public_entries[f],
                                    METH_FASTCALL | METH_KEYWORDS, utf8};
     Py_XSETREF(public_docs[f], text);
-    Py_XSETREF(funcs_[f].grads, grads != Py_None
+    Py_XSETREF(funcs[f].grads, grads != Py_None
                ? (PyTypeObject *)Py_NewRef(grads) : NULL);
     PyObject *func = PyCMethod_New(&public_defs[f], NULL, module, NULL);
     Py_DECREF(module);
     return func;
 }
-
 #ifdef ATT_TEST_HOOKS
 /* _fail_alloc_after(n, trace=False): restart counting allocation points;
  * fail point n (0-based) once, or none for n = -1; with trace, record the
@@ -272,7 +509,6 @@ done:
     return y;
 }
 #endif /* ATT_TEST_HOOKS */
-
 /* ---------------------------------------------------------------------
  * The module
  */
@@ -293,6 +529,10 @@ static PyMethodDef private_methods[] = {
     {"_publish", py_publish, METH_VARARGS,
      "_publish(name, doc, grads=None): the public function attention_c.name "
      "with its docstring (and, for a backward, its named tuple)."},
+    {"_table", py_table, METH_NOARGS,
+     "_table(): {name: (arguments, outputs)} of every public function: "
+     "each argument (name, kind, shape, required, positional, default), "
+     "each output (name, shape, like, when, unless, extra)."},
 #ifdef ATT_TEST_HOOKS
     {"_fail_alloc_after", (PyCFunction)(void (*)(void))py_fail_alloc_after,
      METH_VARARGS | METH_KEYWORDS,
@@ -309,7 +549,6 @@ static PyMethodDef private_methods[] = {
 };
 
 #define N_PRIVATE ((int)(sizeof(private_methods) / sizeof(private_methods[0])))
-
 /* The rows of the table, then the private functions; made at import. */
 static PyMethodDef methods[MAX_FUNCS + N_PRIVATE + 1];
 
@@ -320,26 +559,13 @@ static void module_free(void *m)
 #ifdef ATT_TEST_HOOKS
     Py_CLEAR(fault_trace);
 #endif
-    for (int f = 0; f < nfuncs_; f++) {
+    for (int f = 0; f < n_funcs; f++) {
         /* the functions may outlive the module: keep ml_doc valid */
-        public_defs[f].ml_doc = funcs_[f].textsig;
+        public_defs[f].ml_doc = funcs[f].textsig;
         Py_CLEAR(public_docs[f]);
-        Py_CLEAR(funcs_[f].grads);
+        Py_CLEAR(funcs[f].grads);
     }
-    if (!work_cache_busy) {
-        PyMem_RawFree(work_cache);
-        work_cache = NULL;
-        work_cache_size = 0;
-    }
-    if (pool != NULL && pool_users == 0) {
-        if (att_pool_owned(pool)) {
-            att_pool_free(pool);
-        }
-        else {
-            att_pool_abandon(pool);
-        }
-        pool = NULL;
-    }
+    release_exec_state();
 }
 
 static struct PyModuleDef module = {
@@ -351,32 +577,20 @@ static struct PyModuleDef module = {
     .m_free = module_free,
 };
 
-/* The module of the table funcs (nfuncs rows, with nentries entry points
- * of each kind); the body of MODULE_INIT. */
-static PyObject *make_module(FuncSpec *funcs, int nfuncs,
-                             const entry_fn *entries,
-                             const entry_fn *public_entries, int nentries)
+PyMODINIT_FUNC MODULE_INIT(void)
 {
     import_array();
-    if (nentries != nfuncs || nfuncs > MAX_FUNCS) {
-        PyErr_SetString(PyExc_SystemError, "attention_c: one entry point "
-                        "per row of the table, at most MAX_FUNCS rows");
+    if (init_table() < 0) {
         return NULL;
     }
-    if (init_table(funcs, nfuncs) < 0) {
-        return NULL;
-    }
-    funcs_ = funcs;
-    nfuncs_ = nfuncs;
-    public_entries_ = public_entries;
-    for (int f = 0; f < nfuncs; f++) {
+    for (int f = 0; f < n_funcs; f++) {
         methods[f] = (PyMethodDef){funcs[f].name,
                                    (PyCFunction)(void (*)(void))entries[f],
                                    METH_FASTCALL | METH_KEYWORDS,
                                    funcs[f].textsig};
     }
     for (int p = 0; p < N_PRIVATE; p++) {
-        methods[nfuncs + p] = private_methods[p];
+        methods[n_funcs + p] = private_methods[p];
     }
     simd_level = att_simd_best();
     PyObject *m = PyModule_Create(&module);
@@ -395,4 +609,3 @@ static PyObject *make_module(FuncSpec *funcs, int nfuncs,
     }
     return m;
 }
-

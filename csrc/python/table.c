@@ -1,97 +1,36 @@
 /*
- * binding.c - the only file that speaks CPython and NumPy (with the
- * binding_*.h it includes: the driver, the views, the module).
- *
- * Every public function is one row of the table `funcs` below: its
- * arguments in signature order, each with a shape pattern in the style of
- * NumPy's gufunc signatures ("(..., T, H)", "(A, H+Hq)"), its outputs
- * with theirs, and the kernel call, a few lines above the table.  The
- * generic driver (binding_driver.h) parses, checks, casts, allocates,
- * releases the GIL and maps the status the same way for every row.
- * Adding a function: its argument names below if new, one kernel call,
- * one row.
+ * table.c - the table of the public functions: every one is a row of
+ * `funcs` below, its arguments in signature order (args.h names them),
+ * each with a shape pattern in the style of NumPy's gufunc signatures
+ * ("(..., T, H)", "(A, H+Hq)"), its outputs with theirs, and the kernel
+ * call, a few lines above the table.  The generic driver (call.c) parses,
+ * checks, casts, allocates, releases the GIL and maps the status the same
+ * way for every row.  Adding a function: its argument names in args.h if
+ * new, one kernel call, one row, and its ENTRY in module.c.
  *
  * Arguments up to .npos (default: the required ones, .nreq) may be given
  * by position; the rest are keyword-only, so that an optional array can
  * never be read as another (a mask in the place of the bias).
- *
- * Each row is two builtins: the module's (a backward returns a plain
- * tuple) and the public attention_c.<name>, made by _publish with the
- * docstring attention_c/_add_newdocs.py gives and the row's signature (so
- * inspect.signature works), whose backward returns its named tuple.  A
- * decoder calls thousands of times per epoch, so the public functions
- * are these C functions, not Python wrappers, and the common case skips
- * NumPy's conversions: arrays are taken as they are, and inputs that are
- * already all float32 (or float64), C-contiguous and aligned are used
- * without PyArray_ResultType or PyArray_FromArray.
- *
- * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
- * (binding_tests.c) as attention_c._core_tests, which adds what only the
- * tests use: the allocation points' counter and fault injection, and the
- * vector tanh of each SIMD path.  In _core an allocation point is nothing.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "binding.h"
 
 #include <math.h>
 
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
-#include "attention.h"
-#include "core/pool.h"
-#ifdef ATT_TEST_HOOKS
-#include "core/testhooks.h"
-#define MODULE_NAME "attention_c._core_tests"
-#define MODULE_DOC "attention_c._core with the tests' hooks (allocation " \
-    "points, fault injection, _tanh); for the test suite only."
-#define MODULE_INIT PyInit__core_tests
-/* __module__ of the functions _publish makes */
-#define PUBLIC_MODULE MODULE_NAME
-#else
-#define MODULE_NAME "attention_c._core"
-#define MODULE_DOC "C kernels of attention_c; use the functions of " \
-    "attention_c."
-#define MODULE_INIT PyInit__core
-#define PUBLIC_MODULE "attention_c"
-#endif
-
-
 /* ---------------------------------------------------------------------
- * The table's vocabulary: arguments and outputs, by name
+ * The vocabulary (args.h): names and kinds
  */
 
-/* X_NONE (0) ends a row's argument list, so that a row's unused entries,
- * zeroed, need no end marker. */
-enum {
-    X_NONE, X_H, X_MASK, X_GRAD_C, X_CONTEXT, X_W, X_V, X_B, X_GRAD_S,
-    X_SCORES, X_GRAD_ALPHA, X_ALPHA, X_GRAD_OUT, X_KEEP, X_ACT, X_QUERY,
-    X_KEYS, X_VALUES, X_KPROJ, X_SCALE, X_GRAD_KPROJ, X_GRAD_PROJ,
-    X_ATTN_MASK, X_CAUSAL, X_BIAS, X_DROPOUT, X_SEED, X_RETW, X_OUT, X_LSE,
-    N_ARG_IDS
-};
-static const char *const arg_names[N_ARG_IDS] = {
-    NULL, "h", "mask", "grad_c", "context", "W", "v", "b", "grad_s", "scores",
-    "grad_alpha", "alpha", "grad_out", "keep_activations", "activations",
-    "query", "keys", "values", "key_proj", "scale", "stop_at_key_proj",
-    "grad_proj", "attn_mask", "causal", "bias", "dropout", "seed",
-    "return_weights", "out", "lse"};
-/* The same as interned str, made at import: a keyword written in the
- * caller's source is the same object, so matching it is one compare. */
-static PyObject *arg_name_objs[N_ARG_IDS];
+#define ATT_ARG_NAME(ID, name, kind) #name,
+const char *const arg_names[N_ARG_IDS] = {NULL, ATT_ARGS(ATT_ARG_NAME)};
+#undef ATT_ARG_NAME
 
-enum {
-    Y_C, Y_DH, Y_S, Y_DCONTEXT, Y_DW, Y_DV, Y_DB, Y_ALPHA, Y_DSCORES, Y_OUT,
-    Y_DALPHA, Y_ACT, Y_DQUERY, Y_DKEYS, Y_DVALUES, Y_DKPROJ, Y_KPROJ, Y_LSE,
-    Y_DBIAS, N_OUT_IDS
-};
-static const char *const out_names[N_OUT_IDS] = {
-    "c", "dh", "s", "dcontext", "dW", "dv", "db", "alpha", "dscores", "out",
-    "dalpha", "activations", "dquery", "dkeys", "dvalues", "dkey_proj",
-    "key_proj", "lse", "dbias"};
+#define ATT_ARG_KIND(ID, name, kind) kind,
+const unsigned arg_kinds[N_ARG_IDS] = {0, ATT_ARGS(ATT_ARG_KIND)};
+#undef ATT_ARG_KIND
 
-#include "binding_driver.h"
-#include "binding_module.h"
+#define ATT_OUT_NAME(ID, name) #name,
+const char *const out_names[N_OUT_IDS] = {ATT_OUTS(ATT_OUT_NAME)};
+#undef ATT_OUT_NAME
 
 /* ---------------------------------------------------------------------
  * The kernels of the rows
@@ -170,7 +109,7 @@ static int k_context_attention(Call *c)
 {
     return TYPED(c, context_attention, c->d, &c->ex, IN(X_H), IN(X_W),
                  IN(X_V), IN(X_B), IN(X_MASK), OUT(Y_OUT), OUT(Y_ALPHA),
-                 OUT(Y_ACT), c->work);
+                 OUT(Y_ACTIVATIONS), c->work);
 }
 
 static ptrdiff_t w_context_attention_backward(Call *c)
@@ -182,7 +121,8 @@ static int k_context_attention_backward(Call *c)
 {
     return TYPED(c, context_attention_backward, c->d, &c->ex,
                  IN(X_GRAD_OUT), IN(X_H), IN(X_W), IN(X_V), IN(X_ALPHA),
-                 IN(X_B), IN(X_MASK), IN(X_GRAD_ALPHA), IN(X_ACT), OUT(Y_DH),
+                 IN(X_B), IN(X_MASK), IN(X_GRAD_ALPHA), IN(X_ACTIVATIONS),
+                 OUT(Y_DH),
                  OUT(Y_DW), OUT(Y_DV), OUT(Y_DB), c->work);
 }
 
@@ -203,7 +143,7 @@ static const ptrdiff_t *index_of(const Call *c, int id)
 
 static att_fdims family_dims(const Call *c)
 {
-    int score = c->fn->score - 1, ib = c->fn->pos[X_BIAS];
+    int score = c->fn->score, ib = c->fn->pos[X_BIAS];
     att_fdims f = {
         .score = score, .causal = given(c, X_CAUSAL),
         .bias_shared = c->bias_shared,
@@ -220,15 +160,10 @@ static att_fdims family_dims(const Call *c)
     return f;
 }
 
-static int family_backward(const Call *c)
-{
-    return c->fn->pos[X_GRAD_OUT] >= 0;
-}
-
 static ptrdiff_t w_family(Call *c)
 {
     att_fdims f = family_dims(c);
-    return TYPED(c, family_workspace, &f, family_backward(c), &c->ex);
+    return TYPED(c, family_workspace, &f, is_backward(c->fn), &c->ex);
 }
 
 /* A view argument as the kernel reads it, or keys and values read where
@@ -257,7 +192,8 @@ static att_view dbias_view(const Call *c)
     do {                                                                     \
         int wi = c->fn->pos[X_W];                                            \
         att_family_in_##SFX in = {                                           \
-            .query = IN(X_QUERY), .keys = IN(X_KEYS), .kproj = IN(X_KPROJ),  \
+            .query = IN(X_QUERY), .keys = IN(X_KEYS),                        \
+            .kproj = IN(X_KEY_PROJ),                                         \
             .values = IN(X_VALUES), .W = IN(X_W), .v = IN(X_V),              \
             .b = IN(X_B),                                                    \
             .ldw = wi >= 0 ? PyArray_DIM(c->arr[wi], 1) : 0,                 \
@@ -275,10 +211,10 @@ static att_view dbias_view(const Call *c)
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
-            .dkproj = OUT(Y_DKPROJ), .dvalues = OUT(Y_DVALUES),              \
+            .dkproj = OUT(Y_DKEY_PROJ), .dvalues = OUT(Y_DVALUES),           \
             .dW = OUT(Y_DW), .dv = OUT(Y_DV), .db = OUT(Y_DB),               \
             .dbias = dbias};                                                 \
-        return family_backward(c)                                            \
+        return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
     } while (0)
@@ -298,28 +234,38 @@ static int k_family(Call *c)
     FAMILY_CALL(double, f64);
 }
 
-/* What the table cannot say: arguments that go together or exclude each
- * other, the dropout's range and seed. */
-static int check_family(Call *c)
+/* The additive score adds query and keys per sequence: their leading
+ * axes (and the values') must be the same, not broadcast. */
+static int check_additive_lead(const Call *c)
 {
-    const char *name = c->fn->name;
-    int ik = c->fn->pos[X_KEYS], ip = c->fn->pos[X_KPROJ];
-    for (int id = X_QUERY; id <= X_VALUES; id++) {
-        int i = c->fn->pos[id];
-        if (c->fn->score - 1 == ATT_SCORE_ADDITIVE && i >= 0 &&
-            c->arr[i] != NULL &&
-            PyArray_NDIM(c->arr[i]) != PyArray_NDIM(c->arr[ik]) -
-                                       (id == X_QUERY && !c->several)) {
-            goto additive_lead;
+    static const int ids[] = {X_QUERY, X_KEYS, X_VALUES};
+    int ik = c->fn->pos[X_KEYS];
+    for (int n = 0; n < 3; n++) {
+        int id = ids[n], i = c->fn->pos[id];
+        int same = i < 0 || c->arr[i] == NULL ||
+                   PyArray_NDIM(c->arr[i]) == PyArray_NDIM(c->arr[ik]) -
+                                              (id == X_QUERY && !c->several);
+        for (int k = 0; same && i >= 0 && c->arr[i] != NULL &&
+                        k < c->nlead; k++) {
+            same = PyArray_DIM(c->arr[i], k) == c->lead[k];
         }
-        for (int k = 0; c->fn->score - 1 == ATT_SCORE_ADDITIVE && i >= 0 &&
-                        c->arr[i] != NULL && k < c->nlead; k++) {
-            if (PyArray_DIM(c->arr[i], k) != c->lead[k]) {
-                goto additive_lead;
-            }
+        if (!same) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: query, keys and values need the same leading "
+                         "axes here (broadcasting them against each other "
+                         "is for the dot and general scores)", c->fn->name);
+            return -1;
         }
     }
-    if (ip >= 0 && c->arr[ip] != NULL) {    /* the keys projected */
+    return 0;
+}
+
+/* key_proj is the keys projected: their leading axes; stop_at_key_proj
+ * needs it. */
+static int check_key_proj(const Call *c)
+{
+    int ik = c->fn->pos[X_KEYS], ip = c->fn->pos[X_KEY_PROJ];
+    if (ip >= 0 && c->arr[ip] != NULL) {
         int nd = PyArray_NDIM(c->arr[ip]);
         int same = nd == PyArray_NDIM(c->arr[ik]);
         for (int k = 0; same && k < nd - 2; k++) {
@@ -335,20 +281,18 @@ static int check_family(Call *c)
             return -1;
         }
     }
-    if (given(c, X_GRAD_KPROJ) && !given(c, X_KPROJ)) {
+    if (given(c, X_STOP_AT_KEY_PROJ) && !given(c, X_KEY_PROJ)) {
         PyErr_SetString(PyExc_ValueError,
                         "stop_at_key_proj=True needs key_proj: the gradient "
                         "stops at the projected keys given");
         return -1;
     }
-    if (!c->several && (given(c, X_ATTN_MASK) || given(c, X_CAUSAL))) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: %s needs several queries (query (..., Tq, Hq) "
-                     "with query.ndim == keys.ndim); one query per sequence "
-                     "attends to its keys through mask=",
-                     name, given(c, X_CAUSAL) ? "causal" : "attn_mask");
-        return -1;
-    }
+    return 0;
+}
+
+/* The dropout's range, its seed, and the sizes its bits cover. */
+static int check_dropout(const Call *c)
+{
     int id = c->fn->pos[X_DROPOUT];
     double p = id >= 0 ? c->num[id] : 0;
     if (!(p >= 0 && p < 1)) {
@@ -372,37 +316,63 @@ static int check_family(Call *c)
                         "and 2**34 keys per sequence");
         return -1;
     }
-    if (c->fn->pos[X_LSE] >= 0 && family_backward(c)) {
-        int a = given(c, X_ALPHA), o = given(c, X_OUT), l = given(c, X_LSE);
-        const char *why =
-            a && (o || l) ? "give alpha, or out= and lse= of a forward "
-                            "with return_weights=False, not both"
-            : !a && o != l ? "out= and lse= go together (the forward's "
-                             "with return_weights=False)"
-            : !a && !o ? "missing alpha (the forward's weights), or out= "
-                         "and lse= (a forward with return_weights=False)"
-            : NULL;
-        if (why != NULL) {
-            PyErr_Format(!a && !o && !l ? PyExc_TypeError
-                                        : PyExc_ValueError,
-                         "%s: %s", name, why);
-            return -1;
-        }
-        if (l && given(c, X_GRAD_ALPHA)) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: grad_alpha needs alpha: a forward with "
-                         "return_weights=False returns no weights to "
-                         "differentiate", name);
-            return -1;
-        }
+    return 0;
+}
+
+/* A dot or general backward takes the forward's alpha, or its out= and
+ * lse= (return_weights=False), never both. */
+static int check_saved(const Call *c)
+{
+    const char *name = c->fn->name;
+    int a = given(c, X_ALPHA), o = given(c, X_OUT), l = given(c, X_LSE);
+    const char *why =
+        a && (o || l) ? "give alpha, or out= and lse= of a forward "
+                        "with return_weights=False, not both"
+        : !a && o != l ? "out= and lse= go together (the forward's "
+                         "with return_weights=False)"
+        : !a && !o ? "missing alpha (the forward's weights), or out= "
+                     "and lse= (a forward with return_weights=False)"
+        : NULL;
+    if (why != NULL) {
+        PyErr_Format(!a && !o && !l ? PyExc_TypeError : PyExc_ValueError,
+                     "%s: %s", name, why);
+        return -1;
+    }
+    if (l && given(c, X_GRAD_ALPHA)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: grad_alpha needs alpha: a forward with "
+                     "return_weights=False returns no weights to "
+                     "differentiate", name);
+        return -1;
     }
     return 0;
-additive_lead:
-    PyErr_Format(PyExc_ValueError,
-                 "%s: query, keys and values need the same leading axes "
-                 "here (broadcasting them against each other is for the "
-                 "dot and general scores)", name);
-    return -1;
+}
+
+/* What the table cannot say: arguments that go together or exclude each
+ * other, the dropout's range and seed. */
+static int check_family(Call *c)
+{
+    if (c->fn->score == ATT_SCORE_ADDITIVE && check_additive_lead(c) < 0) {
+        return -1;
+    }
+    if (check_key_proj(c) < 0) {
+        return -1;
+    }
+    if (!c->several && (given(c, X_ATTN_MASK) || given(c, X_CAUSAL))) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s needs several queries (query (..., Tq, Hq) "
+                     "with query.ndim == keys.ndim); one query per sequence "
+                     "attends to its keys through mask=", c->fn->name,
+                     given(c, X_CAUSAL) ? "causal" : "attn_mask");
+        return -1;
+    }
+    if (check_dropout(c) < 0) {
+        return -1;
+    }
+    if (c->fn->pos[X_LSE] >= 0 && is_backward(c->fn)) {
+        return check_saved(c);
+    }
+    return 0;
 }
 
 /* project_keys: W (A, L) multiplies keys with its first H columns. */
@@ -437,7 +407,7 @@ static ptrdiff_t w_project(Call *c)
 static int k_project_keys(Call *c)
 {
     return TYPED(c, project_keys, project_dims(c), &c->ex, IN(X_KEYS),
-                 IN(X_W), c->sym[S_L], OUT(Y_KPROJ), c->work);
+                 IN(X_W), c->sym[S_L], OUT(Y_KEY_PROJ), c->work);
 }
 
 static int k_project_keys_backward(Call *c)
@@ -454,15 +424,15 @@ static int k_project_keys_backward(Call *c)
  * The table
  */
 
-/* An argument: required array, optional array, boolean mask, flag, the
- * dot score's scale; with a hint for its shape errors.  An output: always,
- * only when an argument is given (RES_IF), or an extra one appended to a
- * backward's named tuple (RES_EXTRA). */
+/* An argument: required array, optional array, boolean mask, flag (the
+ * kinds, args.h, are added at import); with a hint for its shape errors.
+ * An output: always, only when an argument is given (RES_IF), or an
+ * extra one appended to a backward's named tuple (RES_EXTRA). */
 #define ARR(i, s) {.id = i, .shape = s}
 #define OPT(i, s) {.id = i, .flags = F_OPT, .shape = s}
-#define MASK(s) {.id = X_MASK, .flags = F_OPT | F_MASK, .shape = s}
-#define FLAG(i) {.id = i, .flags = F_OPT | F_FLAG}
-#define SCALE {.id = X_SCALE, .flags = F_OPT | F_SCALE}
+#define MASK(s) {.id = X_MASK, .flags = F_OPT, .shape = s}
+#define FLAG(i) {.id = i}
+#define SCALE {.id = X_SCALE}
 #define HINT(i, s, h) {.id = i, .shape = s, .hint = h}
 #define RES(i, s) {.id = i, .shape = s}
 #define RES_IF(i, s, w) {.id = i, .shape = s, .when = w}
@@ -485,23 +455,23 @@ static int k_project_keys_backward(Call *c)
                    "keys)"}
 /* the masks and the bias are read where they are (F_VIEW), broadcast by
  * NumPy's rules */
-#define FAMILY_MASK {.id = X_MASK, .flags = F_OPT | F_MASK | F_VIEW,         \
+#define FAMILY_MASK {.id = X_MASK, .flags = F_OPT | F_VIEW,                  \
                      .shape = "(..., T)",                                    \
                      .hint = "(the key mask, the same for every query)"}
-#define ATTN_MASK {.id = X_ATTN_MASK, .flags = F_OPT | F_MASK | F_VIEW,      \
+#define ATTN_MASK {.id = X_ATTN_MASK, .flags = F_OPT | F_VIEW,               \
                    .shape = "(..., Tq?, T)",                                 \
                    .hint = "(True = query i may attend to key t)"}
 #define CAUSAL FLAG(X_CAUSAL)
 #define BIAS {.id = X_BIAS, .flags = F_OPT | F_VIEW,                         \
               .shape = "(..., Tq?, T)",                                      \
               .hint = "(added to the scores; -inf masks)"}
-#define DROPOUT {.id = X_DROPOUT, .flags = F_OPT | F_NUMBER}
-#define SEED {.id = X_SEED, .flags = F_OPT | F_SEED}
-#define RETURN_WEIGHTS {.id = X_RETW, .flags = F_OPT | F_FLAG | F_TRUE}
+#define DROPOUT {.id = X_DROPOUT}
+#define SEED {.id = X_SEED}
+#define RETURN_WEIGHTS {.id = X_RETURN_WEIGHTS}
 #define KEYS {.id = X_KEYS, .flags = F_LEADB, .shape = "(..., T, H)"}
 #define VALUES {.id = X_VALUES, .flags = F_OPT | F_LEADB,                    \
                 .shape = "(..., T, Hv)"}
-#define KPROJ(wide) {.id = X_KPROJ, .flags = F_OPT | F_LEADB,                \
+#define KPROJ(wide) {.id = X_KEY_PROJ, .flags = F_OPT | F_LEADB,             \
                      .shape = "(..., T, " wide ")"}
 #define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
 #define ALPHA_OPT OPT(X_ALPHA, "(..., Tq?, T)")
@@ -512,8 +482,10 @@ static int k_project_keys_backward(Call *c)
 /* (out, alpha), or (out, lse) with return_weights=False */
 #define STREAM_OUTS                                                          \
     RES(Y_OUT, "(..., Tq?, Hv)"),                                            \
-    {.id = Y_ALPHA, .shape = "(..., Tq?, T)", .when = X_RETW, .drop = 1},    \
-    {.id = Y_LSE, .shape = "(..., Tq?)", .unless = X_RETW, .drop = 1}
+    {.id = Y_ALPHA, .shape = "(..., Tq?, T)", .when = X_RETURN_WEIGHTS,      \
+     .drop = 1},                                                             \
+    {.id = Y_LSE, .shape = "(..., Tq?)", .unless = X_RETURN_WEIGHTS,         \
+     .drop = 1}
 #define DBIAS {.id = Y_DBIAS, .shape = "(..., Tq?, T)", .like = X_BIAS,       \
                .when = X_BIAS}
 /* the inputs' gradients have their shapes (summed where they broadcast) */
@@ -525,10 +497,11 @@ static int k_project_keys_backward(Call *c)
 /* the family's rows: the keys fix T and H first */
 #define FAMILY(sc)                                                           \
     .order = {X_KEYS, X_QUERY, X_VALUES}, .fused = 1,                        \
-    .score = (sc) + 1, .check = check_family, .workspace = w_family,         \
+    .family = 1, .score = (sc), .check = check_family,                       \
+    .workspace = w_family,                                                   \
     .kernel = k_family
 
-static FuncSpec funcs[] = {
+FuncSpec funcs[] = {
     {.name = "mean_context",
      .args = {ARR(X_H, "(..., T, H)"), MASK("(..., T)")}, .nreq = 1,
      .order = {X_H}, .outs = {RES(Y_C, "(..., H)")},
@@ -573,17 +546,19 @@ static FuncSpec funcs[] = {
      .kernel = k_weighted_sum_backward},
     {.name = "context_attention",
      .args = {ARR(X_H, "(..., T, H)"), W_CONTEXT, ARR(X_V, "(A,)"),
-              OPT(X_B, "(A,)"), MASK("(..., T)"), FLAG(X_KEEP)}, .nreq = 3,
+              OPT(X_B, "(A,)"), MASK("(..., T)"),
+              FLAG(X_KEEP_ACTIVATIONS)}, .nreq = 3,
      .order = {X_H},
      .outs = {RES(Y_OUT, "(..., H)"), RES(Y_ALPHA, "(..., T)"),
-              RES_EXTRA(Y_ACT, "(..., T, A)", X_KEEP)},
+              RES_EXTRA(Y_ACTIVATIONS, "(..., T, A)", X_KEEP_ACTIVATIONS)},
      .fused = 1, .workspace = w_context_attention,
      .kernel = k_context_attention},
     {.name = "context_attention_backward",
      .args = {ARR(X_GRAD_OUT, "(..., H)"), ARR(X_H, "(..., T, H)"),
               W_CONTEXT, ARR(X_V, "(A,)"), ARR(X_ALPHA, "(..., T)"),
               OPT(X_B, "(A,)"), MASK("(..., T)"),
-              OPT(X_GRAD_ALPHA, "(..., T)"), OPT(X_ACT, "(..., T, A)")},
+              OPT(X_GRAD_ALPHA, "(..., T)"),
+              OPT(X_ACTIVATIONS, "(..., T, A)")},
      .nreq = 5, .order = {X_H},
      .outs = {RES(Y_DH, "(..., T, H)"), RES(Y_DW, "(A, 2*H)"),
               RES(Y_DV, "(A,)"), RES_IF(Y_DB, "(A,)", X_B)},
@@ -598,11 +573,11 @@ static FuncSpec funcs[] = {
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_ADDITIVE, ARR(X_V, "(A,)"),
               ALPHA_Q, OPT(X_B, "(A,)"), FAMILY_MASK, ATTN_MASK, CAUSAL,
               VALUES, GRAD_ALPHA_Q, KPROJ("A"),
-              FLAG(X_GRAD_KPROJ)}, .nreq = 6,
+              FLAG(X_STOP_AT_KEY_PROJ)}, .nreq = 6,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(A, H+Hq)"), RES(Y_DV, "(A,)"),
               RES_IF(Y_DB, "(A,)", X_B),
-              {.id = Y_DKPROJ, .shape = "(..., T, A)", .like = X_KPROJ,
-               .when = X_GRAD_KPROJ, .drop = 1}},
+              {.id = Y_DKEY_PROJ, .shape = "(..., T, A)", .like = X_KEY_PROJ,
+               .when = X_STOP_AT_KEY_PROJ, .drop = 1}},
      FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "dot_attention",
      .args = {QUERY_DOT, KEYS, FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT,
@@ -622,14 +597,14 @@ static FuncSpec funcs[] = {
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_OPT, SAVED,
               FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES,
               GRAD_ALPHA_Q, KPROJ("Hq"),
-              FLAG(X_GRAD_KPROJ)}, .nreq = 4, .npos = 5,
+              FLAG(X_STOP_AT_KEY_PROJ)}, .nreq = 4, .npos = 5,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"), DBIAS,
-              {.id = Y_DKPROJ, .shape = "(..., T, Hq)", .like = X_KPROJ,
-               .when = X_GRAD_KPROJ, .drop = 1}},
+              {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
+               .when = X_STOP_AT_KEY_PROJ, .drop = 1}},
      FAMILY(ATT_SCORE_GENERAL)},
     {.name = "project_keys",
      .args = {KEYS, ARR(X_W, "(A, L)")}, .nreq = 2,
-     .order = {X_KEYS}, .outs = {RES(Y_KPROJ, "(..., T, A)")},
+     .order = {X_KEYS}, .outs = {RES(Y_KEY_PROJ, "(..., T, A)")},
      .fused = 1, .check = check_project, .workspace = w_project,
      .kernel = k_project_keys},
     {.name = "project_keys_backward",
@@ -641,38 +616,4 @@ static FuncSpec funcs[] = {
 };
 
 #define N_FUNCS ((int)(sizeof(funcs) / sizeof(funcs[0])))
-
-/* Two entry points per row: see entry_fn. */
-#define ENTRY(i)                                                             \
-    static PyObject *entry_##i(PyObject *self, PyObject *const *args,       \
-                               Py_ssize_t nargs, PyObject *kwnames)          \
-    {                                                                        \
-        (void)self;                                                          \
-        return call_function(&funcs[i], args, nargs, kwnames, NULL);         \
-    }                                                                        \
-    static PyObject *public_##i(PyObject *self, PyObject *const *args,      \
-                                Py_ssize_t nargs, PyObject *kwnames)         \
-    {                                                                        \
-        (void)self;                                                          \
-        return call_function(&funcs[i], args, nargs, kwnames,                \
-                             funcs[i].grads);                                \
-    }
-ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
-ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
-ENTRY(15) ENTRY(16) ENTRY(17)
-#undef ENTRY
-
-static const entry_fn entries[] = {
-    entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
-    entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
-    entry_15, entry_16, entry_17};
-static const entry_fn public_entries[] = {
-    public_0, public_1, public_2, public_3, public_4, public_5, public_6,
-    public_7, public_8, public_9, public_10, public_11, public_12, public_13,
-    public_14, public_15, public_16, public_17};
-#define N_ENTRIES ((int)(sizeof(entries) / sizeof(entries[0])))
-
-PyMODINIT_FUNC MODULE_INIT(void)
-{
-    return make_module(funcs, N_FUNCS, entries, public_entries, N_ENTRIES);
-}
+const int n_funcs = N_FUNCS;

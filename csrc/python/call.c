@@ -1,0 +1,574 @@
+/*
+ * call.c - the generic half of the binding: call_function, the same steps
+ * for every row of the table (table.c):
+ *   1. take the arguments (METH_FASTCALL; parse.c);
+ *   2. view each array argument as an array, without copying, and check
+ *      its dtype (parse.c);
+ *   3. check every shape on the arrays as given, binding the symbols of
+ *      the patterns (shapes.c);
+ *   4. only then cast the floating arguments to one computing dtype
+ *      (float32 or float64, promoted as np.result_type does), C-contiguous
+ *      and aligned, copying only when they are not already, and make the
+ *      views (views.c); a backward's alpha is checked against its masks;
+ *   5. allocate the outputs and the kernel's scratch, every byte count
+ *      checked first;
+ *   6. run the kernel with the GIL released, then clean up on one path.
+ * Leading batch axes (...) are flattened into B: after step 4 the data is
+ * contiguous, so (..., T, H) is (B, T, H) without a copy.
+ *
+ * Here too the state the calls share: the scratch kept between calls, the
+ * instruction set and the thread pool, and (_core_tests) the allocation
+ * points' counter.
+ */
+#include "binding.h"
+
+#include <math.h>
+
+#ifdef ATT_TEST_HOOKS
+/* The allocation points (binding.h); set by _fail_alloc_after (module.c) */
+Py_ssize_t fault_count = 0;
+Py_ssize_t fault_after = -1;
+int fault_armed = 0;
+PyObject *fault_trace = NULL;
+
+int alloc_point_debug(const char *kind, const char *what, Py_ssize_t index,
+                      int raise)
+{
+    if (fault_trace != NULL) {
+        PyObject *name = PyUnicode_FromFormat("%s %s", kind, what);
+        if (name == NULL || PyList_Append(fault_trace, name) < 0) {
+            Py_XDECREF(name);
+            return -1;
+        }
+        Py_DECREF(name);
+    }
+    if (index != fault_after) {
+        return 0;
+    }
+    fault_after = -1;                 /* one failure per arming */
+    fault_armed = fault_trace != NULL;
+    if (raise) {
+        PyErr_Format(PyExc_MemoryError,
+                     "attention_c: allocation failed: %s %s (injected by "
+                     "_fail_alloc_after)", kind, what);
+    }
+    return -1;
+}
+
+#endif
+
+/* ---------------------------------------------------------------------
+ * Scratch and threads
+ */
+
+/* The kernels' scratch is kept between calls (one buffer of at most
+ * WORK_CACHE_MAX bytes): a large one would otherwise be mapped afresh and
+ * its pages faulted in by every call (glibc maps blocks above 32 MiB anew
+ * each time), 5% of a large backward.  Taken and given back with the GIL
+ * held; a call that finds it in use (another thread is inside a kernel)
+ * allocates its own. */
+#define WORK_CACHE_MAX ((size_t)256 << 20)
+static void *work_cache = NULL;
+static size_t work_cache_size = 0;
+static int work_cache_busy = 0;
+
+static void *work_take(size_t bytes)
+{
+    if (work_cache_busy || bytes > WORK_CACHE_MAX) {
+        return PyMem_RawMalloc(bytes);
+    }
+    if (work_cache_size < bytes) {
+        PyMem_RawFree(work_cache);
+        work_cache = PyMem_RawMalloc(bytes);
+        work_cache_size = work_cache != NULL ? bytes : 0;
+        if (work_cache == NULL) {
+            return NULL;
+        }
+    }
+    work_cache_busy = 1;
+    return work_cache;
+}
+
+static void work_give(void *work)
+{
+    if (work != NULL && work == work_cache) {
+        work_cache_busy = 0;
+    }
+    else {
+        PyMem_RawFree(work);
+    }
+}
+
+/* The instruction set of the fused kernels (enum att_simd): the best the
+ * CPU has, unless _set_simd (ATTENTION_C_SIMD) chose another.  Read and
+ * written with the GIL held. */
+int simd_level = ATT_SIMD_SCALAR;
+const char *const simd_names[N_SIMD] = {"scalar", "avx2", "avx512", "neon"};
+
+/* Threads of the fused kernels (set_num_threads), and the pool that runs
+ * them, made on first need.  A call holds the pool (pool_users) while it
+ * runs without the GIL, so it is freed only when no call uses it.  After
+ * fork() the child has the parent's pool but not its threads: it drops it
+ * (att_pool_abandon) and makes its own.  All of this under the GIL. */
+int num_threads = 1;
+att_pool *pool = NULL;
+int pool_users = 0;
+
+/* The att_exec of one fused call: takes the pool (or NULL with one
+ * thread); every begin_exec is paired with one end_exec. */
+static att_exec begin_exec(void)
+{
+    att_exec ex = {simd_level, num_threads, NULL};
+    if (pool != NULL && !att_pool_owned(pool)) {
+        att_pool_abandon(pool);     /* inherited through fork() */
+        pool = NULL;
+        pool_users = 0;
+    }
+    if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
+        if (pool != NULL && pool_users == 0 &&
+            att_pool_threads(pool) < num_threads) {
+            att_pool_free(pool);
+            pool = NULL;
+        }
+        if (pool == NULL) {
+            /* NULL (no memory, no threads): run on the calling thread */
+            if (ALLOC_POINT("thread", "pool", 0) < 0) {
+                PyErr_Clear();
+            }
+            else {
+                pool = att_pool_new(num_threads);
+            }
+        }
+        ex.pool = pool;
+        pool_users += pool != NULL;
+    }
+    return ex;
+}
+
+static void end_exec(const att_exec *ex)
+{
+    if (ex->pool != NULL && ex->pool == pool) {
+        pool_users--;
+    }
+}
+
+/* When the module goes: frees the scratch and stops the pool's threads,
+ * unless a call (in another thread) still uses them. */
+void release_exec_state(void)
+{
+    if (!work_cache_busy) {
+        PyMem_RawFree(work_cache);
+        work_cache = NULL;
+        work_cache_size = 0;
+    }
+    if (pool != NULL && pool_users == 0) {
+        if (att_pool_owned(pool)) {
+            att_pool_free(pool);
+        }
+        else {
+            att_pool_abandon(pool);
+        }
+        pool = NULL;
+    }
+}
+
+/* Whether key t is visible to query i of sequence b: the key mask, the
+ * attn_mask, causal and a bias of -inf (it masks) all allow it. */
+static int visible(const Call *c, npy_intp b, npy_intp i, npy_intp t)
+{
+    const FuncSpec *fn = c->fn;
+    npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
+    int im = fn->pos[X_MASK], ia = fn->pos[X_ATTN_MASK];
+    int ib = fn->pos[X_BIAS], ic = fn->pos[X_CAUSAL];
+    if (ic >= 0 && c->flag[ic] && t > i + (T - Tq)) {
+        return 0;
+    }
+    for (int k = 0; k < 2; k++) {
+        int x = k == 0 ? im : ia;
+        if (x < 0 || c->arr[x] == NULL) {
+            continue;
+        }
+        const att_view *v = &c->view[x];
+        const unsigned char *m = PyArray_DATA(c->arr[x]);
+        /* a view, or (the pooling layer's) a C-contiguous (B, T) mask */
+        if (!(v->p != NULL ? m[v->off[b] + i * v->rs + t * v->cs]
+                           : m[b * T + t])) {
+            return 0;
+        }
+    }
+    if (ib >= 0 && c->arr[ib] != NULL) {
+        const att_view *v = &c->view[ib];
+        ptrdiff_t e = v->off[b] + i * v->rs + t * v->cs;
+        double bias = c->typenum == NPY_FLOAT
+                      ? (double)((const float *)v->p)[e]
+                      : ((const double *)v->p)[e];
+        return bias != -INFINITY;
+    }
+    return 1;
+}
+
+/* alpha[k] == 0, for either computing dtype. */
+static int alpha_zero(const Call *c, const void *alpha, npy_intp k)
+{
+    return c->typenum == NPY_FLOAT ? ((const float *)alpha)[k] == 0
+                                   : ((const double *)alpha)[k] == 0;
+}
+
+/* The first k in [k0, k1) where alpha is 0, or k1: the scan of a call
+ * without masks, where every key is visible. */
+static npy_intp first_zero(const Call *c, const void *alpha, npy_intp k0,
+                           npy_intp k1)
+{
+    if (c->typenum == NPY_FLOAT) {
+        const float *a = alpha;
+        for (npy_intp k = k0; k < k1; k++) {
+            if (a[k] == 0) {
+                return k;
+            }
+        }
+        return k1;
+    }
+    const double *a = alpha;
+    for (npy_intp k = k0; k < k1; k++) {
+        if (a[k] == 0) {
+            return k;
+        }
+    }
+    return k1;
+}
+
+/* The error of check_alpha at flat index k of alpha. */
+static int bad_alpha(const Call *c, npy_intp k, int zero, int valid,
+                     int masks)
+{
+    PyArrayObject *alpha = c->arr[c->fn->pos[X_ALPHA]];
+    npy_intp idx[NPY_MAXDIMS + 2];
+    char at[SHAPE_BUF];
+    npy_intp r = k;
+    for (int d = PyArray_NDIM(alpha) - 1; d >= 0; d--) {
+        idx[d] = r % PyArray_DIM(alpha, d);
+        r /= PyArray_DIM(alpha, d);
+    }
+    fmt_shape(at, SHAPE_BUF, PyArray_NDIM(alpha), idx);
+    PyErr_Format(PyExc_ValueError,
+                 "%s: alpha at %s is %s but %s; alpha must be the "
+                 "forward's output for the same masks (its weights are "
+                 "exactly 0 where, and only where, a key is not "
+                 "visible)%s",
+                 c->fn->name, at, zero ? "0" : "nonzero",
+                 !masks ? "no mask was given"
+                 : valid ? "the masks make that key visible"
+                 : "the masks hide that key",
+                 !masks ? ": pass the masks the forward used" : "");
+    return -1;
+}
+
+/* Step 4b, for a backward given alpha and masks: alpha must be the
+ * forward's for these masks.  The forward's alpha is exactly 0 where a key
+ * is not visible (and on rows with no visible key) and never 0 where one
+ * is (fast.h WEIGHT_FLOOR), so a backward called without the masks the
+ * forward had, or with others, is caught here instead of returning
+ * gradients that are silently wrong.  Runs on every backward: loops over
+ * (b, i, t) rather than dividing a flat index (three divisions an element
+ * were a third of a tiny backward's fixed cost), and without masks only
+ * looks for a zero. */
+static int check_alpha(const Call *c)
+{
+    int ia = c->fn->pos[X_ALPHA];
+    if (ia < 0 || c->arr[ia] == NULL || !is_backward(c->fn) ||
+        c->fn->pos[X_MASK] < 0) {
+        return 0;
+    }
+    PyArrayObject *alpha = c->arr[ia];
+    const void *a = PyArray_DATA(alpha);
+    int masks = given(c, X_MASK) || given(c, X_ATTN_MASK) ||
+                given(c, X_BIAS) || given(c, X_CAUSAL);
+    npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
+    npy_intp n = PyArray_SIZE(alpha);
+    if (!masks) {
+        npy_intp k = first_zero(c, a, 0, n);
+        return k < n ? bad_alpha(c, k, 1, 1, 0) : 0;
+    }
+    if (Tq * T <= 0) {
+        return 0;
+    }
+    for (npy_intp b = 0, k = 0; k < n; b++) {
+        for (npy_intp i = 0; i < Tq; i++) {
+            for (npy_intp t = 0; t < T; t++, k++) {
+                int zero = alpha_zero(c, a, k);
+                int valid = visible(c, b, i, t);
+                if (zero != !valid) {
+                    return bad_alpha(c, k, zero, valid, masks);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Step 5: outputs and scratch
+ */
+
+/* The shape of output k; returns its number of axes. */
+static int out_shape(const Call *c, int k, npy_intp *dims)
+{
+    const Pattern *p = &c->fn->outs[k].pat;
+    int nd = 0, like = c->fn->outs[k].like;
+    if (like != X_NONE) {       /* a gradient of an argument's shape */
+        PyArrayObject *x = c->arr[c->fn->pos[like]];
+        for (int j = 0; x != NULL && j < PyArray_NDIM(x); j++) {
+            dims[nd++] = PyArray_DIM(x, j);
+        }
+        return nd;
+    }
+    return pattern_dims(c, p, p->lead, dims);
+}
+
+static int wanted(const Call *c, int k)
+{
+    int when = c->fn->outs[k].when, unless = c->fn->outs[k].unless;
+    return (when == X_NONE || given(c, when)) &&
+           (unless == X_NONE || !given(c, unless));
+}
+
+/* The scratch bytes of the call (-1: overflow).  A decoder calls with
+ * the same sizes at every step: the last call's count is kept per row
+ * (under the GIL) and the kernels' sizing, 5% of a small call, is
+ * skipped when nothing it reads changed. */
+static ptrdiff_t work_size(Call *c)
+{
+    FuncSpec *fn = (FuncSpec *)c->fn;     /* a row of funcs, not const */
+    WorkKey key;
+    memset(&key, 0, sizeof key);
+    memcpy(key.sym, c->sym, sizeof key.sym);
+    key.B = c->d.B;
+    key.pool = c->ex.pool;
+    key.typenum = c->typenum;
+    key.several = c->several;
+    key.causal = given(c, X_CAUSAL);
+    key.bias = given(c, X_BIAS);
+    key.bias_shared = c->bias_shared;
+    key.dropout = given(c, X_DROPOUT);
+    key.stream = stream_of(c);
+    key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
+                                 : 0;
+    key.simd = c->ex.simd;
+    key.threads = c->ex.threads;
+    key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
+    if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {
+        return fn->work_bytes;
+    }
+    ptrdiff_t bytes = fn->workspace(c);
+    if (bytes > 0) {
+        fn->work_key = key;
+        fn->work_bytes = bytes;
+    }
+    return bytes;
+}
+
+/* Makes the wanted outputs and the scratch.  Every byte count is checked
+ * before anything is allocated, so sizes that overflow give MemoryError
+ * without touching memory.  On failure what was made is left in c for
+ * the cleanup path. */
+static int make_outputs(Call *c)
+{
+    const FuncSpec *fn = c->fn;
+    npy_intp dims[MAX_OUTS][NPY_MAXDIMS + MAX_AXES];
+    int nds[MAX_OUTS];
+    char buf[SHAPE_BUF];
+    size_t item = c->typenum == NPY_FLOAT ? 4 : 8;
+    for (int k = 0; k < fn->nouts; k++) {
+        int nd = nds[k] = out_shape(c, k, dims[k]);
+        size_t bytes = item;
+        int overflow = 0;
+        for (int j = 0; j < nd; j++) {   /* zero dims are skipped, as NumPy
+                                            does */
+            if (dims[k][j] != 0) {
+                overflow |= __builtin_mul_overflow(bytes,
+                                                   (size_t)dims[k][j],
+                                                   &bytes);
+            }
+        }
+        overflow |= bytes > (size_t)PY_SSIZE_T_MAX;
+        if (wanted(c, k) && overflow) {
+            PyErr_Format(PyExc_MemoryError,
+                         "attention_c: output %s of shape %s would need more "
+                         "bytes than memory can address",
+                         out_names[fn->outs[k].id],
+                         fmt_shape(buf, SHAPE_BUF, nd, dims[k]));
+            return -1;
+        }
+    }
+    ptrdiff_t work_bytes = fn->workspace ? work_size(c) : 0;
+    if (work_bytes < 0) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "attention_c: sizes too large for scratch memory");
+        return -1;
+    }
+    for (int k = 0; k < fn->nouts; k++) {
+        if (!wanted(c, k)) {
+            continue;
+        }
+        if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
+            (c->out[k] = PyArray_SimpleNew(nds[k], dims[k], c->typenum))
+            == NULL) {
+            return -1;
+        }
+    }
+    if (fn->workspace != NULL) {
+        if (ALLOC_POINT("scratch", "memory", 1) < 0) {
+            return -1;
+        }
+        c->work = work_take((size_t)work_bytes + 1);
+        if (c->work == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int check_status(int st)
+{
+    if (st == ATT_OK) {
+        return 0;
+    }
+    PyErr_Format(PyExc_SystemError,
+                 "attention_c: a kernel rejected its sizes (status %d); "
+                 "this is a bug, please report it", st);
+    return -1;
+}
+
+/* r = (fields..., extra) as the named tuple grads of the fields, alone
+ * or followed by the extra output: (grads, extra).  Steals r. */
+static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(r);
+    PyObject *fields = n > nfields ? PyTuple_GetSlice(r, 0, nfields)
+                                   : Py_NewRef(r);
+    PyObject *args = fields != NULL ? PyTuple_Pack(1, fields) : NULL;
+    /* tuple.__new__(grads, fields), what namedtuple's _make does */
+    PyObject *g = args != NULL ? PyTuple_Type.tp_new(grads, args, NULL)
+                               : NULL;
+    PyObject *result = g;
+    if (g != NULL && n > nfields) {
+        result = PyTuple_Pack(2, g, PyTuple_GET_ITEM(r, nfields));
+        Py_DECREF(g);
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(fields);
+    Py_DECREF(r);
+    return result;
+}
+
+/* The result: one array, or a tuple with None for outputs not made; the
+ * public function of a backward gives its named tuple (grads). */
+static PyObject *take_result(Call *c, PyTypeObject *grads)
+{
+    const FuncSpec *fn = c->fn;
+    if (fn->nouts == 1) {
+        PyObject *r = c->out[0];
+        c->out[0] = NULL;
+        return r;
+    }
+    int n = 0;
+    for (int k = 0; k < fn->nouts; k++) {
+        n += wanted(c, k) || !fn->outs[k].drop;
+    }
+    PyObject *r = PyTuple_New(n);
+    if (r == NULL) {
+        return NULL;
+    }
+    for (int k = 0, j = 0; k < fn->nouts; k++) {
+        if (wanted(c, k)) {
+            PyTuple_SET_ITEM(r, j++, c->out[k]);
+            c->out[k] = NULL;
+        }
+        else if (!fn->outs[k].drop) {
+            PyTuple_SET_ITEM(r, j++, Py_NewRef(Py_None));
+        }
+    }
+    return grads != NULL ? as_grads(r, fn->nfields, grads) : r;
+}
+
+/* Whether the kernel's work is so small (under 2^14 multiply-adds,
+ * counted generously: B Tq T (H + Hq + Hv + 1)(A + 1)) that it runs with
+ * the GIL held: releasing and taking it back costs more than another
+ * thread could gain in the time.  Such a call never uses the pool (see
+ * exec_threads) and never waits on anything. */
+static int tiny_call(const Call *c)
+{
+    double tq = c->several ? (double)c->sym[S_TQ] : 1.0;
+    double w = (double)c->d.B * tq * (double)c->sym[S_T] *
+               (double)(c->sym[S_H] + c->sym[S_HQ] + c->sym[S_HV] + 1) *
+               (double)(c->sym[S_A] + 1);
+    for (int i = 0; i < c->fn->nargs; i++) {   /* and little to read */
+        if (c->arr[i] != NULL && PyArray_SIZE(c->arr[i]) > 4096) {
+            return 0;
+        }
+    }
+    return w < (double)(1 << 14);
+}
+
+/* Steps 1-6 for the function of row fn; grads: see take_result. */
+PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames,
+                        PyTypeObject *grads)
+{
+    Call c;
+    PyObject *result = NULL;
+    int st = ATT_OK;
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.lead_binder = -1;
+    for (int s = 0; s < N_SYMS; s++) {
+        c.binder[s] = -1;
+    }
+    if (fn->fused) {
+        c.ex = begin_exec();
+    }
+    if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
+        check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
+        cast_args(&c) < 0 || make_views(&c) < 0 ||
+        check_alpha(&c) < 0 || make_outputs(&c) < 0) {
+        goto done;
+    }
+    if (tiny_call(&c)) {
+        st = fn->kernel(&c);        /* see tiny_call */
+    }
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        st = fn->kernel(&c);
+        Py_END_ALLOW_THREADS
+    }
+    if (check_status(st) == 0) {
+        result = take_result(&c, grads);
+    }
+done:
+    if (fn->fused) {
+        end_exec(&c.ex);
+    }
+    work_give(c.work);
+    /* only the row's arguments and outputs can hold anything; most hold
+     * nothing, and a call of PyMem_Free(NULL) per slot was 0.1 us */
+    for (int i = 0; i < fn->nargs; i++) {
+        Py_XDECREF(c.arr[i]);
+        if (c.offs[i] != NULL) {
+            PyMem_Free(c.offs[i]);
+        }
+        if (c.idx[i] != NULL) {
+            PyMem_Free(c.idx[i]);
+        }
+    }
+    if (c.doffs != NULL || c.order != NULL || c.gstart != NULL) {
+        PyMem_Free(c.doffs);
+        PyMem_Free(c.order);
+        PyMem_Free(c.gstart);
+    }
+    for (int k = 0; k < fn->nouts; k++) {
+        Py_XDECREF(c.out[k]);
+    }
+    return result;
+}
+
