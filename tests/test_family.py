@@ -376,10 +376,11 @@ class FamilyProblem:
                grad_alpha=x["grad_alpha"] if with_ga else None,
                **self.params(x), **extra)
         if strip and mod is not Loops and self.kind != "additive":
-            # the dot/general tuples end with the bias gradient (SPEC
-            # 5.2), None here: no bias was given
-            assert g[-1] is None
-            g = g[:-1]
+            # the dot/general tuples end with the gradients of bias,
+            # alibi_slopes and sinks, None here: none was given
+            n = len(GRAD_FIELDS[self.kind])
+            assert all(extra is None for extra in g[n:])
+            g = g[:n]
         return g
 
     def full_mask(self):
