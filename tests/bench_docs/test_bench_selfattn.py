@@ -21,7 +21,7 @@ from attention_c.bench.targets import (CAUSAL_FULL, PEAK, SELFATTN_SCALING,
                                        evaluate_selfattn)
 from attention_c.testing import run_quick_bench
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 THREADS = (1, 2)
 TIMES = ("ours_fwd", "ours_fwdbwd", "sdpa_fwd", "sdpa_fwdbwd")
 

@@ -19,7 +19,7 @@ import pytest
 from attention_c.bench import docs_page, harness, mha
 from attention_c.testing import run_quick_bench
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 THREADS = (1, 2)
 TIMES = {"module": ("ours", "torch"), "decode": ("ours", "numpy", "sdpa"),
          "step": ("ours", "prefix", "cache")}

@@ -3,10 +3,11 @@
 Memory layouts, "never modify inputs", dtype rules, error messages for bad
 input, overflowing sizes, argument passing and ndarray subclasses, for all
 ten public functions.  Numerical accuracy of the kernels themselves is the
-business of test_kernels.py and test_gradients.py; here a result is mostly
-compared with the result of the same call on plain C-contiguous inputs,
-which must be bit-identical because the binding copies every input to a
-C-contiguous aligned array of the computing dtype before the kernel runs.
+business of tests/kernels (test_kernels.py, test_gradients.py); here a
+result is mostly compared with the result of the same call on plain
+C-contiguous inputs, which must be bit-identical because the binding
+copies every input to a C-contiguous aligned array of the computing dtype
+before the kernel runs.
 """
 
 import json

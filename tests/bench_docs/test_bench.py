@@ -45,7 +45,7 @@ LIMITS = {("fwd/S1", "tiny"): 2.0, ("fwd/S1", "small"): 1.15,
           ("fwd %peak", "large"): 0.8}
 
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 
 
 @pytest.fixture(scope="module")

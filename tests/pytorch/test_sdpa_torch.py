@@ -27,7 +27,7 @@ from attention_c.torch import scaled_dot_product_attention as sdpa  # noqa
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 
 # bfloat16/float16 are computed in float32 and rounded once: twice the
-# unit roundoff of the format (as tests/test_torch_op.py).
+# unit roundoff of the format (as tests/pytorch/test_torch_op.py).
 LOW_TOL = {torch.bfloat16: 2 * 2.0 ** -8, torch.float16: 2 * 2.0 ** -11}
 
 NEG_INF = float("-inf")

@@ -4,9 +4,9 @@ general attention with ``mask`` (key mask), ``attn_mask``, ``causal``,
 backward (from ``alpha`` or from ``out=`` and ``lse=``).
 
 * every argument combination against ``attention_c.reference`` (itself
-  checked against loops in tests/test_reference_selfattn.py), on odd sizes
-  and on sizes that cross the streamed kernel's blocks (64 queries x 256
-  keys), with exact zeros where SPEC 5.1 says so;
+  checked against loops in tests/kernels/test_reference_selfattn.py), on
+  odd sizes and on sizes that cross the streamed kernel's blocks (64
+  queries x 256 keys), with exact zeros where SPEC 5.1 says so;
 * the gradients, dbias included and with dropout, against central finite
   differences;
 * return_weights=False against the stored-weights path; the dropout keep
@@ -20,7 +20,7 @@ Tolerances (normwise relative error, ``testing.TOL``): 1e-12 for float64,
 1e-5 for float32, against the float64 reference evaluated on the same
 (cast) values; a backward's bound is TOL or, when larger, ILL_FACTOR times
 the error of the reference evaluated in the same dtype (as in
-tests/test_family.py).  Gradients are measured against max(||want||,
+tests/kernels/test_family.py).  Gradients are measured against max(||want||,
 sqrt(queries)) (the inputs are O(1), and each query adds an O(1) term):
 some are sums that cancel to 0 in exact arithmetic (dbias of a (Tq, 1)
 bias without grad_alpha; every gradient but dvalues when T = 1), where a
