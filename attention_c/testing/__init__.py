@@ -4,9 +4,11 @@
 What is here, like ``numpy.testing``:
 
 * tolerances and the error metric: the normwise relative error
-  ``||x - ref|| / ||ref||`` (:func:`rel_err`), the bound it must meet per
-  computing dtype (:data:`TOL`, :func:`assert_close`) and central finite
-  differences (:func:`numerical_grad`);
+  ``||x - ref|| / ||ref||`` (:func:`rel_err`), with a floor from the
+  inputs' scale where the exact answer can be 0 (:func:`noise_floor`),
+  the bound it must meet per computing dtype (:data:`TOL`,
+  :func:`assert_close`) and central finite differences
+  (:func:`numerical_grad`);
 * random problems: :class:`Problem` (every argument of the layer's
   functions, any leading batch axes, the masks of :data:`MASK_KINDS`) and
   :func:`ragged_batch` (a batch of prefix-masked sequences and a freshly
@@ -47,7 +49,8 @@ from attention_c.testing.pytorch import (
 
 __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
-    "rel_err", "assert_close", "numerical_grad",
+    "NOISE_ULPS", "rel_err", "noise_floor", "assert_close",
+    "numerical_grad",
     "make_mask", "Problem", "ragged_batch",
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
@@ -92,20 +95,26 @@ def _as_float64(x):
     return np.asarray(x, dtype=np.float64)
 
 
-def rel_err(x, ref):
+def rel_err(x, ref, floor=0.0):
     """Normwise relative error of x against ref.
 
     Parameters
     ----------
     x, ref : array_like or torch.Tensor
         Of the same shape.
+    floor : float
+        The error is measured against ``max(||ref||, floor)``.  Give one
+        (:func:`noise_floor`) wherever the exact answer can be 0 (a
+        softmax gradient through a single visible key, a sum that cancels):
+        there ref is rounding noise, different on every host, and a
+        relative error would divide by it.
 
     Returns
     -------
     float
-        ``||x - ref|| / ||ref||`` (Frobenius norms, in float64), or the
-        absolute ``||x - ref||`` when ref is 0 (e.g. the gradients of a
-        fully masked row).
+        ``||x - ref|| / max(||ref||, floor)`` (Frobenius norms, in
+        float64), or the absolute ``||x - ref||`` when both are 0 (e.g. the
+        gradients of a fully masked row).
 
     Examples
     --------
@@ -113,15 +122,61 @@ def rel_err(x, ref):
     0.0924...
     >>> rel_err([1e-3, 0.0], [0.0, 0.0])
     0.001
+    >>> rel_err([0.0, 0.0], [4e-18, 0.0], floor=1e-5)
+    4e-13
     """
     x, ref = _as_float64(x), _as_float64(ref)
     assert x.shape == ref.shape, (x.shape, ref.shape)
-    scale = np.linalg.norm(ref)
-    diff = np.linalg.norm(x - ref)
-    return float(diff / scale if scale > 0 else diff)
+    scale = max(float(np.linalg.norm(ref)), float(floor))
+    diff = float(np.linalg.norm(x - ref))
+    return diff / scale if scale > 0 else diff
 
 
-def assert_close(x, ref, dtype, what=""):
+# Roundoffs of its bound an answer that is 0 in exact arithmetic may carry
+# (see noise_floor).  Measured: the query gradient of SDPA with one key,
+# ours and PyTorch's, in float32 and float64, stays under 0.3.
+NOISE_ULPS = 2
+
+
+def _eps(dtype):
+    """Machine epsilon of a NumPy or a torch floating dtype."""
+    if type(dtype).__module__ == "torch":
+        import torch
+        return float(torch.finfo(dtype).eps)
+    return float(np.finfo(dtype).eps)
+
+
+def noise_floor(bound, dtype, tol, ulps=NOISE_ULPS):
+    """The :func:`rel_err` floor of an answer that can be 0 in exact
+    arithmetic, such as a sum that cancels.
+
+    Evaluated in ``dtype``, such an answer is off by about ``eps(dtype) *
+    bound``, ``bound`` being the sum of the magnitudes of its terms
+    (taken from the inputs' norms): so its error is measured against
+    ``max(||ref||, ulps * eps * bound / tol)``, that is, ``rel_err <=
+    tol`` admits an absolute error of ``ulps`` roundoffs of ``bound`` and
+    is unchanged wherever ``||ref||`` is above that.
+
+    Parameters
+    ----------
+    bound : float
+        An upper bound of the answer's norm without cancellation.
+    dtype : NumPy or torch dtype
+        The dtype the answer is computed in (the coarser one of the two
+        compared).
+    tol : float
+        The bound rel_err must meet.
+    ulps : float
+
+    Examples
+    --------
+    >>> print(f"{noise_floor(2.0, np.float64, 1e-10):.3g}")
+    8.88e-06
+    """
+    return ulps * _eps(dtype) * float(bound) / tol
+
+
+def assert_close(x, ref, dtype, what="", floor=0.0):
     """Assert that x agrees with the float64 reference within TOL[dtype].
 
     Parameters
@@ -132,13 +187,15 @@ def assert_close(x, ref, dtype, what=""):
         The computing dtype, float32 or float64.
     what : str
         Names x in the message.
+    floor : float
+        Of :func:`rel_err`, where the exact answer can be 0.
 
     Examples
     --------
     >>> assert_close(np.float32(1 / 3), 1 / 3, np.float32, "a third")
     """
     kind = np.dtype(dtype).type
-    err = rel_err(x, ref)
+    err = rel_err(x, ref, floor)
     assert err <= TOL[kind], (
         f"{what}: normwise relative error {err:.3g} > {TOL[kind]:g} "
         f"({np.dtype(dtype).name})")

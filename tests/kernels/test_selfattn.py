@@ -244,9 +244,7 @@ def check(got, want, dtype, what, tol=None, floor=0.0):
     got, want = got[~ninf], want[~ninf]
     assert np.all(np.isfinite(got)), f"{what}: not finite"
     tol = TOL[np.dtype(dtype).type] if tol is None else tol
-    scale = max(float(np.linalg.norm(want)), floor)
-    err = float(np.linalg.norm(f64(got) - want))
-    err = err / scale if scale > 0 else err
+    err = rel_err(got, want, floor)
     assert err <= tol, f"{what}: normwise relative error {err:.3g} > " \
                        f"{tol:.3g}"
 
