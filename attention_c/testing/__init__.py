@@ -15,10 +15,11 @@ What is here, like ``numpy.testing``:
   initialised layer, for the self-check and the benchmark);
 * the argument table of the public functions (:data:`SIGNATURES`,
   :data:`API_ARGS`);
-* pure-PyTorch implementations of the layer and of the attention family,
-  whose gradients come from autograd, and small tensor problems for them
-  (defined in ``attention_c.testing.pytorch``, which imports torch inside
-  its functions only: this package imports without torch).
+* the layer and the attention family in plain PyTorch, whose gradients
+  come from autograd (``attention_c.torch._pure`` with the adapter's call
+  signatures), and small tensor problems for them (defined in
+  ``attention_c.testing.pytorch``, which imports torch inside its
+  functions only: this package imports without torch).
 
 Examples
 --------
@@ -43,9 +44,9 @@ import numpy as np
 from attention_c.testing.pytorch import (
     TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES,
     TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, torch_additive_attention,
-    torch_attend, torch_causal_mask, torch_context_attention,
-    torch_dot_attention, torch_family_problem, torch_general_attention,
-    torch_key_mask, torch_layer_problem, torch_masked_softmax)
+    torch_causal_mask, torch_context_attention, torch_dot_attention,
+    torch_family_problem, torch_general_attention, torch_key_mask,
+    torch_layer_problem, torch_masked_softmax)
 
 __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
@@ -55,7 +56,7 @@ __all__ = [
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
     "FIGURES", "record_figure",
-    "torch_context_attention", "torch_masked_softmax", "torch_attend",
+    "torch_context_attention", "torch_masked_softmax",
     "torch_additive_attention", "torch_dot_attention",
     "torch_general_attention", "TORCH_ATTENTION",
     "TORCH_LAYER_SIZES", "TORCH_LAYER_MASKS", "torch_layer_problem",
