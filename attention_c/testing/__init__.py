@@ -431,7 +431,7 @@ DEFAULTS = {"causal": False, "dropout": 0.0, "return_weights": True}
 # Positional arguments with a default (None): alpha of these backwards.
 OPTIONAL_POSITIONAL = {"dot_attention_backward": ["alpha"],
                        "general_attention_backward": ["alpha"]}
-# The arguments of SPEC section 5 (self-attention at scale).
+# The arguments of docs/contract.md section 5 (self-attention at scale).
 SEC5_ARGS = ["attn_mask", "causal", "bias", "dropout", "seed",
              "return_weights", "out", "lse"]
 # The functions of the layer (contract section 3), then of the family.

@@ -1,12 +1,13 @@
-"""Self-attention at scale (SPEC section 5): the C functions' dot and
-general attention with ``mask`` (key mask), ``attn_mask``, ``causal``,
-``bias``, ``dropout`` + ``seed`` and ``return_weights``, forward and
-backward (from ``alpha`` or from ``out=`` and ``lse=``).
+"""Self-attention at scale (docs/contract.md section 5): the C functions'
+dot and general attention with ``mask`` (key mask), ``attn_mask``,
+``causal``, ``bias``, ``dropout`` + ``seed`` and ``return_weights``, forward
+and backward (from ``alpha`` or from ``out=`` and ``lse=``).
 
 * every argument combination against ``attention_c.reference`` (itself
   checked against loops in tests/kernels/test_reference_selfattn.py), on
   odd sizes and on sizes that cross the streamed kernel's blocks (64
-  queries x 256 keys), with exact zeros where SPEC 5.1 says so;
+  queries x 256 keys), with exact zeros where docs/contract.md 5.1
+  says so;
 * the gradients, dbias included and with dropout, against central finite
   differences;
 * return_weights=False against the stored-weights path; the dropout keep
@@ -208,8 +209,8 @@ class Case:
         return float(np.sqrt(np.prod(self.lead, dtype=float) * self.Tq))
 
     def visible(self):
-        """(lead, Tq, T) booleans: SPEC 5.1's visibility, formed here from
-        its definition."""
+        """(lead, Tq, T) booleans: docs/contract.md 5.1's visibility, formed
+        here from its definition."""
         Tq, T = self.Tq, self.T
         vis = np.ones(self.lead + (Tq, T), bool)
         if self.mask is not None:
@@ -266,9 +267,9 @@ def check_grads(case, got, want, same, dtype, what):
 
 
 def check_zeros(case, out, weights, grads, return_weights):
-    """SPEC 5.1 exact values: weight 0 on invisible pairs; a query with no
-    visible key has out = 0, alpha = 0, lse = -inf, dquery = 0, dbias = 0
-    (its row of a bias of the full shape)."""
+    """docs/contract.md 5.1 exact values: weight 0 on invisible pairs; a
+    query with no visible key has out = 0, alpha = 0, lse = -inf,
+    dquery = 0, dbias = 0 (its row of a bias of the full shape)."""
     vis = case.visible()
     dead = ~vis.any(axis=-1)                            # (lead, Tq)
     o = out[..., None, :] if case.single else out
@@ -948,7 +949,8 @@ def test_bad_input(score, bad):
 def _reference_in_chunks(case, x, chunk=16384):
     """out, lse and the gradients (from out and lse) of the 70 000-key
     problem in float64, one block of keys at a time: lse by a running
-    log-sum-exp, then P_it = exp(s_it - lse_i) per chunk (SPEC 5.2)."""
+    log-sum-exp, then P_it = exp(s_it - lse_i) per chunk
+    (docs/contract.md 5.3, 5.4)."""
     q, k, v = (f64(x[n]) for n in ("query", "keys", "values"))
     g, bias = f64(x["grad_out"]), f64(x["bias"])
     scale = 1 / np.sqrt(k.shape[-1])

@@ -1,12 +1,13 @@
 """The PyTorch adapter attention_c.torch (skipped when torch is absent).
 
 Gradients are checked with torch.autograd.gradcheck in float64 (masks with
-fully masked rows, with and without the bias, both outputs); float32
-results against the pure-PyTorch implementation of SPEC section 1 in
-attention_c.testing and its autograd gradients; the errors for non-CPU
-tensors, a mask that requires grad, bad dtypes and optional arguments
-given by position; strided inputs; that nothing is copied on the way in;
-and that the nn.Module trains inside a small model.
+fully masked rows, with and without the bias, both outputs); float32 results
+against the plain PyTorch of docs/contract.md section 1
+(attention_c.torch._pure, through attention_c.testing) and its autograd
+gradients; the errors for non-CPU tensors, a mask that requires grad, bad
+dtypes and optional arguments given by position; strided inputs; that
+nothing is copied on the way in; and that the nn.Module trains inside a
+small model.
 """
 
 import numpy as np
