@@ -51,11 +51,12 @@ from attention_c.testing.pytorch import (
 __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
     "NOISE_ULPS", "rel_err", "noise_floor", "assert_close",
-    "numerical_grad",
+    "numerical_grad", "f64",
     "make_mask", "Problem", "ragged_batch",
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
-    "FIGURES", "record_figure",
+    "FIGURES", "record_figure", "assert_identical", "assert_all_identical",
+    "run_quick_bench", "page_section",
     "torch_context_attention", "torch_masked_softmax",
     "torch_additive_attention", "torch_dot_attention",
     "torch_general_attention", "TORCH_ATTENTION",
@@ -94,6 +95,17 @@ def _as_float64(x):
     if hasattr(x, "detach"):
         x = x.detach().cpu().double().numpy()
     return np.asarray(x, dtype=np.float64)
+
+
+def f64(x):
+    """x as a float64 NumPy array, None as None: the reference's input.
+
+    Examples
+    --------
+    >>> f64(np.float32(0.5)).dtype, f64(None)
+    (dtype('float64'), None)
+    """
+    return None if x is None else _as_float64(x)
 
 
 def rel_err(x, ref, floor=0.0):
@@ -507,3 +519,18 @@ def run_quick_bench(args, folder, page):
         data = json.load(f)
     return (data, proc.stdout,
             (folder / "performance.md").read_text(encoding="utf-8"))
+
+
+def page_section(text, name):
+    r"""The body of the section ``name`` of docs/performance.md's text (the
+    lines between ``<!-- bench:name -->`` and ``<!-- /bench:name -->``),
+    which the benchmarks' --write-docs rewrites.
+
+    Examples
+    --------
+    >>> page_section("a\n<!-- bench:x -->\nbody\n<!-- /bench:x -->\n", "x")
+    'body'
+    """
+    start = f"<!-- bench:{name} -->\n"
+    begin = text.index(start) + len(start)
+    return text[begin:text.index(f"\n<!-- /bench:{name} -->", begin)]

@@ -37,7 +37,7 @@ from attention_c import _core
 from attention_c import reference as ref
 from attention_c.testing import (DTYPES, FD_RTOL, ILL_FACTOR, TOL,
                                  assert_all_identical, assert_identical,
-                                 numerical_grad, rel_err)
+                                 f64, numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -223,10 +223,6 @@ class Case:
             b = self.bias[..., None, :] if self.single else self.bias
             vis &= ~np.isneginf(b)
         return vis
-
-
-def f64(x):
-    return None if x is None else np.asarray(x, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------
