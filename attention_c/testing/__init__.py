@@ -126,8 +126,8 @@ def rel_err(x, ref, floor=0.0):
     -------
     float
         ``||x - ref|| / max(||ref||, floor)`` (Frobenius norms, in
-        float64), or the absolute ``||x - ref||`` when both are 0 (e.g. the
-        gradients of a fully masked row).
+        float64), or the absolute ``||x - ref||`` when ref and floor are 0
+        (e.g. the gradients of a fully masked row).
 
     Examples
     --------
