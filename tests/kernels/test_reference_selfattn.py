@@ -1,5 +1,5 @@
-"""The NumPy reference of SPEC section 5 (masks, causal, bias, dropout,
-return_weights, broadcasting), checked on its own.
+"""The NumPy reference of docs/contract.md section 5 (masks, causal,
+bias, dropout, return_weights, broadcasting), checked on its own.
 
 * Philox4x32-10 against the Random123 known answers, and the dropout keep
   pattern: its bit layout and the fraction kept;
@@ -124,7 +124,8 @@ def _at(x, idx, core):
 def loops(kind, q, k, vals, *, W=None, mask=None, attn_mask=None,
           causal=False, bias=None, dropout=0.0, seed=None, scale=None,
           g=None, ga=None):
-    """Forward and gradients of SPEC 5 with loops.  Several queries only.
+    """Forward and gradients of docs/contract.md section 5 with loops.
+    Several queries only.
     Returns a dict: out, alpha, lse (broadcast shape), dq, dk, dvals, dW,
     dbias (the shapes of the inputs)."""
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], vals.shape[:-2])
