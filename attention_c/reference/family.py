@@ -193,8 +193,9 @@ def _attend_backward(g, alpha, vis, vals, ga, drop=None, D=None):
 
     gamma_it = (g_i . val_t) keep_it/(1-p) + ga_it;  with D_i None,
     D_i = sum_j alpha_ij gamma_ij; delta_it = alpha_it (gamma_it - D_i);
-    dval_t = sum_i alpha_it keep_it/(1-p) g_i.  ``alpha`` is P of docs/contract.md
-    5.4 when recomputed from lse (then D_i = g_i . out_i is given).
+    dval_t = sum_i alpha_it keep_it/(1-p) g_i.  ``alpha`` is P of
+    docs/contract.md 5.4 when recomputed from lse (then D_i = g_i . out_i
+    is given).
     """
     gamma = g @ vals.swapaxes(-1, -2)                  # (..., Tq, T)
     if drop is not None:
