@@ -4,7 +4,7 @@ functions' message (docs/conventions.md).
 Python's own error for an extra positional argument ("takes 2 positional
 arguments but 3 were given") does not say which arguments are keyword-only
 nor why the call was refused; :func:`keyword_only` gives the message the C
-functions give (csrc/binding_driver.h), word for word, so that the NumPy
+functions give (csrc/python/parse.c), word for word, so that the NumPy
 layers, the Dask functions and the C functions say the same thing.
 """
 
@@ -60,7 +60,7 @@ def keyword_only(fn: Callable[_P, _T]) -> Callable[_P, _T]:
 
 def _too_many(name: str, positional: list[str], keywords: list[str],
               args: tuple[Any, ...]) -> TypeError:
-    """The C functions' message (csrc/binding_driver.h), word for word."""
+    """The C functions' message (csrc/python/parse.c), word for word."""
     n, given = len(positional), len(args)
     several = len(keywords) > 1
     msg = (f"{name}() takes {n} positional argument{'s' * (n != 1)} but "

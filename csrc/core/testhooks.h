@@ -1,6 +1,6 @@
 /*
  * core/testhooks.h - kernels that only the tests' extension
- * (attention_c._core_tests, binding.c with ATT_TEST_HOOKS) calls; not part
+ * (attention_c._core_tests, the binding with ATT_TEST_HOOKS) calls; not part
  * of the public kernel API in attention.h.
  */
 #ifndef ATTENTION_C_TESTHOOKS_H

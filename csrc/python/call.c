@@ -266,7 +266,7 @@ static int bad_alpha(const Call *c, npy_intp k, int zero, int valid,
 /* Step 4b, for a backward given alpha and masks: alpha must be the
  * forward's for these masks.  The forward's alpha is exactly 0 where a key
  * is not visible (and on rows with no visible key) and never 0 where one
- * is (fast.h WEIGHT_FLOOR), so a backward called without the masks the
+ * is (ref/formulas.h WEIGHT_FLOOR), so a backward called without the masks the
  * forward had, or with others, is caught here instead of returning
  * gradients that are silently wrong.  Runs on every backward: loops over
  * (b, i, t) rather than dividing a flat index (three divisions an element

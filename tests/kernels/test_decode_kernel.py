@@ -1,5 +1,5 @@
 """Decoding: the dot and general forward with few queries per sequence
-(csrc/family_impl.h decode_task, Tq <= DECODE_TQ = 8), one query against
+(csrc/family/decode.inc decode_task, Tq <= DECODE_TQ = 8), one query against
 its keys by matrix-vector passes instead of the blocked products.
 
 * every section 5 argument (key mask, attn_mask, causal, bias with -inf,
@@ -13,7 +13,7 @@ its keys by matrix-vector passes instead of the blocked products.
   the time axis, time-major and transposed, reversed, broadcast over
   heads or GQA groups; every section 5 argument, 1-3 threads, every SIMD
   path) giving the same bits as contiguous copies, and left unchanged;
-  views the C reads in place (binding_views.h read_rows) are never copied
+  views the C reads in place (csrc/python/views.c read_rows) are never copied
   (no allocation of their size, by tracemalloc), those it cannot (a
   strided last axis, another dtype, the backward, Tq > 8) are;
 * bitwise identical results for 1, 2 and 3 threads, on every SIMD path;
@@ -36,7 +36,7 @@ from attention_c.testing import DTYPES, TOL, rel_err
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
-DECODE_TQ = 8                   # csrc/family_impl.h
+DECODE_TQ = 8                   # csrc/family/plan.inc
 P_DROP = 0.3
 SEED = 2**40 + 777              # both 32-bit halves of the Philox key used
 KINDS = ["plain", "mask", "attn", "causal", "bias_ninf", "dropout", "all"]

@@ -2,7 +2,7 @@
 
 With fewer sequences than it has partial gradients, the SIMD backward
 runs one sequence at a time and splits its valid rows into segments of
-whole row blocks, one task each (csrc/fast_impl.h, bwd_split_rows); each
+whole row blocks, one task each (csrc/simd/fused_backward.inc, bwd_split_rows); each
 segment sums its dW_h, E and dv on its own, and the segments are added in
 order.  These tests check, for single long sequences and pairs of them,
 that the gradients are bitwise the same for 1, 2 and 3 threads and right

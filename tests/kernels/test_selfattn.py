@@ -42,7 +42,7 @@ from attention_c.testing import (DTYPES, FD_RTOL, ILL_FACTOR, TOL,
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
-# The streamed kernel's blocks (csrc/family_impl.h QBLK, SQB, SKB):
+# The streamed kernel's blocks (csrc/family/plan.inc QBLK, SQB, SKB):
 # queries with causal and without, keys.
 SQB_CAUSAL, SQB, SKB = 64, 256, 256
 
