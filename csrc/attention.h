@@ -139,7 +139,9 @@ ATT_DECLARE(double, f64)
  * pair, and the additive activations (Tq, T, A) are never stored.  W is
  * row-major with ldw columns (A x (H + Hq), or Hq x H).
  * Key t is visible to query i when the key mask, the per-query attn_mask
- * and (causal) t <= i + T - Tq all allow it (docs/contract.md 5.1).  Keys
+ * and its range of keys [lo_i, hi_i) allow it: causal (t <= i' = i + T -
+ * Tq), the window and the packed segments narrow it (docs/contract.md
+ * 5.1); blocks of the streamed path outside every range are skipped.  Keys
  * visible to no query of their sequence, and queries with no visible key,
  * are padding: a NaN there reaches no result.
  */
@@ -163,6 +165,15 @@ typedef struct {
                                when one serves several (broadcast) */
     ptrdiff_t H, Hq, Hv;    /* widths of a key, a query, a value */
     ptrdiff_t P;            /* width of a projected key: A, Hq (general) */
+    /* dot and general only (issue 25): */
+    int window;             /* key t visible to query i iff i' - wleft <=
+                               t <= i' + wright (i' = i + T - Tq) */
+    ptrdiff_t wleft, wright;    /* window sides, -1: unbounded */
+    ptrdiff_t nseg;         /* packed segments (in->cu_q, cu_k); 0: one
+                               sequence.  i', causal and the window are
+                               per segment; query i sees only its own */
+    int softcap;            /* the score s is in->softcap tanh(s / softcap)
+                               before the bias */
 } att_fdims;
 
 /*
@@ -229,6 +240,8 @@ enum att_strided {
         ptrdiff_t ngroups;                                                   \
         const ptrdiff_t *koff, *voff;                                        \
         ptrdiff_t krs, vrs;                                                  \
+        const int64_t *cu_q, *cu_k;   /* (nseg + 1,): segment starts */    \
+        R softcap;                    /* > 0 when f->softcap */            \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \
