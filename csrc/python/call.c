@@ -351,6 +351,9 @@ static ptrdiff_t work_size(Call *c)
     key.bias_shared = c->bias_shared;
     key.dropout = given(c, X_DROPOUT);
     key.stream = stream_of(c);
+    key.window = given(c, X_WINDOW);
+    key.segments = given(c, X_CU_SEQLENS_Q);
+    key.softcap = given(c, X_SOFTCAP);
     key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
                                  : 0;
     key.simd = c->ex.simd;

@@ -135,7 +135,8 @@ int cast_args(Call *c)
     PyArrayObject *arrs[MAX_ARGS];
     int count = 0;
     for (int i = 0; i < fn->nargs; i++) {
-        if (c->arr[i] != NULL && !(fn->args[i].flags & F_MASK)) {
+        unsigned other = F_MASK | F_INDEX;     /* not floating */
+        if (c->arr[i] != NULL && !(fn->args[i].flags & other)) {
             arrs[count++] = c->arr[i];
         }
     }
@@ -161,8 +162,8 @@ int cast_args(Call *c)
         Py_DECREF(rt);
     }
     for (int i = 0; i < fn->nargs; i++) {
-        if (c->arr[i] == NULL) {
-            continue;
+        if (c->arr[i] == NULL || (fn->args[i].flags & F_INDEX)) {
+            continue;           /* an index: int64 already (check_family) */
         }
         int mask = (fn->args[i].flags & F_MASK) != 0;
         if ((fn->args[i].flags & F_BCAST) && broadcast_lead(c, i) < 0) {
