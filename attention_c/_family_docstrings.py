@@ -168,6 +168,26 @@ _PIECES["return_weights"] = """\
         rounding.
 """
 
+_PIECES["variants"] = """\
+    window : (int or None, int or None), optional
+        ``(left, right)``: key t is visible to query i iff
+        ``i' - left <= t <= i' + right`` with ``i' = i + (T - Tq)``; a
+        side of None is unbounded; with ``causal`` the right side is 0.
+        Only with several queries.  Blocks of keys outside every query's
+        window are never computed on the streamed path (a window of w
+        keys costs O(Tq w d)).  Default None.
+    softcap : float, optional
+        c > 0: the scaled score ``s`` becomes ``c tanh(s / c)`` before
+        the bias and the masks.  Default None.
+    cu_seqlens_q, cu_seqlens_k : array_like of int (n + 1,), optional
+        Packed sequences: the Tq axis holds n segments of queries back to
+        back, the T axis n segments of keys; ``cu_seqlens_q[s]`` is the
+        start of query segment s (0 first, Tq last, never decreasing),
+        likewise for the keys.  A query sees only the keys of its segment,
+        and the alignment ``i'``, ``causal`` and ``window`` are per
+        segment.  Both or neither; only with several queries.
+"""
+
 _PIECES["returns"] = """\
     Returns
     -------
@@ -213,6 +233,10 @@ _PIECES["backward_args"] = """\
     mask, attn_mask, causal, bias, dropout, seed
         As given to the forward: the same seed regenerates the same keep
         pattern.
+    window, softcap, cu_seqlens_q, cu_seqlens_k
+        As given to the forward.  Through ``softcap`` the gradient of the
+        raw score is ``delta_it (1 - (capped_it / softcap)**2)``, the
+        capped score recomputed.
     grad_alpha : array_like, the shape of ``alpha``, optional
         Gradient of the loss with respect to ``alpha``; only with
         ``alpha``.
@@ -381,7 +405,7 @@ Dot-product (Luong "dot", scaled dot) attention, self-attention at scale.
     scale : float, optional
         Default ``1/sqrt(H)``, as ``torch.nn.functional.
         scaled_dot_product_attention``; 1 gives Luong's "dot".
-{return_weights}
+{return_weights}{variants}
 {returns}
 {philox}
     Examples
@@ -494,7 +518,7 @@ General (Luong "general", bilinear) attention.
     key_proj : array_like (..., T, Hq), optional
         ``project_keys(keys, W)``, computed once per sequence (see
         :func:`additive_attention`).  Results are the same as without it.
-{return_weights}
+{return_weights}{variants}
 {returns}
     Notes
     -----
