@@ -6,7 +6,7 @@ Runs each notebook (default: all in this folder) from a fresh ``python3``
 kernel in this folder, replaces its outputs, and writes the figure of every
 cell tagged ``figure:NAME.png`` to ``notebooks/img/NAME.png`` (the pictures
 the README shows).  Needs ``pip install -e ".[test]"``.  The test suite runs
-the notebooks too (tests/test_notebooks.py), on a temporary copy.
+the notebooks too (tests/bench_docs/test_notebooks.py), on a temporary copy.
 
 To read or edit them: ``pip install -e ".[notebooks]"`` (the kernel and
 the Jupyter front end), then ``jupyter lab notebooks/``.  ``jupyter

@@ -170,10 +170,11 @@ def input_bytes(p):
 # Ours: each form is (forward, forward + backward, results), where results
 # maps what forward + backward returned to {name: array}.
 
+# the fields of the backwards' named tuples (from the binding's table)
 GRAD_FIELDS = {
-    "additive": ("query", "keys", "values", "W", "v", "b"),
-    "dot": ("query", "keys", "values", "bias"),
-    "general": ("query", "keys", "values", "W", "bias"),
+    "additive": ac.AdditiveAttentionGrads._fields,
+    "dot": ac.DotAttentionGrads._fields,
+    "general": ac.GeneralAttentionGrads._fields,
 }
 
 

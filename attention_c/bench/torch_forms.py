@@ -13,7 +13,7 @@ import numpy as np
 def torch_forms(torch):
     """The eager PyTorch forms of the layer, ``(best, seed)``.
 
-    Both map tensors (h, W, v, b, mask) to (out, alpha) with the SPEC's
+    Both map tensors (h, W, v, b, mask) to (out, alpha) with the contract's
     masking: masked items get exactly 0 weight, and a row with no valid
     item gives zeros (and zero gradients), not NaN.  With mask None (full
     sequences) they do no masking work at all, as a user with full

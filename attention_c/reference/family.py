@@ -29,7 +29,10 @@ import numpy as np
 
 from ._shapes import _rows, _sum_to
 from .dropout import _check_dropout, _dropout_factor
-from .masks import _drop_padding, _layout, _softmax, _visible_matmul
+from .masks import (_drop_padding, _exp, _layout, _softmax,
+                    _visible_matmul)
+from .variants import (_check_softcap, _relative_positions, alibi_term,
+                       per_sequence, softcap_scores)
 
 
 def project_keys(keys, W):
@@ -123,35 +126,59 @@ def _default_scale(keys):
     return 1 / float(np.sqrt(max(keys.shape[-1], 1)))
 
 
-def _dot_scores(q, keys, scale, bias):
-    """s (..., Tq, T) = scale q_i . k_t + bias_it (bias in the scores'
-    dtype, so a float64 bias does not promote float32 scores)."""
-    s = scale * (q @ keys.swapaxes(-1, -2))
-    if bias is not None:
-        with np.errstate(invalid="ignore"):            # -inf + inf: masked
+def _dot_scores(q, keys, scale, bias, softcap=None, alibi=None):
+    """s (..., Tq, T) = softcap(scale q_i . k_t) + bias_it + alibi_it (bias
+    in the scores' dtype, so a float64 bias does not promote float32
+    scores).  Soft-capping comes first, as Gemma 2 has it."""
+    s = softcap_scores(scale * (q @ keys.swapaxes(-1, -2)), softcap)
+    with np.errstate(invalid="ignore"):                # -inf + inf: masked
+        if bias is not None:
             s = s + bias.astype(s.dtype, copy=False)
+        if alibi is not None:
+            s = s + alibi.astype(s.dtype, copy=False)
     return s
+
+
+def _variants(vis, softcap, alibi_slopes, sinks, cu_seqlens_q,
+              cu_seqlens_k):
+    """The checked softcap, the ALiBi term (lead, Tq, T) or None, and the
+    sinks (lead) or None (.variants); ``vis`` gives the shapes."""
+    lead, (Tq, T) = vis.shape[:-2], vis.shape[-2:]
+    softcap = _check_softcap(softcap)
+    slopes = per_sequence("alibi_slopes", alibi_slopes, lead)
+    alibi = None
+    if slopes is not None:
+        _, rel = _relative_positions(Tq, T, cu_seqlens_q, cu_seqlens_k)
+        alibi = alibi_term(slopes, rel)
+    return softcap, alibi, per_sequence("sinks", sinks, lead)
 
 
 def dot_attention(query, keys, *, mask=None, attn_mask=None, causal=False,
                   bias=None, dropout=0.0, seed=None, values=None, scale=None,
-                  return_weights=True):
-    """s_it = scale q_i . k_t + bias_it, scale None = 1/sqrt(H).
+                  return_weights=True, window=None, softcap=None,
+                  alibi_slopes=None, sinks=None, cu_seqlens_q=None,
+                  cu_seqlens_k=None):
+    """s_it = softcap(scale q_i . k_t) + bias_it - slope |i' - t|, scale
+    None = 1/sqrt(H).
 
     Returns (out, alpha), or (out, lse) with return_weights=False, lse_i =
-    log sum_t exp(s_it) over the visible keys.  alpha is before dropout.
+    log(exp(sink) + sum_t exp(s_it)) over the visible keys (no sink: 0
+    in place of exp(sink)).  alpha is before dropout.
     """
     keys = np.asarray(keys)
     vals = keys if values is None else np.asarray(values)
     scale = _default_scale(keys) if scale is None else scale
     q, single, vis, bias = _layout(query, keys, values, mask, attn_mask,
-                                   causal, bias)
+                                   causal, bias, window, cu_seqlens_q,
+                                   cu_seqlens_k)
     Tq, T = vis.shape[-2:]
     _check_dropout(dropout, seed, Tq, T)
+    softcap, alibi, sink = _variants(vis, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
     q = _drop_padding(q, vis.any(axis=-1))             # queries seeing none
     keys, vals = (_drop_padding(x, vis.any(axis=-2)) for x in (keys, vals))
-    s = _dot_scores(q, keys, scale, bias)
-    alpha, lse = _softmax(s, vis)
+    s = _dot_scores(q, keys, scale, bias, softcap, alibi)
+    alpha, lse = _softmax(s, vis, sink)
     drop = _dropout_factor(dropout, seed, vis.shape[:-2], Tq, T,
                            alpha.dtype)
     weights = alpha if drop is None else alpha * drop
@@ -166,8 +193,9 @@ def _attend_backward(g, alpha, vis, vals, ga, drop=None, D=None):
 
     gamma_it = (g_i . val_t) keep_it/(1-p) + ga_it;  with D_i None,
     D_i = sum_j alpha_ij gamma_ij; delta_it = alpha_it (gamma_it - D_i);
-    dval_t = sum_i alpha_it keep_it/(1-p) g_i.  ``alpha`` is P of SPEC
-    5.2 when recomputed from lse (then D_i = g_i . out_i is given).
+    dval_t = sum_i alpha_it keep_it/(1-p) g_i.  ``alpha`` is P of
+    docs/contract.md 5.4 when recomputed from lse (then D_i = g_i . out_i
+    is given).
     """
     gamma = g @ vals.swapaxes(-1, -2)                  # (..., Tq, T)
     if drop is not None:
@@ -184,11 +212,15 @@ def _attend_backward(g, alpha, vis, vals, ga, drop=None, D=None):
     return delta, dvalues
 
 
-def _saved(alpha, out, lse, grad_alpha):
+def _saved(alpha, out, lse, grad_alpha, sinks=None):
     """Check the backward's choice between alpha and (out=, lse=)."""
     if alpha is not None and (lse is not None or out is not None):
         raise ValueError("give either alpha or out= and lse= (from a "
                          "return_weights=False forward), not both")
+    if alpha is not None and sinks is not None:
+        raise ValueError("sinks needs out= and lse= (a return_weights="
+                         "False forward): alpha alone loses the sink's "
+                         "share")
     if alpha is None:
         if lse is None or out is None:
             raise ValueError("the backward needs alpha, or out= and lse= "
@@ -201,96 +233,126 @@ def _saved(alpha, out, lse, grad_alpha):
 def dot_attention_backward(grad_out, query, keys, alpha=None, *, out=None,
                            lse=None, mask=None, attn_mask=None, causal=False,
                            bias=None, dropout=0.0, seed=None, values=None,
-                           scale=None, grad_alpha=None):
-    """(dquery, dkeys, dvalues, dbias) of dot_attention (SPEC 5.2).
+                           scale=None, grad_alpha=None, window=None,
+                           softcap=None, alibi_slopes=None, sinks=None,
+                           cu_seqlens_q=None, cu_seqlens_k=None):
+    """(dquery, dkeys, dvalues, dbias, dalibi_slopes, dsinks) of
+    dot_attention (contract 5.4, 8).
 
     From alpha as in section 4, or from out= and lse=: P_it = exp(s_it -
     lse_i) on the visible keys and D_i = g_i . out_i.  dvalues is None when
-    values is None (the keys take that gradient); dbias is None when bias
-    is, else delta summed to the shape of bias.
+    values is None (the keys take that gradient); dbias, dalibi_slopes and
+    dsinks are None when their input is, else summed to its shape.
     """
     keys = np.asarray(keys)
     vals = keys if values is None else np.asarray(values)
     scale = _default_scale(keys) if scale is None else scale
     q, single, vis, b = _layout(query, keys, values, mask, attn_mask,
-                                causal, bias)
+                                causal, bias, window, cu_seqlens_q,
+                                cu_seqlens_k)
     Tq, T = vis.shape[-2:]
     _check_dropout(dropout, seed, Tq, T)
-    _saved(alpha, out, lse, grad_alpha)
+    _saved(alpha, out, lse, grad_alpha, sinks)
+    softcap, alibi, sink = _variants(vis, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
     g, a, ga = _add_query_axis(single, grad_out, alpha, grad_alpha)
     # rows nobody sees are zeroed: a query with no visible key gets no
     # gradient at all (its g may be NaN), and padding reaches nothing
     live_q, live_k = vis.any(axis=-1), vis.any(axis=-2)
     q, g = _drop_padding(q, live_q), _drop_padding(g, live_q)
     keys, vals = (_drop_padding(x, live_k) for x in (keys, vals))
-    D = None
+    # the capped scores, before bias and ALiBi: softcap's derivative
+    capped = softcap_scores(scale * (q @ keys.swapaxes(-1, -2)), softcap)
+    D = l = None
     if a is None:
         o, l = np.asarray(out), np.asarray(lse)
         if single:
             o, l = o[..., None, :], l[..., None]
         l = np.where(np.isfinite(l), l, 0)[..., None]  # -inf: no visible key
-        s = _dot_scores(q, keys, scale, b)
+        s = _dot_scores(q, keys, scale, b, softcap, alibi)
         # exp only where visible: a hidden key's s - lse may overflow
-        a = np.exp(np.where(vis, s - l, -np.inf))
+        a = _exp(np.where(vis, s - l, -np.inf))
         D = np.where(live_q, (g * o).sum(axis=-1), 0)
     drop = _dropout_factor(dropout, seed, vis.shape[:-2], Tq, T,
                            np.result_type(a, g))
     # (drop and D by keyword, only when there: the bare 5-argument call is
-    # the one tests/test_properties.py patches)
+    # the one tests patch)
     extra = {n: x for n, x in (("drop", drop), ("D", D)) if x is not None}
     delta, dvals = _attend_backward(g, a, vis, vals, ga, **extra)
+    dbias = dslopes = dsinks = None
+    if bias is not None:
+        dbias = _sum_to(delta[..., 0, :] if single else delta,
+                        np.shape(bias))
+    if alibi is not None:               # s += -m |rel|: dm = -sum |rel| d
+        _, rel = _relative_positions(Tq, T, cu_seqlens_q, cu_seqlens_k)
+        dslopes = _sum_to(-(delta * np.abs(rel)).sum(axis=(-2, -1)),
+                          np.shape(alibi_slopes))
+    if sink is not None:                # dsink = -sum_i P_i,sink D_i
+        p_sink = _exp(sink[..., None] - l[..., 0])
+        dsinks = _sum_to(-(p_sink * D).sum(axis=-1), np.shape(sinks))
+    if softcap is not None:             # d(c tanh(x/c))/dx = 1 - (./c)^2
+        delta = delta * (1 - (capped / softcap) ** 2)
     dq = scale * _visible_matmul(delta, vis, keys)     # scale sum_t d_it k_t
     dk = scale * _visible_matmul(delta.swapaxes(-1, -2),
                                  vis.swapaxes(-1, -2), q)
     dq, dk = _sum_to(dq, q.shape), _sum_to(dk, keys.shape)
     dvals = _sum_to(dvals, vals.shape)
-    dbias = None
-    if bias is not None:
-        dbias = _sum_to(delta[..., 0, :] if single else delta,
-                        np.shape(bias))
-    return _family_grads(single, dq, dk, dvals, values is None) + (dbias,)
+    return (_family_grads(single, dq, dk, dvals, values is None)
+            + (dbias, dslopes, dsinks))
 
 
 def general_attention(query, keys, W, *, mask=None, attn_mask=None,
                       causal=False, bias=None, dropout=0.0, seed=None,
-                      values=None, key_proj=None, return_weights=True):
+                      values=None, key_proj=None, return_weights=True,
+                      window=None, softcap=None, alibi_slopes=None,
+                      sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """s_it = q_i . (W_a k_t) + bias_it, W_a = W (Hq, H): the dot score
-    with scale 1 on the projected keys.  Returns as dot_attention."""
+    with scale 1 on the projected keys, with its variants (window,
+    softcap, alibi_slopes, sinks, cu_seqlens_q/k).  Returns as
+    dot_attention."""
     keys = np.asarray(keys)
     vals = keys if values is None else values
     if key_proj is None:                # padding dropped before W_a
         _, _, vis, _ = _layout(query, keys, values, mask, attn_mask, causal,
-                               bias)
+                               bias, window, cu_seqlens_q, cu_seqlens_k)
         keys = _drop_padding(keys, vis.any(axis=-2))
     kp = project_keys(keys, W) if key_proj is None else np.asarray(key_proj)
     return dot_attention(query, kp, mask=mask, attn_mask=attn_mask,
                          causal=causal, bias=bias, dropout=dropout,
                          seed=seed, values=vals, scale=1.0,
-                         return_weights=return_weights)
+                         return_weights=return_weights, window=window,
+                         softcap=softcap, alibi_slopes=alibi_slopes,
+                         sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k)
 
 
 def general_attention_backward(grad_out, query, keys, W, alpha=None, *,
                                out=None, lse=None, mask=None, attn_mask=None,
                                causal=False, bias=None, dropout=0.0,
                                seed=None, values=None, grad_alpha=None,
-                               key_proj=None):
-    """(dquery, dkeys, dvalues, dW, dbias) of general_attention."""
+                               key_proj=None, window=None, softcap=None,
+                               alibi_slopes=None, sinks=None,
+                               cu_seqlens_q=None, cu_seqlens_k=None):
+    """(dquery, dkeys, dvalues, dW, dbias, dalibi_slopes, dsinks) of
+    general_attention."""
     keys, W = np.asarray(keys), np.asarray(W)
     vals = keys if values is None else values
     _, _, vis, _ = _layout(query, keys, values, mask, attn_mask, causal,
-                           bias)
+                           bias, window, cu_seqlens_q, cu_seqlens_k)
     live_keys = _drop_padding(keys, vis.any(axis=-2))
     kp = (project_keys(live_keys, W) if key_proj is None
           else np.asarray(key_proj))
-    dq, dkp, dvals, dbias = dot_attention_backward(
+    dq, dkp, dvals, dbias, dslopes, dsinks = dot_attention_backward(
         grad_out, query, kp, alpha, out=out, lse=lse, mask=mask,
         attn_mask=attn_mask, causal=causal, bias=bias, dropout=dropout,
-        seed=seed, values=vals, scale=1.0, grad_alpha=grad_alpha)
+        seed=seed, values=vals, scale=1.0, grad_alpha=grad_alpha,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     # k_t -> W_a k_t:  dk_t = W_a^T dkp_t,  dW_a = sum_t dkp_t k_t^T
     dk, dW = project_keys_backward(dkp, live_keys, W)
     if values is None:
         dk, dvals = dk + dvals, None
-    return dq, dk, dvals, dW, dbias
+    return dq, dk, dvals, dW, dbias, dslopes, dsinks
 
 
 def _add_query_axis(single, grad_out, alpha, grad_alpha):

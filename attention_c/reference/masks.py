@@ -4,9 +4,10 @@ padding cannot reach (docs/contract.md section 5.1).
     mask       (..., T)       key mask, the same for every query
     attn_mask  -> (..., Tq, T) per query, broadcast by NumPy rules
     causal     key t visible to query i iff t <= i + (T - Tq)
+    window, cu_seqlens_q/k   a range of keys per query (.variants)
     bias       -inf acts as a mask too
 
-    visible_it = mask_t AND attn_mask_it AND causal_it AND bias_it > -inf
+    visible_it = mask_t AND attn_mask_it AND range_it AND bias_it > -inf
 
 A masked item never influences anything: rows that no (query, key) pair
 sees are set to 0 before any product, a product keeps a NaN or inf of a
@@ -16,6 +17,7 @@ row only where it is visible, and the softmax runs over the visible keys.
 import numpy as np
 
 from ._shapes import _sum_to
+from .variants import key_ranges
 
 
 def _queries(query, keys):
@@ -38,7 +40,8 @@ def _fits(name, shape, target):
                          f"broadcast to {target}")
 
 
-def _layout(query, keys, values, mask, attn_mask, causal, bias):
+def _layout(query, keys, values, mask, attn_mask, causal, bias,
+            window=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Check the arguments and lay them out for several queries.
 
     Returns (q, single, vis, bias): q (..., Tq, Hq); vis (lead, Tq, T) the
@@ -71,10 +74,15 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias):
         _fits("mask", m.shape, lead + (T,))
         vis = vis & m[..., None, :]                    # same for every i
 
-    if single and (attn_mask is not None or causal):
-        raise ValueError("attn_mask and causal need several queries "
-                         "(query (..., Tq, Hq)); with one query per "
-                         "sequence, mask (..., T) says it all")
+    ranged = {"attn_mask": attn_mask is not None, "causal": causal,
+              "window": window is not None,
+              "cu_seqlens_q": cu_seqlens_q is not None,
+              "cu_seqlens_k": cu_seqlens_k is not None}
+    if single and any(ranged.values()):
+        name = next(n for n, given in ranged.items() if given)
+        raise ValueError(f"{name} needs several queries (query (..., Tq, "
+                         f"Hq)); with one query per sequence, mask (..., T) "
+                         f"says it all")
     if attn_mask is not None:
         am = np.asarray(attn_mask)
         if am.dtype != bool:
@@ -86,11 +94,10 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias):
                 f"scaled_dot_product_attention's mean True = take part")
         _fits("attn_mask", am.shape, full)
         vis = vis & am
-    if causal:
-        # bottom-right aligned: the last query sees every key
-        i = np.arange(Tq)[:, None]
-        t = np.arange(T)[None, :]
-        vis = vis & (t <= i + (T - Tq))
+    # causal, window, packing: a range of keys per query, bottom-right
+    # aligned (the last query of a sequence sits at its last key)
+    vis = vis & key_ranges(Tq, T, causal, window, cu_seqlens_q,
+                           cu_seqlens_k)
 
     if bias is not None:
         bias = np.asarray(bias)
@@ -144,19 +151,38 @@ def _visible_matmul(a, vis, b):
     return out + terms.sum(axis=-2)
 
 
-def _softmax(s, vis):
+def _exp(x):
+    """exp(x), exactly 0 where it would be below the dtype's smallest
+    normal number: no weight is ever a denormal (a score of finfo.min, as
+    transformers' masks write, weighs exactly 0, and costs nothing)."""
+    with np.errstate(under="ignore"):
+        e = np.exp(x)
+    return np.where(x < np.log(np.finfo(e.dtype).tiny), 0, e)
+
+
+def _softmax(s, vis, sink=None):
     """(alpha, lse) of s (..., Tq, T) over the visible keys.
 
     Shifted by the largest visible score M, so exp never overflows;
     lse_i = M_i + log sum_t exp(s_it - M_i).  A query with no visible key
-    gets alpha = 0 and lse = -inf (no 0/0, no log 0).
+    gets alpha = 0 and lse = -inf (no 0/0, no log 0).  ``sink`` (...,),
+    one logit a sequence, joins every denominator without a value:
+    lse_i = log(exp(sink) + sum_t exp(s_it)), and a query with no visible
+    key then has lse = sink.
     """
     seen = vis.any(axis=-1, keepdims=True)             # (..., Tq, 1)
     s = np.where(vis, s, -np.inf)
-    M = np.where(seen, np.max(s, axis=-1, keepdims=True, initial=-np.inf), 0)
-    e = np.exp(s - M)                                  # invisible: 0
-    total = np.where(seen, e.sum(axis=-1, keepdims=True), 1)
-    alpha = e / total
-    lse = np.where(seen, M + np.log(total), -np.inf)[..., 0]
+    M = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    if sink is not None:
+        z = sink[..., None, None]
+        M = np.maximum(M, z)
+    M = np.where(~seen & (M == -np.inf), 0, M)         # nothing to shift by
+    e = _exp(s - M)                                    # invisible: 0
+    total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + _exp(z - M)
+    empty = total == 0                                 # nothing at all
+    alpha = e / np.where(empty, 1, total)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, M + np.log(total))[..., 0]
     return alpha, lse
-

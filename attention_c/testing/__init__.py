@@ -4,19 +4,22 @@
 What is here, like ``numpy.testing``:
 
 * tolerances and the error metric: the normwise relative error
-  ``||x - ref|| / ||ref||`` (:func:`rel_err`), the bound it must meet per
-  computing dtype (:data:`TOL`, :func:`assert_close`) and central finite
-  differences (:func:`numerical_grad`);
+  ``||x - ref|| / ||ref||`` (:func:`rel_err`), with a floor from the
+  inputs' scale where the exact answer can be 0 (:func:`noise_floor`),
+  the bound it must meet per computing dtype (:data:`TOL`,
+  :func:`assert_close`) and central finite differences
+  (:func:`numerical_grad`);
 * random problems: :class:`Problem` (every argument of the layer's
   functions, any leading batch axes, the masks of :data:`MASK_KINDS`) and
   :func:`ragged_batch` (a batch of prefix-masked sequences and a freshly
   initialised layer, for the self-check and the benchmark);
 * the argument table of the public functions (:data:`SIGNATURES`,
   :data:`API_ARGS`);
-* pure-PyTorch implementations of the layer and of the attention family,
-  whose gradients come from autograd, and small tensor problems for them
-  (defined in ``attention_c.testing.pytorch``, which imports torch inside
-  its functions only: this package imports without torch).
+* the layer and the attention family in plain PyTorch, whose gradients
+  come from autograd (``attention_c.torch._pure`` with the adapter's call
+  signatures), and small tensor problems for them (defined in
+  ``attention_c.testing.pytorch``, which imports torch inside its
+  functions only: this package imports without torch).
 
 Examples
 --------
@@ -43,18 +46,20 @@ from attention_c._functions import TABLE as _TABLE
 from attention_c.testing.pytorch import (
     TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES,
     TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, torch_additive_attention,
-    torch_attend, torch_causal_mask, torch_context_attention,
-    torch_dot_attention, torch_family_problem, torch_general_attention,
-    torch_key_mask, torch_layer_problem, torch_masked_softmax)
+    torch_causal_mask, torch_context_attention, torch_dot_attention,
+    torch_family_problem, torch_general_attention, torch_key_mask,
+    torch_layer_problem, torch_masked_softmax)
 
 __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
-    "rel_err", "assert_close", "numerical_grad",
+    "NOISE_ULPS", "rel_err", "noise_floor", "assert_close",
+    "numerical_grad", "f64",
     "make_mask", "Problem", "ragged_batch",
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
-    "FIGURES", "record_figure",
-    "torch_context_attention", "torch_masked_softmax", "torch_attend",
+    "FIGURES", "record_figure", "assert_identical", "assert_all_identical",
+    "run_quick_bench", "page_section",
+    "torch_context_attention", "torch_masked_softmax",
     "torch_additive_attention", "torch_dot_attention",
     "torch_general_attention", "TORCH_ATTENTION",
     "TORCH_LAYER_SIZES", "TORCH_LAYER_MASKS", "torch_layer_problem",
@@ -94,20 +99,37 @@ def _as_float64(x):
     return np.asarray(x, dtype=np.float64)
 
 
-def rel_err(x, ref):
+def f64(x):
+    """x as a float64 NumPy array, None as None: the reference's input.
+
+    Examples
+    --------
+    >>> f64(np.float32(0.5)).dtype, f64(None)
+    (dtype('float64'), None)
+    """
+    return None if x is None else _as_float64(x)
+
+
+def rel_err(x, ref, floor=0.0):
     """Normwise relative error of x against ref.
 
     Parameters
     ----------
     x, ref : array_like or torch.Tensor
         Of the same shape.
+    floor : float
+        The error is measured against ``max(||ref||, floor)``.  Give one
+        (:func:`noise_floor`) wherever the exact answer can be 0 (a
+        softmax gradient through a single visible key, a sum that cancels):
+        there ref is rounding noise, different on every host, and a
+        relative error would divide by it.
 
     Returns
     -------
     float
-        ``||x - ref|| / ||ref||`` (Frobenius norms, in float64), or the
-        absolute ``||x - ref||`` when ref is 0 (e.g. the gradients of a
-        fully masked row).
+        ``||x - ref|| / max(||ref||, floor)`` (Frobenius norms, in
+        float64), or the absolute ``||x - ref||`` when ref and floor are 0
+        (e.g. the gradients of a fully masked row).
 
     Examples
     --------
@@ -115,15 +137,61 @@ def rel_err(x, ref):
     0.0924...
     >>> rel_err([1e-3, 0.0], [0.0, 0.0])
     0.001
+    >>> rel_err([0.0, 0.0], [4e-18, 0.0], floor=1e-5)
+    4e-13
     """
     x, ref = _as_float64(x), _as_float64(ref)
     assert x.shape == ref.shape, (x.shape, ref.shape)
-    scale = np.linalg.norm(ref)
-    diff = np.linalg.norm(x - ref)
-    return float(diff / scale if scale > 0 else diff)
+    scale = max(float(np.linalg.norm(ref)), float(floor))
+    diff = float(np.linalg.norm(x - ref))
+    return diff / scale if scale > 0 else diff
 
 
-def assert_close(x, ref, dtype, what=""):
+# Roundoffs of its bound an answer that is 0 in exact arithmetic may carry
+# (see noise_floor).  Measured: the query gradient of SDPA with one key,
+# ours and PyTorch's, in float32 and float64, stays under 0.3.
+NOISE_ULPS = 2
+
+
+def _eps(dtype):
+    """Machine epsilon of a NumPy or a torch floating dtype."""
+    if type(dtype).__module__ == "torch":
+        import torch
+        return float(torch.finfo(dtype).eps)
+    return float(np.finfo(dtype).eps)
+
+
+def noise_floor(bound, dtype, tol, ulps=NOISE_ULPS):
+    """The :func:`rel_err` floor of an answer that can be 0 in exact
+    arithmetic, such as a sum that cancels.
+
+    Evaluated in ``dtype``, such an answer is off by about ``eps(dtype) *
+    bound``, ``bound`` being the sum of the magnitudes of its terms
+    (taken from the inputs' norms): so its error is measured against
+    ``max(||ref||, ulps * eps * bound / tol)``, that is, ``rel_err <=
+    tol`` admits an absolute error of ``ulps`` roundoffs of ``bound`` and
+    is unchanged wherever ``||ref||`` is above that.
+
+    Parameters
+    ----------
+    bound : float
+        An upper bound of the answer's norm without cancellation.
+    dtype : NumPy or torch dtype
+        The dtype the answer is computed in (the coarser one of the two
+        compared).
+    tol : float
+        The bound rel_err must meet.
+    ulps : float
+
+    Examples
+    --------
+    >>> print(f"{noise_floor(2.0, np.float64, 1e-10):.3g}")
+    8.88e-06
+    """
+    return ulps * _eps(dtype) * float(bound) / tol
+
+
+def assert_close(x, ref, dtype, what="", floor=0.0):
     """Assert that x agrees with the float64 reference within TOL[dtype].
 
     Parameters
@@ -134,13 +202,15 @@ def assert_close(x, ref, dtype, what=""):
         The computing dtype, float32 or float64.
     what : str
         Names x in the message.
+    floor : float
+        Of :func:`rel_err`, where the exact answer can be 0.
 
     Examples
     --------
     >>> assert_close(np.float32(1 / 3), 1 / 3, np.float32, "a third")
     """
     kind = np.dtype(dtype).type
-    err = rel_err(x, ref)
+    err = rel_err(x, ref, floor)
     assert err <= TOL[kind], (
         f"{what}: normwise relative error {err:.3g} > {TOL[kind]:g} "
         f"({np.dtype(dtype).name})")
@@ -333,7 +403,7 @@ def ragged_batch(rng, B, T, H, A, min_length=1, empty_row=False):
 # context layer's keep_activations and activations, and stop_at_key_proj.
 # Keyword-only arguments default to None except those in DEFAULTS; a
 # dot/general backward's alpha is positional with default None (it may be
-# left out when out= and lse= are given, SPEC 5.2).
+# left out when out= and lse= are given, docs/contract.md 5.3).
 _SAVINGS = ("keep_activations", "activations", "stop_at_key_proj")
 SIGNATURES = {
     fn: ([a.name for a in f.args if a.positional],
@@ -349,7 +419,7 @@ OPTIONAL_POSITIONAL = {
     fn: [a.name for a in f.args if a.positional and not a.required]
     for fn, f in _TABLE.items()
     if any(a.positional and not a.required for a in f.args)}
-# The arguments of SPEC section 5 (self-attention at scale).
+# The arguments of docs/contract.md section 5 (self-attention at scale).
 SEC5_ARGS = ["attn_mask", "causal", "bias", "dropout", "seed",
              "return_weights", "out", "lse"]
 # The functions of the layer (contract section 3), then of the family.
@@ -425,3 +495,18 @@ def run_quick_bench(args, folder, page):
         data = json.load(f)
     return (data, proc.stdout,
             (folder / "performance.md").read_text(encoding="utf-8"))
+
+
+def page_section(text, name):
+    r"""The body of the section ``name`` of docs/performance.md's text (the
+    lines between ``<!-- bench:name -->`` and ``<!-- /bench:name -->``),
+    which the benchmarks' --write-docs rewrites.
+
+    Examples
+    --------
+    >>> page_section("a\n<!-- bench:x -->\nbody\n<!-- /bench:x -->\n", "x")
+    'body'
+    """
+    start = f"<!-- bench:{name} -->\n"
+    begin = text.index(start) + len(start)
+    return text[begin:text.index(f"\n<!-- /bench:{name} -->", begin)]

@@ -1,20 +1,27 @@
-"""Pure PyTorch for the tests of attention_c: the layer (contract section
-1) and the three scores of the attention family (section 4) written with
-plain torch operations, their gradients (of any order) from autograd, and
-small random tensor problems for the PyTorch adapter.
+"""The PyTorch side of the tests of attention_c: the layer (contract
+section 1.2) and the three scores of the attention family (section 4.3)
+in plain torch operations, whose gradients (of any order) come from
+autograd, and small random tensor problems for the PyTorch adapter.
 
-torch is imported inside the functions, so that ``attention_c.testing``,
-which re-exports everything here, imports without it.
+The mathematics is written once for PyTorch, in
+``attention_c.torch._pure`` (the transcription attention_c.torch
+differentiates for its higher derivatives); the functions here only give
+it the adapter's call signatures.  torch is imported inside the
+functions, so that ``attention_c.testing``, which re-exports everything
+here, imports without it.
 """
 
-import math
+
+def _pure():
+    from attention_c.torch import _pure
+    return _pure
 
 
 # --------------------------------------------------------------------------
 # The layer and the family (gradients from autograd, to any order)
 
 def torch_context_attention(h, W, v, *, b=None, mask=None):
-    """Contract section 1, context-pooled additive attention, in PyTorch.
+    """Contract section 1.2, context-pooled additive attention, in PyTorch.
 
     Same arguments as ``attention_c.torch.context_attention`` (the
     optional ones keyword-only); returns ``(out, alpha)``.  Masked items
@@ -29,25 +36,7 @@ def torch_context_attention(h, W, v, *, b=None, mask=None):
     >>> out.shape, bool(alpha[1].eq(0).all())
     (torch.Size([3, 3]), True)
     """
-    import torch
-
-    Hs = h.shape[-1]
-    if mask is None:
-        mask = torch.ones(h.shape[:-1], dtype=torch.bool)
-    m = mask.to(h.dtype)
-    n = m.sum(-1, keepdim=True)
-    c = (h * m[..., None]).sum(-2) / n.clamp(min=1)
-    z = h @ W[:, :Hs].T + (c @ W[:, Hs:].T)[..., None, :]
-    if b is not None:
-        z = z + b
-    s = torch.tanh(z) @ v
-    any_valid = mask.any(-1, keepdim=True)
-    M = torch.where(mask, s, -torch.inf).amax(-1, keepdim=True)
-    M = torch.where(any_valid, M, torch.zeros_like(M)).detach()
-    e = torch.where(mask, torch.exp(s - M), torch.zeros_like(s))
-    alpha = e / torch.where(any_valid, e.sum(-1, keepdim=True),
-                            torch.ones_like(M))
-    return (alpha[..., None] * h).sum(-2), alpha
+    return _pure().context_attention(h, W, v, b, mask)
 
 
 def torch_masked_softmax(s, m):
@@ -63,81 +52,13 @@ def torch_masked_softmax(s, m):
     tensor([[0.5000, 0.5000],
             [0.0000, 0.0000]])
     """
-    import torch
-
-    if m is None:
-        return torch.softmax(s, -1)
-    any_valid = m.any(-1, keepdim=True)
-    s = s.masked_fill(~m, -math.inf)
-    M = torch.where(any_valid, s.amax(-1, keepdim=True), 0).detach()
-    e = torch.exp(s - M)
-    return e / torch.where(any_valid, e.sum(-1, keepdim=True), 1)
-
-
-def torch_visible(s_shape, mask=None, attn_mask=None, causal=False,
-                  bias=None, single=False):
-    """The (..., Tq, T) booleans visible_it of contract section 5.1 for
-    scores of shape ``s_shape``: the key mask (..., T), the per-query
-    ``attn_mask``, ``causal`` (bottom-right aligned: t <= i + T - Tq) and
-    the -inf entries of ``bias``; None when everything is visible.
-
-    Examples
-    --------
-    >>> torch_visible((1, 2, 3), causal=True).int()
-    tensor([[[1, 1, 0],
-             [1, 1, 1]]], dtype=torch.int32)
-    """
-    import torch
-
-    Tq, T = s_shape[-2:]
-    vis = None
-
-    def both(a, b):
-        return b if a is None else a & b
-
-    if mask is not None:
-        vis = both(vis, mask.unsqueeze(-2))
-    if attn_mask is not None:
-        vis = both(vis, attn_mask)
-    if causal:
-        i, t = torch.arange(Tq)[:, None], torch.arange(T)[None, :]
-        vis = both(vis, t <= i + (T - Tq))
-    if bias is not None:
-        vis = both(vis, ~torch.isneginf(bias.unsqueeze(-2) if single
-                                        else bias))
-    return None if vis is None else vis.expand(s_shape)
-
-
-def torch_attend(s, mask, vals, single, *, attn_mask=None, causal=False,
-                 bias=None):
-    """Scores s (..., Tq, T) -> (out, alpha), a key mask (..., T) applying
-    to every query and the per-query ``attn_mask``, ``causal`` and ``bias``
-    (added to s, -inf masking) of contract section 5; with ``single``, the
-    query axis (of length 1) is dropped from both.
-
-    Examples
-    --------
-    >>> import torch
-    >>> out, alpha = torch_attend(torch.zeros(1, 2, 3), None,
-    ...                           torch.ones(1, 3, 4), False)
-    >>> out.shape, alpha.shape
-    (torch.Size([1, 2, 4]), torch.Size([1, 2, 3]))
-    """
-    import torch
-
-    vis = torch_visible(s.shape, mask, attn_mask, causal, bias, single)
-    if bias is not None:
-        b = bias.unsqueeze(-2) if single else bias
-        s = s + torch.where(torch.isneginf(b), 0, b)
-    alpha = torch_masked_softmax(s, vis)
-    out = alpha @ vals
-    return (out[..., 0, :], alpha[..., 0, :]) if single else (out, alpha)
+    return _pure().masked_softmax(s, m)
 
 
 def torch_additive_attention(query, keys, W, v, *, b=None, mask=None,
                              attn_mask=None, causal=False, values=None):
-    """d2l.ai's AdditiveAttention: W_q(q) and W_k(k) broadcast-added, tanh,
-    then w_v; the arguments of ``attention_c.torch.additive_attention``.
+    """The additive score (d2l.ai's AdditiveAttention); the arguments of
+    ``attention_c.torch.additive_attention``; returns ``(out, alpha)``.
 
     Examples
     --------
@@ -145,23 +66,15 @@ def torch_additive_attention(query, keys, W, v, *, b=None, mask=None,
     >>> torch_additive_attention(**a)[0].shape
     torch.Size([3, 3, 3])
     """
-    import torch
-    F = torch.nn.functional
-
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    Hk = keys.shape[-1]
-    features = (F.linear(q, W[:, Hk:], b).unsqueeze(-2)
-                + F.linear(keys, W[:, :Hk]).unsqueeze(-3))
-    scores = F.linear(torch.tanh(features), v[None])[..., 0]
-    return torch_attend(scores, mask, keys if values is None else values,
-                        single, attn_mask=attn_mask, causal=causal)
+    return _pure().family_attention(
+        "additive", query, keys, mask=mask, values=values, W=W, v=v, b=b,
+        attn_mask=attn_mask, causal=causal)
 
 
 def torch_general_attention(query, keys, W, *, mask=None, attn_mask=None,
                             causal=False, bias=None, values=None):
-    """q_i . (W_a k_t) + bias_it: matmul, softmax, matmul; the arguments
-    of ``attention_c.torch.general_attention`` (no dropout).
+    """q_i . (W_a k_t) + bias_it; the arguments of
+    ``attention_c.torch.general_attention`` (no dropout).
 
     Examples
     --------
@@ -169,19 +82,14 @@ def torch_general_attention(query, keys, W, *, mask=None, attn_mask=None,
     >>> torch_general_attention(**a)[1].shape
     torch.Size([3, 5])
     """
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    s = q @ (keys @ W.T).transpose(-1, -2)
-    return torch_attend(s, mask, keys if values is None else values, single,
-                        attn_mask=attn_mask, causal=causal, bias=bias)
+    return _pure().family_attention(
+        "general", query, keys, mask=mask, values=values, W=W,
+        attn_mask=attn_mask, causal=causal, bias=bias)
 
 
 def torch_dot_attention(query, keys, *, mask=None, attn_mask=None,
                         causal=False, bias=None, values=None, scale=None):
-    """out from ``F.scaled_dot_product_attention`` (same scale and boolean
-    mask conventions; ``bias`` is its float ``attn_mask``; our bottom-right
-    ``causal`` as a boolean mask; a query with no visible key set to 0),
-    alpha from matmul-softmax; the arguments of
+    """c q_i . k_t + bias_it; the arguments of
     ``attention_c.torch.dot_attention`` (no dropout).
 
     Examples
@@ -190,27 +98,9 @@ def torch_dot_attention(query, keys, *, mask=None, attn_mask=None,
     >>> torch_dot_attention(**a)[0].shape
     torch.Size([3, 3, 2])
     """
-    import torch
-    F = torch.nn.functional
-
-    single = query.ndim < keys.ndim
-    q = query.unsqueeze(-2) if single else query
-    vals = keys if values is None else values
-    s_shape = (*q.shape[:-1], keys.shape[-2])
-    vis = torch_visible(s_shape, mask, attn_mask, causal, bias, single)
-    m = vis
-    if bias is not None:
-        b = bias.unsqueeze(-2) if single else bias
-        m = torch.where(vis, b, -math.inf).to(q.dtype)
-    out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m,
-                                         scale=scale)
-    if vis is not None:
-        out = torch.where(vis.any(-1, keepdim=True), out, 0)
-    c = 1 / math.sqrt(keys.shape[-1]) if scale is None else scale
-    _, alpha = torch_attend(c * q @ keys.transpose(-1, -2), mask, vals,
-                            single, attn_mask=attn_mask, causal=causal,
-                            bias=bias)
-    return (out[..., 0, :], alpha) if single else (out, alpha)
+    return _pure().family_attention(
+        "dot", query, keys, mask=mask, values=values, scale=scale,
+        attn_mask=attn_mask, causal=causal, bias=bias)
 
 
 TORCH_ATTENTION = {"context": torch_context_attention,

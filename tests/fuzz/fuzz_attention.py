@@ -3,11 +3,11 @@
 Every input picks one of the public functions (the context-pooled layer,
 its building blocks, and the attention family: additive, dot and general
 attention, project_keys, and their backwards, with the arguments of
-SPEC section 5: key mask and per-query attn_mask (broadcast or not),
-causal, bias, dropout and seed, return_weights, and the backward from
-out= and lse=) and builds each of its arguments from the fuzz data
-(the required ones by position or by name, the optional ones by name,
-now and then one too many by position): None, Python scalars, strings
+docs/contract.md section 5: key mask and per-query attn_mask (broadcast
+or not), causal, bias, dropout and seed, return_weights, and the
+backward from out= and lse=) and builds each of its arguments from the
+fuzz data (the required ones by position or by name, the optional ones
+by name, now and then one too many by position): None, Python scalars, strings
 and nested lists, flags and dropout rates and seeds of every kind,
 arrays of every dtype (float16/32/64, ints, bool, complex, object,
 strings, byte-swapped), of the right shape or of wrong rank and sizes

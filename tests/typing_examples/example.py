@@ -1,4 +1,5 @@
-"""A user's script, type-checked by tests/test_typing.py with mypy --strict.
+"""A user's script, type-checked by tests/binding/test_typing.py with mypy
+--strict.
 
 Every public function of attention_c is called as a user would; assert_type
 pins the types that mypy infers for the results.

@@ -1,4 +1,4 @@
-"""A Dask user's script, type-checked by tests/test_typing.py."""
+"""A Dask user's script, type-checked by tests/binding/test_typing.py."""
 # Dask's own functions (from_array, ones_like, ...) are not annotated.
 # mypy: disallow-untyped-calls=False
 

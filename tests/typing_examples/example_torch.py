@@ -1,4 +1,4 @@
-"""A PyTorch user's script, type-checked by tests/test_typing.py."""
+"""A PyTorch user's script, type-checked by tests/binding/test_typing.py."""
 
 import torch
 from typing_extensions import assert_type

@@ -51,7 +51,7 @@ import attention_c as ac
 from attention_c import _core, _core_tests
 from attention_c import reference as ref
 from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, Problem, TOL,
-                                 assert_identical, rel_err)
+                                 assert_identical, f64, rel_err)
 
 ORDER = ["scalar", "avx2", "avx512", "neon"]
 BEST = _core._simd_best()
@@ -101,11 +101,6 @@ simd_param = pytest.mark.parametrize("path", SIMD_PATHS)
 
 # every test leaves the SIMD path and the thread count as it found them
 pytestmark = pytest.mark.usefixtures("restore_settings")
-
-
-def f64(x):
-    """x as float64 (None stays None): the reference's input."""
-    return None if x is None else np.asarray(x, dtype=np.float64)
 
 
 def assert_rel(got, want, tol, what):

@@ -24,6 +24,7 @@ from attention_c.bench.core import gflops
 from attention_c.bench.run import (QUICK_SHAPES, SHAPES, make_problem,
                                    numpy_functions)
 from attention_c.bench.targets import forward_gflops
+from attention_c.testing import page_section
 
 ARGS = ["--quick", "--threads", "1,2", "--target", "0.005",
         "--min-repeats", "1"]
@@ -45,7 +46,7 @@ LIMITS = {("fwd/S1", "tiny"): 2.0, ("fwd/S1", "small"): 1.15,
           ("fwd %peak", "large"): 0.8}
 
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 
 
 @pytest.fixture(scope="module")
@@ -225,13 +226,6 @@ def test_plot(report, tmp_path):
 # --------------------------------------------------------------------------
 # docs/performance.md: the measured sections, rewritten by --write-docs
 
-def between(text, name):
-    """The body of a page's section ``name``."""
-    start = text.index(f"<!-- bench:{name} -->\n") + len(
-        f"<!-- bench:{name} -->\n")
-    return text[start:text.index(f"\n<!-- /bench:{name} -->")]
-
-
 def outside(text, names):
     """The page without the bodies of the sections ``names`` (only
     between their markers: a body's text may occur elsewhere too)."""
@@ -305,11 +299,11 @@ def test_write_docs_keeps_the_prose(tmp_path):
     after = page.read_text(encoding="utf-8")
     assert outside(after, sections) == outside(before, sections)
     for name, body in sections.items():
-        assert between(after, name) == body
+        assert page_section(after, name) == body
     # the committed tables have the columns the writer writes
     for name in ("layer-float32", "layer-float64"):
-        assert (between(before, name).splitlines()[0]
-                == between(after, "layer-float32").splitlines()[0])
+        assert (page_section(before, name).splitlines()[0]
+                == page_section(after, "layer-float32").splitlines()[0])
     # writing again changes nothing
     docs_page.write_page(page, sections)
     assert page.read_text(encoding="utf-8") == after
@@ -324,7 +318,8 @@ def test_write_docs_needs_the_markers(tmp_path):
     # a page that does not exist is made from the sections
     fresh = tmp_path / "fresh.md"
     docs_page.write_page(fresh, {"layer-setup": "text"})
-    assert between(fresh.read_text(encoding="utf-8"), "layer-setup") == "text"
+    assert page_section(fresh.read_text(encoding="utf-8"),
+                        "layer-setup") == "text"
 
 
 def test_bench_writes_the_page(report, bench_dir):
@@ -333,11 +328,11 @@ def test_bench_writes_the_page(report, bench_dir):
     committed = PAGE.read_text(encoding="utf-8")
     names = ("layer-setup", "layer-float32", "layer-float64")
     assert outside(written, names) == outside(committed, names)
-    assert "--quick" in between(written, "layer-setup")
-    table = table_rows(between(written, "layer-float32"))
+    assert "--quick" in page_section(written, "layer-setup")
+    table = table_rows(page_section(written, "layer-float32"))
     assert len(table) == len(SHAPES) * len(MASKS)
-    assert between(written, "layer-float64") == docs_page.NOT_MEASURED
+    assert page_section(written, "layer-float64") == docs_page.NOT_MEASURED
     # the family's sections are left as they were
-    assert (between(written, "family-table")
-            == between(committed, "family-table"))
+    assert (page_section(written, "family-table")
+            == page_section(committed, "family-table"))
     assert f"wrote {bench_dir / 'performance.md'}" in stdout

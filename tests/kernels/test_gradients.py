@@ -209,8 +209,9 @@ def test_weighted_sum_backward_fd(impl):
 
 
 def mean_context_term(p, with_ga):
-    """(m_t / n) W_c^T sum_t eps_t (B, T, H), from SPEC section 2, written
-    here from scratch (no attention_c function used)."""
+    """(m_t / n) W_c^T sum_t eps_t (B, T, H), from docs/contract.md
+    section 2, written here from scratch (no attention_c function
+    used)."""
     h, W, v, b = p["h"], p["W"], p["v"], p["b"]
     m = np.ones((B, T), bool) if p["mask"] is None else p["mask"]
     hv = np.where(m[..., None], h, 0.0)
@@ -251,9 +252,9 @@ def test_mean_context_path_of_dh(impl, mask_name, with_ga):
 
     FD of the full loss minus FD of the loss with the context frozen at its
     value isolates the path through c; it must equal the term computed from
-    SPEC, and dh minus the term must equal the FD gradient of the frozen
-    loss.  The term is far larger than the tolerance, so an implementation
-    that forgot it fails the FD check."""
+    docs/contract.md section 2, and dh minus the term must equal the FD
+    gradient of the frozen loss.  The term is far larger than the tolerance,
+    so an implementation that forgot it fails the FD check."""
     mod = IMPLS[impl]
     p = layer_problem(11, mask_name)
     p["W"][:, H:] *= 3.0                     # make the context path strong

@@ -17,7 +17,8 @@ import pytest
 import attention_c as ac
 from attention_c import _core_tests as hooks
 from attention_c.testing import record_figure
-from test_resources import bad_calls, good_calls, rss_bytes, run_calls
+from attention_c.testing.leaks import (bad_calls, good_calls, rss_bytes,
+                                       run_calls)
 
 ROUNDS = int(os.environ.get("ATTENTION_C_SOAK_ROUNDS", "10000"))
 

@@ -19,9 +19,9 @@ from attention_c.bench import cli, docs_page, harness, selfattn
 from attention_c.bench.targets import (CAUSAL_FULL, PEAK, SELFATTN_SCALING,
                                        add_selfattn_ratios,
                                        evaluate_selfattn)
-from attention_c.testing import run_quick_bench
+from attention_c.testing import page_section, run_quick_bench
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 THREADS = (1, 2)
 TIMES = ("ours_fwd", "ours_fwdbwd", "sdpa_fwd", "sdpa_fwdbwd")
 
@@ -145,11 +145,6 @@ def test_report_names_the_simd_path(run):
         assert re.search(pattern, stdout, re.M), (case, shape, threads)
 
 
-def between(text, name):
-    return text.split(f"<!-- bench:{name} -->\n")[1].split(
-        f"\n<!-- /bench:{name} -->")[0]
-
-
 def outside(text, name):
     return docs_page.replace_sections(text, {name: ""})
 
@@ -158,7 +153,7 @@ def test_write_docs_rewrites_the_section(run):
     data, _, page = run
     committed = PAGE.read_text(encoding="utf-8")
     assert outside(page, "selfattn") == outside(committed, "selfattn")
-    section = between(page, "selfattn")
+    section = page_section(page, "selfattn")
     simd = data["meta"]["config"]["simd"]
     assert f"**{simd}** path" in section and "1 and 2 threads" in section
     assert "--quick" in section

@@ -1,12 +1,13 @@
-"""Self-attention at scale (SPEC section 5): the C functions' dot and
-general attention with ``mask`` (key mask), ``attn_mask``, ``causal``,
-``bias``, ``dropout`` + ``seed`` and ``return_weights``, forward and
-backward (from ``alpha`` or from ``out=`` and ``lse=``).
+"""Self-attention at scale (docs/contract.md section 5): the C functions'
+dot and general attention with ``mask`` (key mask), ``attn_mask``,
+``causal``, ``bias``, ``dropout`` + ``seed`` and ``return_weights``, forward
+and backward (from ``alpha`` or from ``out=`` and ``lse=``).
 
 * every argument combination against ``attention_c.reference`` (itself
-  checked against loops in tests/test_reference_selfattn.py), on odd sizes
-  and on sizes that cross the streamed kernel's blocks (64 queries x 256
-  keys), with exact zeros where SPEC 5.1 says so;
+  checked against loops in tests/kernels/test_reference_selfattn.py), on
+  odd sizes and on sizes that cross the streamed kernel's blocks (64
+  queries x 256 keys), with exact zeros where docs/contract.md 5.1
+  says so;
 * the gradients, dbias included and with dropout, against central finite
   differences;
 * return_weights=False against the stored-weights path; the dropout keep
@@ -20,7 +21,7 @@ Tolerances (normwise relative error, ``testing.TOL``): 1e-12 for float64,
 1e-5 for float32, against the float64 reference evaluated on the same
 (cast) values; a backward's bound is TOL or, when larger, ILL_FACTOR times
 the error of the reference evaluated in the same dtype (as in
-tests/test_family.py).  Gradients are measured against max(||want||,
+tests/kernels/test_family.py).  Gradients are measured against max(||want||,
 sqrt(queries)) (the inputs are O(1), and each query adds an O(1) term):
 some are sums that cancel to 0 in exact arithmetic (dbias of a (Tq, 1)
 bias without grad_alpha; every gradient but dvalues when T = 1), where a
@@ -36,7 +37,7 @@ from attention_c import _core
 from attention_c import reference as ref
 from attention_c.testing import (DTYPES, FD_RTOL, ILL_FACTOR, TOL,
                                  assert_all_identical, assert_identical,
-                                 numerical_grad, rel_err)
+                                 f64, numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -208,8 +209,8 @@ class Case:
         return float(np.sqrt(np.prod(self.lead, dtype=float) * self.Tq))
 
     def visible(self):
-        """(lead, Tq, T) booleans: SPEC 5.1's visibility, formed here from
-        its definition."""
+        """(lead, Tq, T) booleans: docs/contract.md 5.1's visibility, formed
+        here from its definition."""
         Tq, T = self.Tq, self.T
         vis = np.ones(self.lead + (Tq, T), bool)
         if self.mask is not None:
@@ -222,10 +223,6 @@ class Case:
             b = self.bias[..., None, :] if self.single else self.bias
             vis &= ~np.isneginf(b)
         return vis
-
-
-def f64(x):
-    return None if x is None else np.asarray(x, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------
@@ -244,9 +241,7 @@ def check(got, want, dtype, what, tol=None, floor=0.0):
     got, want = got[~ninf], want[~ninf]
     assert np.all(np.isfinite(got)), f"{what}: not finite"
     tol = TOL[np.dtype(dtype).type] if tol is None else tol
-    scale = max(float(np.linalg.norm(want)), floor)
-    err = float(np.linalg.norm(f64(got) - want))
-    err = err / scale if scale > 0 else err
+    err = rel_err(got, want, floor)
     assert err <= tol, f"{what}: normwise relative error {err:.3g} > " \
                        f"{tol:.3g}"
 
@@ -268,9 +263,9 @@ def check_grads(case, got, want, same, dtype, what):
 
 
 def check_zeros(case, out, weights, grads, return_weights):
-    """SPEC 5.1 exact values: weight 0 on invisible pairs; a query with no
-    visible key has out = 0, alpha = 0, lse = -inf, dquery = 0, dbias = 0
-    (its row of a bias of the full shape)."""
+    """docs/contract.md 5.1 exact values: weight 0 on invisible pairs; a
+    query with no visible key has out = 0, alpha = 0, lse = -inf,
+    dquery = 0, dbias = 0 (its row of a bias of the full shape)."""
     vis = case.visible()
     dead = ~vis.any(axis=-1)                            # (lead, Tq)
     o = out[..., None, :] if case.single else out
@@ -950,7 +945,8 @@ def test_bad_input(score, bad):
 def _reference_in_chunks(case, x, chunk=16384):
     """out, lse and the gradients (from out and lse) of the 70 000-key
     problem in float64, one block of keys at a time: lse by a running
-    log-sum-exp, then P_it = exp(s_it - lse_i) per chunk (SPEC 5.2)."""
+    log-sum-exp, then P_it = exp(s_it - lse_i) per chunk
+    (docs/contract.md 5.3, 5.4)."""
     q, k, v = (f64(x[n]) for n in ("query", "keys", "values"))
     g, bias = f64(x["grad_out"]), f64(x["bias"])
     scale = 1 / np.sqrt(k.shape[-1])

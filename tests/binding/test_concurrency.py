@@ -76,14 +76,7 @@ def _same(got, want):
         for g, w in zip(got, want))
 
 
-@pytest.fixture
-def threads_restored():
-    n = ac.get_num_threads()
-    yield
-    ac.set_num_threads(n)
-
-
-def test_many_threads_get_serial_results(rng, threads_restored):
+def test_many_threads_get_serial_results(rng, restore_settings):
     calls = _calls(rng)
     ac.set_num_threads(2)
     serial = [_outs(fn(**kw)) for fn, kw in calls]
@@ -155,7 +148,7 @@ def _fork_and_check(calls, serial):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_fork_after_threads(rng, threads_restored):
+def test_fork_after_threads(rng, restore_settings):
     calls = _calls(rng)
     ac.set_num_threads(2)
     serial = [_outs(fn(**kw)) for fn, kw in calls]   # pool is running
@@ -167,7 +160,7 @@ def test_fork_after_threads(rng, threads_restored):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_fork_while_another_thread_computes(rng, threads_restored):
+def test_fork_while_another_thread_computes(rng, restore_settings):
     calls = _calls(rng)
     ac.set_num_threads(2)
     serial = [_outs(fn(**kw)) for fn, kw in calls]

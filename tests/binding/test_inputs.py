@@ -1,12 +1,13 @@
-"""Input handling of the public API (SPEC.md section 3).
+"""Input handling of the public API (docs/contract.md section 3).
 
 Memory layouts, "never modify inputs", dtype rules, error messages for bad
 input, overflowing sizes, argument passing and ndarray subclasses, for all
 ten public functions.  Numerical accuracy of the kernels themselves is the
-business of test_kernels.py and test_gradients.py; here a result is mostly
-compared with the result of the same call on plain C-contiguous inputs,
-which must be bit-identical because the binding copies every input to a
-C-contiguous aligned array of the computing dtype before the kernel runs.
+business of tests/kernels (test_kernels.py, test_gradients.py); here a
+result is mostly compared with the result of the same call on plain
+C-contiguous inputs, which must be bit-identical because the binding
+copies every input to a C-contiguous aligned array of the computing dtype
+before the kernel runs.
 """
 
 import json
@@ -25,11 +26,13 @@ from attention_c.testing import (DTYPES, LAYER_FUNCTIONS, SIGNATURES,
                                  Problem, assert_close)
 
 # --------------------------------------------------------------------------
-# The ten functions: their arguments (SPEC names, in order), which of them
-# are required, and which argument the others' shapes are checked against.
+# The ten functions: their arguments (docs/contract.md's names, in order),
+# which of them are required, and which argument the others' shapes are
+# checked against.
 
 FUNCS = LAYER_FUNCTIONS
-# Optional parameters beyond SPEC section 3 (saved activations), last.
+# Optional parameters beyond docs/contract.md section 3 (saved
+# activations), last.
 EXTRA_PARAMS = {
     "context_attention": ["keep_activations"],
     "context_attention_backward": ["activations"],
@@ -45,7 +48,7 @@ T_ONLY = {"scores", "alpha", "grad_s", "grad_alpha", "mask"}
 
 
 def params(fn):
-    """All argument names of fn, in SPEC order."""
+    """All argument names of fn, in docs/contract.md's order."""
     req, opt = SIGNATURES[fn]
     return req + opt
 
@@ -739,8 +742,9 @@ def test_bad_call_leaves_no_state(fn, kind, rng):
 
 @pytest.mark.parametrize("fn", FUNCS)
 def test_keywords_match_positional(fn, rng):
-    """SPEC keyword names work, in any order, like the call that gives the
-    required arguments by position (the optional ones are keyword-only)."""
+    """docs/contract.md's keyword names work, in any order, like the call
+    that gives the required arguments by position (the optional ones are
+    keyword-only)."""
     args = make_args(fn, rng)
     req, opt = SIGNATURES[fn]
     positional = getattr(ac, fn)(*[args[n] for n in req],
@@ -917,9 +921,10 @@ def test_ndarray_subclass_gives_plain_arrays(fn, rng):
 
 
 # --------------------------------------------------------------------------
-# 9. The family's arguments of SPEC section 5 (attn_mask, causal, bias,
-# dropout and seed, return_weights, out and lse): wrong ones are refused
-# with a message that says what to do; the C and the reference agree.
+# 9. The family's arguments of docs/contract.md section 5 (attn_mask,
+# causal, bias, dropout and seed, return_weights, out and lse): wrong ones
+# are refused with a message that says what to do; the C and the reference
+# agree.
 
 SEC5_FWD = ["dot_attention", "general_attention"]
 SEC5_BWD = ["dot_attention_backward", "general_attention_backward"]
@@ -1011,7 +1016,7 @@ def test_attn_mask_and_causal_need_several_queries(fn, kw, rng):
             r"Hq\) with query\.ndim == keys\.ndim\); one query per "
             r"sequence attends to its keys through mask=$")):
         call(fn, dict(args, **{name: value}))
-    with pytest.raises(ValueError, match="need several queries"):
+    with pytest.raises(ValueError, match="needs? several queries"):
         getattr(reference, fn)(**dict(args, **{name: value}))
 
 
@@ -1158,8 +1163,8 @@ def test_bias_dtype_and_shape_checked(fn, rng):
 @pytest.mark.parametrize("fn", ["additive_attention",
                                 "additive_attention_backward"])
 def test_additive_has_no_bias_dropout_or_lse(fn, kw, rng):
-    """The additive score takes masks only (SPEC 5): bias, dropout and
-    return_weights are unknown keywords there."""
+    """The additive score takes masks only (docs/contract.md 5.2): bias,
+    dropout and return_weights are unknown keywords there."""
     args = family_args(fn, rng)
     name = list(kw)[0]
     with pytest.raises(TypeError, match=rf"^{fn}\(\) got an unexpected "

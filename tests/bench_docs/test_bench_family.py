@@ -49,7 +49,7 @@ def run(module, *args):
     return proc.stdout
 
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 SECTIONS = ("family-setup", "family-table")
 
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
     reason="notebooks run in the regular suite, not under ASan")
 
 ROOT = Path(attention_c.__file__).resolve().parent.parent
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
          "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb",
          "06_transformer.ipynb"]

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 DONE = "README-BLOCKS-DONE"
 # The README's length is part of its contract (issue 18): a screenful of
 # tables belongs to docs/performance.md.

@@ -18,7 +18,7 @@ import pytest
 
 import attention_c
 
-HERE = Path(__file__).parent / "typing_examples"
+HERE = Path(__file__).resolve().parents[1] / "typing_examples"
 ROOT = Path(attention_c.__file__).resolve().parent.parent
 # Installed (not editable): mypy finds the package in site-packages itself
 # (PEP 561) and refuses site-packages on MYPYPATH.

@@ -39,7 +39,8 @@ def _mask(rng, shape):
 def _cases(rng, dtype, scale=1.0):
     """(name, forward kwargs, mask kwargs, visible) for the layer and the
     three scores: a key mask (mask=), a per-query mask (attn_mask=),
-    causal=True, or a -inf bias (which masks like attn_mask, SPEC 5.1);
+    causal=True, or a -inf bias (which masks like attn_mask,
+    docs/contract.md 5.1);
     visible is what they leave visible, in alpha's shape.  scale
     multiplies the scores (large: exp underflows)."""
     h = rng.standard_normal((B, T, H)).astype(dtype)

@@ -1,14 +1,15 @@
-"""The attention family (SPEC section 4): a query scored against keys by the
-additive, dot or general score, the masked softmax, and the weighted sum
-of the values; and project_keys, the keys' side of a score computed once.
+"""The attention family (docs/contract.md section 4): a query scored
+against keys by the additive, dot or general score, the masked softmax,
+and the weighted sum of the values; and project_keys, the keys' side of a
+score computed once.
 
 Every function, the C kernels *and* ``attention_c.reference``, is checked
-against an independent float64 evaluation of the SPEC section 4 formulas
-written in this file as plain loops over the query i and the key t
-(``loop_forward``, ``loop_backward``, ``loop_project_keys``; slow, so the
-sizes are small), and every gradient (C, reference and the loops
-themselves) against central finite differences (testing.numerical_grad)
-of ``L = sum(out G) [+ sum(alpha Ga)]`` in float64.
+against an independent float64 evaluation of the formulas of
+docs/contract.md 4.3 and 4.4 written in this file as plain loops over the
+query i and the key t (``loop_forward``, ``loop_backward``,
+``loop_project_keys``; slow, so the sizes are small), and every gradient (C,
+reference and the loops themselves) against central finite differences
+(testing.numerical_grad) of ``L = sum(out G) [+ sum(alpha Ga)]`` in float64.
 
 Tolerances (normwise relative error, ``testing.TOL``): 1e-12 for float64,
 1e-5 for float32, against the float64 loops evaluated on the same (cast)
@@ -58,11 +59,12 @@ ga_param = pytest.mark.parametrize("with_ga", [False, True],
 
 
 # --------------------------------------------------------------------------
-# The independent evaluation: SPEC section 4, one (i, t) pair at a time.
+# The independent evaluation: docs/contract.md section 4, one (i, t) pair
+# at a time.
 
 
 def _score_fn(kind, H, W=None, v=None, b=None, scale=None):
-    """s(q_i, k_t) of the score kind, from the SPEC formula."""
+    """s(q_i, k_t) of the score kind, from docs/contract.md 4.3."""
     if kind == "additive":
         W_k, W_q = W[:, :H], W[:, H:]
         bias = np.zeros(W.shape[0]) if b is None else b
@@ -98,7 +100,8 @@ def _loop_setup(query, keys, mask, values):
 
 def loop_forward(kind, query, keys, W=None, v=None, b=None, mask=None,
                  values=None, scale=None):
-    """(out, alpha) of SPEC section 4 by loops over (i, t), in float64."""
+    """(out, alpha) of docs/contract.md 4.3 by loops over (i, t), in
+    float64."""
     q, k, vals, m, single = _loop_setup(query, keys, mask, values)
     W, v, b = _as_f64(W), _as_f64(v), _as_f64(b)
     Tq, T = m.shape[-2:]
@@ -125,9 +128,9 @@ def loop_forward(kind, query, keys, W=None, v=None, b=None, mask=None,
 
 def loop_backward(kind, grad_out, query, keys, alpha, W=None, v=None, b=None,
                   mask=None, values=None, scale=None, grad_alpha=None):
-    """The gradients of SPEC section 4 by loops over (i, t), in float64:
-    a dict query, keys, values (None without values), and the score's
-    W, v, b (b None without bias)."""
+    """The gradients of docs/contract.md 4.4 by loops over (i, t), in
+    float64: a dict query, keys, values (None without values), and the
+    score's W, v, b (b None without bias)."""
     q, k, vals, m, single = _loop_setup(query, keys, mask, values)
     W, v, b = _as_f64(W), _as_f64(v), _as_f64(b)
     g, a, ga = _as_f64(grad_out), _as_f64(alpha), _as_f64(grad_alpha)
@@ -352,9 +355,9 @@ class FamilyProblem:
         return {n: x[n] for n in PARAMS[self.kind]}
 
     def masks(self, mod, x):
-        """The mask keywords for mod: a per-query mask (..., Tq, T) goes
-        as attn_mask= (mask is the key mask only, SPEC 5.1), except to
-        the loops, which take either as mask=."""
+        """The mask keywords for mod: a per-query mask (..., Tq, T) goes as
+        attn_mask= (mask is the key mask only, docs/contract.md 5.1), except
+        to the loops, which take either as mask=."""
         m = x["mask"]
         if (mod is not Loops and m is not None and not self.single
                 and m.ndim == len(self.lead) + 2):
@@ -376,10 +379,12 @@ class FamilyProblem:
                grad_alpha=x["grad_alpha"] if with_ga else None,
                **self.params(x), **extra)
         if strip and mod is not Loops and self.kind != "additive":
-            # the dot/general tuples end with the bias gradient (SPEC
-            # 5.2), None here: no bias was given
-            assert g[-1] is None
-            g = g[:-1]
+            # the dot/general tuples end with the gradients of bias,
+            # alibi_slopes and sinks (docs/contract.md 5.4), None here: none
+            # was given
+            n = len(GRAD_FIELDS[self.kind])
+            assert all(extra is None for extra in g[n:])
+            g = g[:n]
         return g
 
     def full_mask(self):
@@ -409,7 +414,8 @@ def f64(x):
 
 
 def grad_dict(g, kind):
-    """A gradient tuple as a dict keyed by the SPEC field names."""
+    """A gradient tuple as a dict keyed by docs/contract.md's field
+    names."""
     assert len(g) == len(GRAD_FIELDS[kind]), (len(g), kind)
     return dict(zip(GRAD_FIELDS[kind], g))
 
@@ -976,8 +982,8 @@ def test_key_proj_gives_the_same_results(score, dtype, with_values, case,
 @values_param
 @score_param
 def test_gradient_named_tuples(score, with_values, single, rng):
-    """The backward returns its named tuple: fields in SPEC order (a
-    dot/general one ending with bias, SPEC 5.2), shapes of the inputs,
+    """The backward returns its named tuple: fields in docs/contract.md's
+    order (a dot/general one ending with bias, 5.4), shapes of the inputs,
     values None iff not given, b (bias) None iff no bias."""
     p = FamilyProblem(rng, score, (2,), 3, 5, 4, 3, 2, 5, single=single,
                       values=with_values)
@@ -1519,10 +1525,10 @@ def test_inputs_never_modified(fn, single, kind, rng):
 
 @pytest.mark.parametrize("fn", FUNCS)
 def test_keywords_match_positional(fn, rng):
-    """SPEC keyword names, in any order, give the positional call's bits;
-    leaving the optional arguments out equals passing None (values kept:
-    grad_out has the values' width; a backward's mask kept: its alpha is
-    the forward's for that mask, which the backward checks)."""
+    """docs/contract.md's keyword names, in any order, give the positional
+    call's bits; leaving the optional arguments out equals passing None
+    (values kept: grad_out has the values' width; a backward's mask kept:
+    its alpha is the forward's for that mask, which the backward checks)."""
     args = make_args(fn, rng, key_proj=True)
     req, opt = SIGNATURES[fn]
     positional = getattr(ac, fn)(*[args[n] for n in req],

@@ -17,8 +17,8 @@ import pytest
 import attention_c as ac
 from attention_c import reference as ref
 from attention_c.testing import (DTYPES, ILL_FACTOR, MASK_KINDS, Problem, TOL,
-                                 assert_close, assert_identical, make_mask,
-                                 rel_err)
+                                 assert_close, assert_identical, f64,
+                                 make_mask, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -63,11 +63,6 @@ dtype_param = pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 mask_param = pytest.mark.parametrize("mask_kind", MASK_KINDS)
 bias_param = pytest.mark.parametrize("bias", [True, False],
                                      ids=["bias", "nobias"])
-
-
-def f64(x):
-    """x as float64 (None stays None): the reference's input."""
-    return None if x is None else np.asarray(x, dtype=np.float64)
 
 
 def check(got, want, dtype, what):

@@ -14,12 +14,12 @@ the error of the same NumPy reference evaluated in the computing dtype.
 Outputs of finite inputs are finite, masked items get exactly 0, softmax
 rows sum to 1.
 
-The attention family (SPEC section 4: additive, dot and general
+The attention family (docs/contract.md section 4: additive, dot and general
 attention, project_keys, and their backwards) is drawn the same way, with
 one or several queries (Tq), query and value widths (Hq, Hv), key masks,
-per-query masks (attn_mask) and causal=True, values given or not, and,
-for the additive and general scores, the keys projected beforehand
-(``key_proj``) or not; for the dot and general scores also (SPEC 5) a
+per-query masks (attn_mask) and causal=True, values given or not, and, for
+the additive and general scores, the keys projected beforehand
+(``key_proj``) or not; for the dot and general scores also (section 5) a
 bias (full, broadcast over the batch, with -inf entries), dropout with a
 seed, and the forward's lse with the backward from out= and lse=.
 
@@ -328,14 +328,14 @@ del _fn
 
 
 # --------------------------------------------------------------------------
-# The attention family (SPEC section 4)
+# The attention family (docs/contract.md section 4)
 
 # With several queries, a per-query mask is drawn besides the key mask
-# (SPEC 5.1): none, random (attn_mask), with queries that see no key, or
-# causal=True.
+# (docs/contract.md 5.1): none, random (attn_mask), with queries that see no
+# key, or causal=True.
 QUERY_MASKS = ["none", "per_query", "per_query_dead", "causal"]
-# dot/general (SPEC 5): bias none, (..., [Tq,] T), broadcast over the
-# batch, or with -inf entries (a mask); dropout off or on.
+# dot/general (docs/contract.md 5.2): bias none, (..., [Tq,] T), broadcast
+# over the batch, or with -inf entries (a mask); dropout off or on.
 BIASES = ["none", "full", "broadcast", "neginf"]
 
 
@@ -402,7 +402,8 @@ def family_problems(draw, fn):
     sec5 = kind in ("dot", "general")
     bias_kind = draw(st.sampled_from(BIASES)) if sec5 else "none"
     dropout = draw(st.sampled_from([0.0, 0.0, 0.3])) if sec5 else 0.0
-    # the backward from out= and lse= (SPEC 5.2), or the forward's lse
+    # the backward from out= and lse= (docs/contract.md 5.3), or the
+    # forward's lse
     lse_mode = sec5 and draw(st.booleans())
     large = kind != "project" and draw(st.integers(0, 3)) == 0
     bias = draw(st.booleans())

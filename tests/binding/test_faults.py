@@ -102,8 +102,9 @@ def _family_calls(rng):
 
 
 def _lse_variant(fn, full):
-    """A dot/general call of SPEC 5: the forward with return_weights=False
-    (out, lse), the backward from out= and lse= instead of alpha."""
+    """A dot/general call of docs/contract.md 5.3: the forward with
+    return_weights=False (out, lse), the backward from out= and lse=
+    instead of alpha."""
     if fn.endswith("_backward"):
         fwd = {k: a for k, a in full.items()
                if k not in ("grad_out", "alpha", "grad_alpha")}
@@ -155,7 +156,7 @@ def _variants(fn, rng):
 
 def _family_variants(fn, rng):
     """The same two variants for a family function; a dot/general one
-    also with (out, lse) instead of the weights (SPEC 5)."""
+    also with (out, lse) instead of the weights (docs/contract.md 5.3)."""
     full = _family_calls(rng)[fn]
     optional = {"b", "mask", "attn_mask", "causal", "bias", "dropout",
                 "seed", "values", "key_proj", "scale", "grad_alpha"}

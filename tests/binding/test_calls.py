@@ -207,10 +207,10 @@ def test_publish_checks_its_arguments():
 @pytest.mark.parametrize("fn", ["dot_attention_backward",
                                 "general_attention_backward"])
 def test_backward_from_out_and_lse_named_tuple(fn, rng):
-    """A dot/general backward from out= and lse= (alpha left out, SPEC
-    5.2) returns the same named tuple, with the bias gradient last in the
-    bias's (broadcast) shape; _core's the plain tuple of the same
-    arrays."""
+    """A dot/general backward from out= and lse= (alpha left out,
+    docs/contract.md 5.3) returns the same named tuple, with the bias
+    gradient last in the bias's (broadcast) shape (5.4); _core's the plain
+    tuple of the same arrays."""
     keys, query, W, _ = _family_problem(rng)
     fwd = ((query[..., :1] * keys[:, :3], keys)
            if fn.startswith("dot") else (query, keys, W[:3, :4]))

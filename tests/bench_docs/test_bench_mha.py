@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from attention_c.bench import docs_page, harness, mha
-from attention_c.testing import run_quick_bench
+from attention_c.testing import page_section, run_quick_bench
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 THREADS = (1, 2)
 TIMES = {"module": ("ours", "torch"), "decode": ("ours", "numpy", "sdpa"),
          "step": ("ours", "prefix", "cache")}
@@ -137,11 +137,6 @@ def test_report_names_the_simd_path_and_every_row(run):
     assert stdout.count("numpy/sdpa <= 0.5: ") == len(THREADS)
 
 
-def between(text, name):
-    return text.split(f"<!-- bench:{name} -->\n")[1].split(
-        f"\n<!-- /bench:{name} -->")[0]
-
-
 def test_write_docs_writes_the_section_only(run):
     data, _, page = run
     committed = PAGE.read_text(encoding="utf-8")
@@ -151,7 +146,7 @@ def test_write_docs_writes_the_section_only(run):
     else:                            # appended under its heading
         assert page.startswith(committed)
         assert mha.HEADING in page[len(committed):]
-    section = between(page, "mha")
+    section = page_section(page, "mha")
     simd = data["meta"]["config"]["simd"]
     assert f"**{simd}** path" in section and "1 and 2 threads" in section
     assert "--quick" in section

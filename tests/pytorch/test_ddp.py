@@ -5,9 +5,9 @@ AdditiveAttention trains for a few SGD steps under DDP (gloo backend, two
 processes on 127.0.0.1, each with half of the batch).  After every step the
 gradients DDP averaged equal those of one process on the whole batch, and
 so do the parameters after the update.  (torch.compile and torch.func of
-the same modules are tested in tests/test_torch_op.py.)
+the same modules are tested in tests/pytorch/test_torch_op.py.)
 
-The two ranks run this file as a script (python tests/test_ddp.py RANK
+The two ranks run this file as a script (python tests/pytorch/test_ddp.py RANK
 ...), each writing what it saw to an .npz file that the test compares.
 """
 
