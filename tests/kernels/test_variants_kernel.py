@@ -574,3 +574,60 @@ def test_slopes_and_sinks_follow_the_dtype(rng):
                                   alibi_slopes=np.ones(1), sinks=np.zeros(2))
     assert g.alibi_slopes.dtype == np.float32 and g.alibi_slopes.shape == (1,)
     assert g.sinks.dtype == np.float32 and g.sinks.shape == (2,)
+
+
+# --------------------------------------------------------------------------
+# Allocation failures with every variant (the new allocation points: the
+# cu_seqlens' conversion, the views of the slopes and the sinks and of
+# their gradients)
+
+def test_every_allocation_point_with_the_variants(rng, restore_config):
+    import gc
+    import tracemalloc
+
+    from attention_c import _core_tests as hooks
+    q, k, v = problem(rng, np.float64, (2, 3), (2, 1), 7, 9)
+    kw = {"values": v, "window": (3, 1), "softcap": 2.0, "causal": True,
+          "alibi_slopes": np.full((3,), 0.25, np.float32),
+          "sinks": np.zeros((2, 1)), "cu_seqlens_q": [0, 3, 7],
+          "cu_seqlens_k": np.array([0, 4, 9], np.int32)}
+    out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
+    calls = [("dot_attention", (q, k), dict(kw, return_weights=False)),
+             ("dot_attention_backward", (out, q, k),
+              dict(kw, out=out, lse=lse))]
+    for fn, args, kws in calls:
+        func = getattr(hooks, fn)
+        base = func(*args, **kws)
+        hooks._fail_alloc_after(-1, trace=True)
+        func(*args, **kws)
+        names = hooks._alloc_trace()
+        for want in ("conversion of cu_seqlens_q", "offsets of sinks",
+                     "offsets of alibi_slopes"):
+            assert any(n.startswith(want) for n in names), (want, names)
+
+        def walk():
+            for n, name in enumerate(names):
+                hooks._fail_alloc_after(n)
+                try:
+                    if name == "thread pool":
+                        func(*args, **kws)
+                    else:
+                        with pytest.raises(MemoryError):
+                            func(*args, **kws)
+                finally:
+                    hooks._fail_alloc_after(-1)
+                for a, b in zip(func(*args, **kws), base):
+                    assert (a is None and b is None) or np.array_equal(a, b)
+
+        walk()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(3):
+                walk()
+            gc.collect()
+            grew = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert grew < 32 * 1024, (fn, grew)
