@@ -353,7 +353,7 @@ def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
     values and bias.  ``alpha`` is the lse when not ``weights``."""
     saved, skw = _saved_kw(alpha, out, weights)
     backward: Any = _ac.dot_attention_backward  # alpha: by position or not
-    dq, dk, dval, dbias = backward(
+    dq, dk, dval, dbias, *_ = backward(   # (then issue 25's gradients)
         _np(grad_out), _np(query), _np(keys), *saved,
         values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha),
         **skw, **_sec5(mask, attn_mask, causal, bias, dropout, seed))
@@ -421,11 +421,11 @@ def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
               **_sec5(mask, attn_mask, causal, bias, dropout, seed))
     if stop:
         assert key_proj is not None
-        dq, dk, dval, _, dbias, dkp = _core.general_attention_backward(
+        dq, dk, dval, _, dbias, *_, dkp = _core.general_attention_backward(
             *args, key_proj=_np(key_proj), stop_at_key_proj=True, **kw)
         dW = np.zeros(W.shape, _np(W).dtype)
     else:
-        dq, dk, dval, dW, dbias = _ac.general_attention_backward(
+        dq, dk, dval, dW, dbias, *_ = _ac.general_attention_backward(
             *args, key_proj=_np_opt(key_proj), **kw)
         dkp = None
     return tuple(_t(x, query) for x in (dq, dk, dW, dbias, dval, dkp))
