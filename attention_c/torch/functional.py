@@ -214,6 +214,123 @@ def _dropout_seed(dropout: float, seed: int | torch.Tensor | None
                            dtype=torch.int64)
 
 
+_VARIANTS_DOC = """window : tuple (left, right), optional
+        A sliding window: key t is visible to query i iff ``i' - left <= t
+        <= i' + right`` (i' = i + T - Tq, bottom-right aligned as
+        ``causal``), each side an int >= 0 or None (unbounded); with
+        ``causal`` the right side is 0.  Several queries only.  The
+        kernels compute only the blocks inside the window.
+    softcap : float, optional
+        c > 0: the score (scaled, before bias and ALiBi) becomes ``c
+        tanh(s / c)`` (Gemma 2).  None: off.
+    alibi_slopes : Tensor, optional
+        One slope a sequence and head, broadcastable (never adding axes)
+        to the leading shape of ``out`` (e.g. (heads,) for (B, heads, T,
+        d)): adds ``-slope |i' - t|`` to the scores (FlashAttention's
+        ALiBi).  Cast to the computation's dtype; differentiable.
+    sinks : Tensor, optional
+        One logit a sequence and head (same shapes as ``alibi_slopes``)
+        in every softmax denominator, without a value: ``lse_i = log(exp
+        (sink) + sum_t exp(s_it))``, so the weights sum to less than 1 (an
+        attention sink, gpt-oss).  Differentiable (in float32 for bfloat16
+        and float16 calls).  With ``return_weights=True`` the backward runs
+        one more forward (it needs the lse).
+    cu_seqlens_q, cu_seqlens_k : Tensor of an integer dtype (n + 1,), optional
+        Packed sequences (FlashAttention's varlen layout): the Tq axis holds
+        n query sequences back to back, sequence s being the queries
+        ``cu_seqlens_q[s]:cu_seqlens_q[s+1]``, and the T axis n key
+        sequences; a query sees only its own sequence's keys, and causal,
+        window and ALiBi positions are taken within it.  Both or neither;
+        non-decreasing from 0 to Tq (resp. T).  Several queries only."""
+
+
+def _check_variants(query: torch.Tensor, keys: torch.Tensor,
+                    window: tuple[int | None, int | None] | None,
+                    softcap: float | None,
+                    alibi_slopes: torch.Tensor | None,
+                    sinks: torch.Tensor | None,
+                    cu_seqlens_q: torch.Tensor | None,
+                    cu_seqlens_k: torch.Tensor | None,
+                    low: torch.dtype | None
+                    ) -> tuple[list[int] | None, float | None,
+                               torch.Tensor | None, torch.Tensor | None]:
+    """The variants checked (docs/contract.md section 8) and laid out for
+    the ops: window as [left, right] with -1 for an unbounded side,
+    softcap a float, alibi_slopes and sinks in the computation's dtype
+    (a differentiable cast).  The kernels check the rest (the values of
+    cu_seqlens, the shapes of slopes and sinks) before any work."""
+    win = None
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise ValueError(f"window must be a pair (left, right), each an "
+                             f"int >= 0 or None (unbounded), got "
+                             f"{window!r}") from None
+        win = []
+        for side, w in (("left", left), ("right", right)):
+            if w is None:
+                win.append(-1)
+                continue
+            if isinstance(w, bool) or not isinstance(w, int):
+                raise TypeError(f"window {side} side must be an int >= 0 or "
+                                f"None, got {w!r}")
+            if w < 0:
+                raise ValueError(f"window {side} side must be >= 0 (None "
+                                 f"for unbounded), got {w}")
+            win.append(int(w))
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap,
+                                                       (int, float)):
+            raise TypeError(f"softcap must be a number > 0 or None, got "
+                            f"{type(softcap).__name__}")
+        if not 0 < softcap < float("inf"):
+            raise ValueError(f"softcap must be a number > 0 (None: off), "
+                             f"got {softcap!r}")
+        softcap = float(softcap)
+    several = query.ndim == keys.ndim
+    if not several:
+        for name, x in (("window", window), ("cu_seqlens_q", cu_seqlens_q),
+                        ("cu_seqlens_k", cu_seqlens_k)):
+            if x is not None:
+                raise ValueError(
+                    f"{name} needs several queries (query (..., Tq, Hq) "
+                    f"with query.ndim == keys.ndim); query has shape "
+                    f"{tuple(query.shape)} and keys {tuple(keys.shape)}")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: give "
+                         "both or neither")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q),
+                     ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is None:
+            continue
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be an integer torch.Tensor, got "
+                            f"{type(cu).__name__}")
+        if cu.dtype.is_floating_point or cu.dtype.is_complex or (
+                cu.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor (torch.int32 "
+                            f"or torch.int64), not {cu.dtype}")
+        if cu.device.type not in ("cpu", "meta") or cu.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D CPU tensor (n + 1,), "
+                             f"got shape {tuple(cu.shape)} on {cu.device}")
+    dtype = low or query.dtype
+    per_seq = []
+    for name, x in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if x is not None:
+            if not isinstance(x, torch.Tensor):
+                x = torch.as_tensor(x, dtype=dtype)
+            if not (x.dtype.is_floating_point):
+                raise TypeError(f"{name} must be a float tensor, not "
+                                f"{x.dtype}")
+            if x.device.type != query.device.type:
+                raise ValueError(f"{name} is on '{x.device}' but query on "
+                                 f"'{query.device}'")
+            x = x.to(dtype)
+        per_seq.append(x)
+    return win, softcap, per_seq[0], per_seq[1]
+
+
 def additive_attention(query: torch.Tensor, keys: torch.Tensor,
                        W: torch.Tensor, v: torch.Tensor, *,
                        b: torch.Tensor | None = None,
@@ -278,10 +395,16 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                   seed: int | torch.Tensor | None = None,
                   values: torch.Tensor | None = None,
                   scale: float | None = None,
-                  return_weights: bool = True
+                  return_weights: bool = True,
+                  window: tuple[int | None, int | None] | None = None,
+                  softcap: float | None = None,
+                  alibi_slopes: torch.Tensor | None = None,
+                  sinks: torch.Tensor | None = None,
+                  cu_seqlens_q: torch.Tensor | None = None,
+                  cu_seqlens_k: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention on CPU tensors, differentiable:
-    ``s_it = scale q_i . k_t + bias_it``.
+    ``s_it = softcap(scale q_i . k_t) + bias_it - slope |i' - t|``.
 
     Same maths, arguments and shapes as :func:`attention_c.dot_attention`
     (docs/contract.md sections 4 and 5); the gradients are the C backward.
@@ -304,6 +427,7 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
         Default: the keys.
     scale : float, optional
         Default ``1/sqrt(H)``.
+    %(variants)s
     """
     _check_bias(bias)
     low = _check_tensors([("query", query), ("keys", keys),
@@ -314,11 +438,14 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a real number or None, got "
                         f"{type(scale).__name__}")
+    var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
+                          cu_seqlens_q, cu_seqlens_k, low)
     out, second = _call("dot", _f32(query, low), _f32(keys, low), mask,
                         attn_mask, causal, _f32(bias, low), p, seed_t,
                         _f32(values, low),
                         None if scale is None else float(scale),
-                        bool(return_weights))
+                        bool(return_weights), *var, cu_seqlens_q,
+                        cu_seqlens_k)
     return _back(out, second, low)
 
 
@@ -331,10 +458,16 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                       seed: int | torch.Tensor | None = None,
                       values: torch.Tensor | None = None,
                       key_proj: torch.Tensor | None = None,
-                      return_weights: bool = True
+                      return_weights: bool = True,
+                      window: tuple[int | None, int | None] | None = None,
+                      softcap: float | None = None,
+                      alibi_slopes: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None,
+                      cu_seqlens_q: torch.Tensor | None = None,
+                      cu_seqlens_k: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multiplicative ("general") attention on CPU tensors, differentiable:
-    ``s_it = q_i . (W_a k_t) + bias_it``.
+    ``s_it = softcap(q_i . (W_a k_t)) + bias_it - slope |i' - t|``.
 
     Same maths, arguments and shapes as
     :func:`attention_c.general_attention` (docs/contract.md sections 4 and
@@ -357,6 +490,7 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     key_proj : Tensor (..., T, Hq), optional
         ``project_keys(keys, W)``, computed once for several calls with the
         same keys; see :func:`additive_attention`.
+    %(variants)s
     """
     _check_bias(bias)
     low = _check_tensors([("query", query), ("keys", keys), ("W", W),
@@ -365,16 +499,20 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                          attn_mask=attn_mask)
     _check_masks(query, keys, mask, attn_mask, causal)
     p, seed_t = _dropout_seed(dropout, seed)
+    var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
+                          cu_seqlens_q, cu_seqlens_k, low)
     out, second = _call("general", _f32(query, low), _f32(keys, low),
                         _f32(W, low), mask, attn_mask, causal,
                         _f32(bias, low), p, seed_t, _f32(values, low),
-                        _f32(key_proj, low), bool(return_weights))
+                        _f32(key_proj, low), bool(return_weights), *var,
+                        cu_seqlens_q, cu_seqlens_k)
     return _back(out, second, low)
 
 
 for _f in (additive_attention, dot_attention, general_attention):
-    _f.__doc__ = (_f.__doc__ or "") % dict(masks=_MASKS_DOC,
-                                          sec5=_SEC5_DOC) + _FAMILY_RETURNS
+    _f.__doc__ = (_f.__doc__ or "") % dict(
+        masks=_MASKS_DOC, sec5=_SEC5_DOC,
+        variants=_VARIANTS_DOC) + _FAMILY_RETURNS
 del _f
 
 
