@@ -104,6 +104,10 @@ _TYPES = {"mask": "Tensor?", "flag": "bool", "number": "float",
           "scale": "float?", "seed": "Tensor?", "window": "int[]?"}
 
 
+_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "sinks",
+                  "cu_seqlens_q", "cu_seqlens_k")
+
+
 def _schema(function: str, nout: int) -> str:
     """The schema of the op of ``function``: its arguments (_ARGS) typed by
     the binding's table, an array a Tensor where ``function`` requires it
@@ -116,7 +120,10 @@ def _schema(function: str, nout: int) -> str:
     for name in _ARGS[function]:
         kind = _KINDS.get(_TABLE_NAMES.get(name, name), "array")
         array = "Tensor" if name in required else "Tensor?"
-        args.append(f"{_TYPES.get(kind, array)} {name}")
+        # The variants default to None: a call of the ops as they were
+        # (recorded graphs, opcheck) still holds.
+        default = "=None" if name in _VARIANT_NAMES else ""
+        args.append(f"{_TYPES.get(kind, array)} {name}{default}")
     return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * nout)})"
 
 
@@ -340,12 +347,10 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
             _like(values, query), _like(key_proj if stop else None, query))
 
 
-# The variants' arguments of the dot and general ops, in the ops' order
-# (docs/contract.md section 8): window ([left, right], -1 unbounded, or
+# The variants' arguments of the dot and general ops (_VARIANT_NAMES,
+# docs/contract.md section 8): window ([left, right], -1 unbounded, or
 # None), softcap, alibi_slopes and sinks (one value a sequence, both
 # differentiable), cu_seqlens_q and cu_seqlens_k (integer tensors).
-_VARIANTS = ("window", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
-             "cu_seqlens_k")
 Win = list[int] | None
 Opt = torch.Tensor | None
 
@@ -368,9 +373,9 @@ def _lse_for_sinks(call: Any, weights: bool, alpha: torch.Tensor,
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
             mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
             dropout: float, seed: Opt, values: Opt, scale: float | None,
-            weights: bool, window: Win, softcap: float | None,
-            alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-            cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+            weights: bool, window: Win = None, softcap: float | None = None,
+            alibi_slopes: Opt = None, sinks: Opt = None,
+            cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.dot_attention(
         _np(query), _np(keys), values=_np_opt(values), scale=scale,
@@ -385,9 +390,9 @@ def _dot_op(query: torch.Tensor, keys: torch.Tensor,
 def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
               mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
               dropout: float, seed: Opt, values: Opt, scale: float | None,
-              weights: bool, window: Win, softcap: float | None,
-              alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-              cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+              weights: bool, window: Win = None, softcap: float | None = None,
+              alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
+              cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -398,9 +403,9 @@ def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
                 out: torch.Tensor, mask: Opt, attn_mask: Opt, causal: bool,
                 bias: Opt, dropout: float, seed: Opt, values: Opt,
-                scale: float | None, weights: bool, window: Win,
-                softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                scale: float | None, weights: bool, window: Win = None,
+                softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
+                cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
                 ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dvalues, dbias, dalibi_slopes, dsinks)``, each empty
     without its input.  ``alpha`` is the lse when not ``weights``."""
@@ -427,9 +432,9 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                   alpha: torch.Tensor, out: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt,
-                  scale: float | None, weights: bool, window: Win,
-                  softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                  cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                  scale: float | None, weights: bool, window: Win = None,
+                  softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
+                  cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
                   ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys), _like(values, query),
             _like(bias, query), _like(alibi_slopes, query),
@@ -442,9 +447,9 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                 mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                 dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                weights: bool, window: Win, softcap: float | None,
-                alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-                cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+                weights: bool, window: Win = None, softcap: float | None = None,
+                alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
+                cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.general_attention(
         _np(query), _np(keys), _np(W), values=_np_opt(values),
@@ -459,9 +464,9 @@ def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
 def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                  weights: bool, window: Win, softcap: float | None,
-                  alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-                  cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+                  weights: bool, window: Win = None, softcap: float | None = None,
+                  alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
+                  cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -473,9 +478,9 @@ def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                     alpha: torch.Tensor, out: torch.Tensor,
                     mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                     dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                    stop: bool, weights: bool, window: Win,
-                    softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                    cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                    stop: bool, weights: bool, window: Win = None,
+                    softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
+                    cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
                     ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dW, dbias, dvalues, dkey_proj, dalibi_slopes, dsinks)``;
     with ``stop`` dW is 0 (W only acts through key_proj).  ``alpha`` is
@@ -516,8 +521,8 @@ def _general_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                       out: torch.Tensor, mask: Opt, attn_mask: Opt,
                       causal: bool, bias: Opt, dropout: float, seed: Opt,
                       values: Opt, key_proj: Opt, stop: bool, weights: bool,
-                      window: Win, softcap: float | None, alibi_slopes: Opt,
-                      sinks: Opt, cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                      window: Win = None, softcap: float | None = None, alibi_slopes: Opt = None,
+                      sinks: Opt = None, cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
                       ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys),
             _new(W), _like(bias, query), _like(values, query),
@@ -630,8 +635,10 @@ def _first_backward(spec: _Spec, bwd: Any) -> Any:
                  ) -> tuple[Any, ...]:
         a, outs = _saved(ctx, spec.inputs)
         need = dict(zip(spec.inputs, ctx.needs_input_grad))
+        # (a direct call may leave out the trailing arguments that default)
+        names = spec.inputs[:len(ctx.needs_input_grad)]
         if grad_out is None and grad_alpha is None:
-            return (None,) * len(spec.inputs)
+            return (None,) * len(names)
         given = dict(a, grad_out=(torch.zeros_like(outs[0])
                                   if grad_out is None else grad_out),
                      grad_alpha=grad_alpha, alpha=outs[1], out=outs[0],
@@ -650,10 +657,10 @@ def _first_backward(spec: _Spec, bwd: Any) -> Any:
                                             *xs.values())
             g = dict(zip(xs, res))
         else:
-            res = bwd(*[given[n] for n in spec.bwd_inputs])
+            res = bwd(*[given.get(n) for n in spec.bwd_inputs])
             g = dict(zip(spec.grads, res))
         return tuple(g[n] if n in g and a[n] is not None and need[n]
-                     else None for n in spec.inputs)
+                     else None for n in names)
 
     return backward
 
@@ -664,7 +671,7 @@ def _forward_jvp(spec: _Spec) -> Any:
         t = dict(zip(spec.inputs, tangents))
         # A key_proj without a tangent is a constant equal to the keys'
         # projection: recompute it so that the keys' tangent goes through.
-        xs = {n: a[n] for n in spec.grads if a[n] is not None
+        xs = {n: a[n] for n in spec.grads if a.get(n) is not None
               and (n != "key_proj" or t[n] is not None)}
         t_out, t_alpha = _func_jvp(
             lambda *y: _pure_for(spec, a)(**dict(zip(xs, y))),
@@ -710,7 +717,8 @@ def _second_backward(spec: _Spec) -> Any:
             for n, g in zip(xs, grads)))
         d = dict(zip(xs, d_xs), grad_out=d_go,
                  grad_alpha=None if ga is None else d_ga)
-        return tuple(d.get(n) for n in spec.bwd_inputs)
+        return tuple(d.get(n) for n in
+                     spec.bwd_inputs[:len(ctx.needs_input_grad)])
 
     return backward
 

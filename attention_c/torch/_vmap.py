@@ -69,7 +69,8 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
              ) -> tuple[Any, Any]:
         a = dict(zip(names, args))
         d = dict(zip(names, in_dims))
-        if (any(d[n] is not None for n in names if n not in _CORE)
+        # (a call may leave out the trailing arguments that default)
+        if (any(d[n] is not None for n in d if n not in _CORE)
                 or a.get("dropout", 0.0) > 0):
             return _vmap_loop(op, info, in_dims, *args)
         logical = {n: (x.shape if d[n] is None
@@ -91,7 +92,7 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
             if n in _FULL:
                 x = x.expand(N, *lead, *shape[len(shape) - core[n]:])
             new[n] = x
-        outs = op(*[new[n] for n in names])
+        outs = op(*[new[n] for n in names[:len(args)]])
         return outs, (0,) * len(outs)
 
     return rule
