@@ -9,6 +9,8 @@ to float32, and calls a custom operator (attention_c.torch._ops).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -552,7 +554,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                                  dropout_p: float = 0.0,
                                  is_causal: bool = False,
                                  scale: float | None = None,
-                                 enable_gqa: bool = False) -> torch.Tensor:
+                                 enable_gqa: bool = False, *,
+                                 window: tuple[int | None, int | None]
+                                 | None = None,
+                                 softcap: float | None = None,
+                                 alibi_slopes: torch.Tensor | None = None,
+                                 sinks: torch.Tensor | None = None
+                                 ) -> torch.Tensor:
     """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``
     on the streamed C kernel: the same signature and semantics, and the
     (..., L, S) weights are never formed, forward or backward.
@@ -586,6 +594,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
         Grouped-query attention: query (..., Hq, L, E) against key and
         value (..., Hkv, S, E), Hq a multiple of Hkv; query head j uses key
         head j // (Hq / Hkv).  Read in place, without repeating K and V.
+    window, softcap, alibi_slopes, sinks : optional
+        Keyword-only, beyond PyTorch's signature: the variants of
+        :func:`dot_attention` (docs/contract.md section 8).  Their
+        positions are bottom-right aligned (query i at key position i + S
+        - L, as FlashAttention's), the same as top-left when L == S
+        (``is_causal`` stays top-left).  ``alibi_slopes`` and ``sinks``
+        broadcast to the leading axes (..., Hq) of the result, e.g. (Hq,)
+        for (B, Hq, L, E).
 
     Returns
     -------
@@ -647,9 +663,15 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
         key, value = key.unsqueeze(-3), value.unsqueeze(-3)
         bool_mask, bias = (_gqa_mask(m, hk, groups)
                            for m in (bool_mask, bias))
-    if dropout_p == 0 and _plain_call(query, key, value, bias):
+        alibi_slopes, sinks = (_gqa_per_head(x, hk, groups)
+                               for x in (alibi_slopes, sinks))
+    variants = {n: x for n, x in (("window", window), ("softcap", softcap),
+                                  ("alibi_slopes", alibi_slopes),
+                                  ("sinks", sinks)) if x is not None}
+    if dropout_p == 0 and _plain_call(query, key, value, bias,
+                                      alibi_slopes, sinks):
         out = _fast_dot(query, key, value, None, bool_mask, bias, causal,
-                        scale)
+                        scale, variants)
         if out is not None:
             return out.flatten(-4, -3) if groups else out
     p, seed = _dropout_seed(dropout_p, None if dropout_p == 0 else
@@ -657,7 +679,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                                           dtype=torch.int64))
     out, _ = dot_attention(query, key, values=value, attn_mask=bool_mask,
                            causal=causal, bias=bias, dropout=p, seed=seed,
-                           scale=scale, return_weights=False)
+                           scale=scale, return_weights=False, **variants)
     return out.flatten(-4, -3) if groups else out
 
 
@@ -672,8 +694,20 @@ def _gqa_mask(m: torch.Tensor | None, hk: int, groups: int
     return m.unflatten(-3, (hk, groups))
 
 
+def _gqa_per_head(x: torch.Tensor | None, hk: int, groups: int
+                  ) -> torch.Tensor | None:
+    """alibi_slopes or sinks over query heads (..., Hq) as (..., Hkv, G),
+    or with a size-1 head axis as (..., 1, 1): views."""
+    if x is None or not isinstance(x, torch.Tensor) or x.dim() < 1:
+        return x
+    if x.shape[-1] == 1:
+        return x.unsqueeze(-1)
+    return x.unflatten(-1, (hk, groups))
+
+
 def _plain_call(query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, bias: torch.Tensor | None) -> bool:
+                value: torch.Tensor, bias: torch.Tensor | None,
+                *per_head: torch.Tensor | None) -> bool:
     """Plain eager inference (a decoding step): float32 or float64 CPU
     tensors, nothing for autograd to record, no compile, trace, transform
     or dispatch mode.  ``_ops._plain`` asks the same of an operator's
@@ -691,6 +725,10 @@ def _plain_call(query: torch.Tensor, key: torch.Tensor,
             and not (torch.is_grad_enabled()
                      and (query.requires_grad or key.requires_grad
                           or value.requires_grad))
+            and all(x is None or (type(x) is torch.Tensor
+                                  and x.dtype is dt and x.is_cpu
+                                  and not x.requires_grad)
+                    for x in per_head)
             and not torch.compiler.is_compiling() and not _tracing()
             and not torch._C._are_functorch_transforms_active()
             and torch._C._len_torch_dispatch_stack() == 0)
@@ -698,7 +736,8 @@ def _plain_call(query: torch.Tensor, key: torch.Tensor,
 
 def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-              bias: torch.Tensor | None, causal: bool, scale: float | None
+              bias: torch.Tensor | None, causal: bool, scale: float | None,
+              variants: dict[str, Any] | None = None
               ) -> torch.Tensor | None:
     """The kernel called directly on NumPy views, as the custom operator's
     body would be: the per-call cost of one-token decoding is this, not
@@ -710,7 +749,9 @@ def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             mask=None if mask is None else mask.numpy(),
             attn_mask=None if attn_mask is None else attn_mask.numpy(),
             causal=causal, bias=None if bias is None else bias.numpy(),
-            scale=scale, return_weights=False)
+            scale=scale, return_weights=False,
+            **{n: x.numpy() if isinstance(x, torch.Tensor) else x
+               for n, x in (variants or {}).items()})
     except (TypeError, ValueError, RuntimeError):
         return None
     return torch.from_numpy(out)
