@@ -56,9 +56,17 @@ def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:
 # ---- the schemas, from the binding's table (attention_c._functions): each
 # op's arguments by name, in the op's order, typed by their kind there.
 
+# The variants of the dot and general ops (docs/contract.md section 8),
+# last: window ([left, right], -1 unbounded, or None), softcap,
+# alibi_slopes and sinks (one value a sequence, differentiable),
+# cu_seqlens_q and cu_seqlens_k (integer tensors); None by default.
+_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "sinks",
+                  "cu_seqlens_q", "cu_seqlens_k")
+
 # The ops' arguments (what torch.export and torch.jit.trace record: they
-# stay as they are).  A family backward op takes both forward results:
-# ``alpha`` (alpha or lse, as the forward gave) and ``out``.
+# stay as they are; the variants were added at the end, with defaults).
+# A family backward op takes both forward results: ``alpha`` (alpha or
+# lse, as the forward gave) and ``out``.
 _ARGS = {
     "context_attention": ("h", "W", "v", "b", "mask", "keep"),
     "context_attention_backward": (
@@ -72,22 +80,18 @@ _ARGS = {
         "mask", "attn_mask", "causal", "values", "key_proj", "stop"),
     "dot_attention": (
         "query", "keys", "mask", "attn_mask", "causal", "bias", "dropout",
-        "seed", "values", "scale", "weights", "window", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
-        "cu_seqlens_k"),
+        "seed", "values", "scale", "weights", *_VARIANT_NAMES),
     "dot_attention_backward": (
         "grad_out", "grad_alpha", "query", "keys", "alpha", "out", "mask",
         "attn_mask", "causal", "bias", "dropout", "seed", "values", "scale",
-        "weights", "window", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
-        "cu_seqlens_k"),
+        "weights", *_VARIANT_NAMES),
     "general_attention": (
         "query", "keys", "W", "mask", "attn_mask", "causal", "bias",
-        "dropout", "seed", "values", "key_proj", "weights", "window", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
-        "cu_seqlens_k"),
+        "dropout", "seed", "values", "key_proj", "weights", *_VARIANT_NAMES),
     "general_attention_backward": (
         "grad_out", "grad_alpha", "query", "keys", "W", "alpha", "out",
         "mask", "attn_mask", "causal", "bias", "dropout", "seed", "values",
-        "key_proj", "stop", "weights", "window", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
-        "cu_seqlens_k"),
+        "key_proj", "stop", "weights", *_VARIANT_NAMES),
 }
 # The table's names of the ops' short ones.
 _TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
@@ -102,10 +106,6 @@ _TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
 _KINDS = {a.name: a.kind for f in TABLE.values() for a in f.args}
 _TYPES = {"mask": "Tensor?", "flag": "bool", "number": "float",
           "scale": "float?", "seed": "Tensor?", "window": "int[]?"}
-
-
-_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "sinks",
-                  "cu_seqlens_q", "cu_seqlens_k")
 
 
 def _schema(function: str, nout: int) -> str:
@@ -347,10 +347,7 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
             _like(values, query), _like(key_proj if stop else None, query))
 
 
-# The variants' arguments of the dot and general ops (_VARIANT_NAMES,
-# docs/contract.md section 8): window ([left, right], -1 unbounded, or
-# None), softcap, alibi_slopes and sinks (one value a sequence, both
-# differentiable), cu_seqlens_q and cu_seqlens_k (integer tensors).
+# The types of the variants' arguments (_VARIANT_NAMES).
 Win = list[int] | None
 Opt = torch.Tensor | None
 
@@ -373,9 +370,9 @@ def _lse_for_sinks(call: Any, weights: bool, alpha: torch.Tensor,
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
             mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
             dropout: float, seed: Opt, values: Opt, scale: float | None,
-            weights: bool, window: Win = None, softcap: float | None = None,
-            alibi_slopes: Opt = None, sinks: Opt = None,
-            cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
+            weights: bool, window: Win, softcap: float | None,
+            alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
+            cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.dot_attention(
         _np(query), _np(keys), values=_np_opt(values), scale=scale,
@@ -390,9 +387,9 @@ def _dot_op(query: torch.Tensor, keys: torch.Tensor,
 def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
               mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
               dropout: float, seed: Opt, values: Opt, scale: float | None,
-              weights: bool, window: Win = None, softcap: float | None = None,
-              alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
-              cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
+              weights: bool, window: Win, softcap: float | None,
+              alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
+              cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -403,9 +400,9 @@ def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
                 out: torch.Tensor, mask: Opt, attn_mask: Opt, causal: bool,
                 bias: Opt, dropout: float, seed: Opt, values: Opt,
-                scale: float | None, weights: bool, window: Win = None,
-                softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
-                cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
+                scale: float | None, weights: bool, window: Win,
+                softcap: float | None, alibi_slopes: Opt, sinks: Opt,
+                cu_seqlens_q: Opt, cu_seqlens_k: Opt
                 ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dvalues, dbias, dalibi_slopes, dsinks)``, each empty
     without its input.  ``alpha`` is the lse when not ``weights``."""
@@ -432,9 +429,9 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                   alpha: torch.Tensor, out: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt,
-                  scale: float | None, weights: bool, window: Win = None,
-                  softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
-                  cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
+                  scale: float | None, weights: bool, window: Win,
+                  softcap: float | None, alibi_slopes: Opt, sinks: Opt,
+                  cu_seqlens_q: Opt, cu_seqlens_k: Opt
                   ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys), _like(values, query),
             _like(bias, query), _like(alibi_slopes, query),
@@ -447,9 +444,9 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                 mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                 dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                weights: bool, window: Win = None, softcap: float | None = None,
-                alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
-                cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
+                weights: bool, window: Win, softcap: float | None,
+                alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
+                cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.general_attention(
         _np(query), _np(keys), _np(W), values=_np_opt(values),
@@ -464,9 +461,9 @@ def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
 def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                  weights: bool, window: Win = None, softcap: float | None = None,
-                  alibi_slopes: Opt = None, sinks: Opt = None, cu_seqlens_q: Opt = None,
-                  cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  weights: bool, window: Win, softcap: float | None,
+                  alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
+                  cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -478,9 +475,9 @@ def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                     alpha: torch.Tensor, out: torch.Tensor,
                     mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                     dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                    stop: bool, weights: bool, window: Win = None,
-                    softcap: float | None = None, alibi_slopes: Opt = None, sinks: Opt = None,
-                    cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
+                    stop: bool, weights: bool, window: Win,
+                    softcap: float | None, alibi_slopes: Opt, sinks: Opt,
+                    cu_seqlens_q: Opt, cu_seqlens_k: Opt
                     ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dW, dbias, dvalues, dkey_proj, dalibi_slopes, dsinks)``;
     with ``stop`` dW is 0 (W only acts through key_proj).  ``alpha`` is
@@ -521,8 +518,8 @@ def _general_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                       out: torch.Tensor, mask: Opt, attn_mask: Opt,
                       causal: bool, bias: Opt, dropout: float, seed: Opt,
                       values: Opt, key_proj: Opt, stop: bool, weights: bool,
-                      window: Win = None, softcap: float | None = None, alibi_slopes: Opt = None,
-                      sinks: Opt = None, cu_seqlens_q: Opt = None, cu_seqlens_k: Opt = None
+                      window: Win, softcap: float | None, alibi_slopes: Opt,
+                      sinks: Opt, cu_seqlens_q: Opt, cu_seqlens_k: Opt
                       ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys),
             _new(W), _like(bias, query), _like(values, query),

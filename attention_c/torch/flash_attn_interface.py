@@ -248,9 +248,9 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               window_size, softcap, slopes, sink,
                               return_attn_probs, (None, None))
     grouped = G > 1
-    out = _merge(out, 1, grouped)
-    assert out is not None
-    out = out.permute(0, 2, 1, 3).contiguous()      # (B, Tq, heads, dv)
+    merged = _merge(out, 1, grouped)
+    assert merged is not None
+    out = merged.permute(0, 2, 1, 3).contiguous()   # (B, Tq, heads, dv)
     if q.dtype in _LOW:
         out = out.to(q.dtype)
     if not return_attn_probs:
@@ -326,9 +326,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor,
                               return_attn_probs,
                               (cu_seqlens_q, cu_seqlens_k))
     grouped = G > 1
-    out = _merge(out, 0, grouped)
-    assert out is not None
-    out = out.permute(1, 0, 2).contiguous()         # (total_q, heads, dv)
+    merged = _merge(out, 0, grouped)
+    assert merged is not None
+    out = merged.permute(1, 0, 2).contiguous()      # (total_q, heads, dv)
     if q.dtype in _LOW:
         out = out.to(q.dtype)
     if not return_attn_probs:

@@ -665,9 +665,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                            for m in (bool_mask, bias))
         alibi_slopes, sinks = (_gqa_per_head(x, hk, groups)
                                for x in (alibi_slopes, sinks))
-    variants = {n: x for n, x in (("window", window), ("softcap", softcap),
-                                  ("alibi_slopes", alibi_slopes),
-                                  ("sinks", sinks)) if x is not None}
+    variants: dict[str, Any] = {
+        n: x for n, x in (("window", window), ("softcap", softcap),
+                          ("alibi_slopes", alibi_slopes), ("sinks", sinks))
+        if x is not None}
     if dropout_p == 0 and _plain_call(query, key, value, bias,
                                       alibi_slopes, sinks):
         out = _fast_dot(query, key, value, None, bool_mask, bias, causal,
@@ -743,15 +744,16 @@ def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     body would be: the per-call cost of one-token decoding is this, not
     the dispatcher's.  None when the kernel refuses the arguments: the
     regular path then raises the error in PyTorch's terms."""
+    extra: dict[str, Any] = {
+        n: x.numpy() if isinstance(x, torch.Tensor) else x
+        for n, x in (variants or {}).items()}
     try:
         out, _ = _ac.dot_attention(
             query.numpy(), key.numpy(), values=value.numpy(),
             mask=None if mask is None else mask.numpy(),
             attn_mask=None if attn_mask is None else attn_mask.numpy(),
             causal=causal, bias=None if bias is None else bias.numpy(),
-            scale=scale, return_weights=False,
-            **{n: x.numpy() if isinstance(x, torch.Tensor) else x
-               for n, x in (variants or {}).items()})
+            scale=scale, return_weights=False, **extra)
     except (TypeError, ValueError, RuntimeError):
         return None
     return torch.from_numpy(out)
