@@ -370,9 +370,10 @@ def _lse_for_sinks(call: Any, weights: bool, alpha: torch.Tensor,
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
             mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
             dropout: float, seed: Opt, values: Opt, scale: float | None,
-            weights: bool, window: Win, softcap: float | None,
-            alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-            cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+            weights: bool, window: Win = None,
+            softcap: float | None = None, alibi_slopes: Opt = None,
+            sinks: Opt = None, cu_seqlens_q: Opt = None,
+            cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.dot_attention(
         _np(query), _np(keys), values=_np_opt(values), scale=scale,
@@ -387,9 +388,10 @@ def _dot_op(query: torch.Tensor, keys: torch.Tensor,
 def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
               mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
               dropout: float, seed: Opt, values: Opt, scale: float | None,
-              weights: bool, window: Win, softcap: float | None,
-              alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-              cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+              weights: bool, window: Win = None,
+              softcap: float | None = None, alibi_slopes: Opt = None,
+              sinks: Opt = None, cu_seqlens_q: Opt = None,
+              cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -400,9 +402,10 @@ def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
                 out: torch.Tensor, mask: Opt, attn_mask: Opt, causal: bool,
                 bias: Opt, dropout: float, seed: Opt, values: Opt,
-                scale: float | None, weights: bool, window: Win,
-                softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                scale: float | None, weights: bool, window: Win = None,
+                softcap: float | None = None, alibi_slopes: Opt = None,
+                sinks: Opt = None, cu_seqlens_q: Opt = None,
+                cu_seqlens_k: Opt = None
                 ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dvalues, dbias, dalibi_slopes, dsinks)``, each empty
     without its input.  ``alpha`` is the lse when not ``weights``."""
@@ -429,9 +432,10 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                   alpha: torch.Tensor, out: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt,
-                  scale: float | None, weights: bool, window: Win,
-                  softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                  cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                  scale: float | None, weights: bool, window: Win = None,
+                  softcap: float | None = None, alibi_slopes: Opt = None,
+                  sinks: Opt = None, cu_seqlens_q: Opt = None,
+                  cu_seqlens_k: Opt = None
                   ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys), _like(values, query),
             _like(bias, query), _like(alibi_slopes, query),
@@ -444,9 +448,10 @@ def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                 mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                 dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                weights: bool, window: Win, softcap: float | None,
-                alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-                cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+                weights: bool, window: Win = None,
+                softcap: float | None = None, alibi_slopes: Opt = None,
+                sinks: Opt = None, cu_seqlens_q: Opt = None,
+                cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.general_attention(
         _np(query), _np(keys), _np(W), values=_np_opt(values),
@@ -461,9 +466,11 @@ def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
 def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                   mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                   dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                  weights: bool, window: Win, softcap: float | None,
-                  alibi_slopes: Opt, sinks: Opt, cu_seqlens_q: Opt,
-                  cu_seqlens_k: Opt) -> tuple[torch.Tensor, torch.Tensor]:
+                  weights: bool, window: Win = None,
+                  softcap: float | None = None, alibi_slopes: Opt = None,
+                  sinks: Opt = None, cu_seqlens_q: Opt = None,
+                  cu_seqlens_k: Opt = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
@@ -475,9 +482,10 @@ def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                     alpha: torch.Tensor, out: torch.Tensor,
                     mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
                     dropout: float, seed: Opt, values: Opt, key_proj: Opt,
-                    stop: bool, weights: bool, window: Win,
-                    softcap: float | None, alibi_slopes: Opt, sinks: Opt,
-                    cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                    stop: bool, weights: bool, window: Win = None,
+                    softcap: float | None = None, alibi_slopes: Opt = None,
+                    sinks: Opt = None, cu_seqlens_q: Opt = None,
+                    cu_seqlens_k: Opt = None
                     ) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dW, dbias, dvalues, dkey_proj, dalibi_slopes, dsinks)``;
     with ``stop`` dW is 0 (W only acts through key_proj).  ``alpha`` is
@@ -518,8 +526,10 @@ def _general_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                       out: torch.Tensor, mask: Opt, attn_mask: Opt,
                       causal: bool, bias: Opt, dropout: float, seed: Opt,
                       values: Opt, key_proj: Opt, stop: bool, weights: bool,
-                      window: Win, softcap: float | None, alibi_slopes: Opt,
-                      sinks: Opt, cu_seqlens_q: Opt, cu_seqlens_k: Opt
+                      window: Win = None,
+                      softcap: float | None = None, alibi_slopes: Opt = None,
+                      sinks: Opt = None, cu_seqlens_q: Opt = None,
+                      cu_seqlens_k: Opt = None
                       ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys),
             _new(W), _like(bias, query), _like(values, query),
