@@ -85,9 +85,11 @@ _FAMILY_RETURNS = """
         0 for a query with no visible key.
     alpha : Tensor (..., T) or (..., Tq, T)
         The attention weights (before dropout), 0 for keys a query does
-        not see.  With ``return_weights=False`` (dot and general) this is
-        ``lse`` (...) or (..., Tq) instead: ``log sum_t exp(s_it)`` over
-        the visible keys, -inf for a query with none; differentiable.
+        not see (with ``sinks`` they sum to less than 1).  With
+        ``return_weights=False`` (dot and general) this is ``lse`` (...)
+        or (..., Tq) instead: ``log sum_t exp(s_it)`` over the visible
+        keys (plus ``exp(sink)`` with ``sinks``), -inf for a query with
+        none (the sink with ``sinks``); differentiable.
 
     Raises
     ------
@@ -96,11 +98,16 @@ _FAMILY_RETURNS = """
         per-query mask given as ``mask``, ``attn_mask`` or ``causal`` with
         one query per sequence, a ``dropout`` outside [0, 1) or without
         ``seed``, or shapes that do not fit (masks and bias broadcast to
-        the scores' shape, never adding leading axes).
+        the scores' shape, never adding leading axes); a negative window
+        side, ``softcap`` <= 0, ``window`` or ``cu_seqlens_*`` with one
+        query per sequence, cu_seqlens that do not rise from 0 to Tq
+        (resp. T), or slopes or sinks that do not broadcast to the
+        leading axes.
     TypeError
         A dtype other than float32, float64, bfloat16 and float16, mixed
-        dtypes (outside ``torch.autocast``), a mask that is not boolean;
-        an optional argument passed by position.
+        dtypes (outside ``torch.autocast``), a mask that is not boolean,
+        cu_seqlens that are not integers; an optional argument passed by
+        position.
 """
 
 _MASKS_DOC = """mask : Tensor of torch.bool (..., T), optional

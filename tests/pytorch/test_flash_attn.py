@@ -155,6 +155,28 @@ def test_grouped_queries(heads_k, variant):
                     torch.float64)
 
 
+def test_signatures_are_flash_attn_2s():
+    """FlashAttention-2's arguments, order and defaults (flash_attn
+    2.6's flash_attn_interface), and the keyword-only sinks."""
+    import inspect
+    common = [("dropout_p", 0.0), ("softmax_scale", None),
+              ("causal", False), ("window_size", (-1, -1)),
+              ("softcap", 0.0), ("alibi_slopes", None),
+              ("deterministic", False), ("return_attn_probs", False)]
+    for fn, required in (
+            (flash_attn_func, ["q", "k", "v"]),
+            (flash_attn_varlen_func, ["q", "k", "v", "cu_seqlens_q",
+                                      "cu_seqlens_k", "max_seqlen_q",
+                                      "max_seqlen_k"])):
+        P = inspect.Parameter
+        params = [(p.name, p.kind, p.default)
+                  for p in inspect.signature(fn).parameters.values()]
+        want = ([(n, P.POSITIONAL_OR_KEYWORD, P.empty) for n in required]
+                + [(n, P.POSITIONAL_OR_KEYWORD, d) for n, d in common]
+                + [("sinks", P.KEYWORD_ONLY, None)])
+        assert params == want, fn.__name__
+
+
 def test_scale_and_defaults():
     q, k, v = (randn(1, 5, 2, 4, seed=s) for s in (1, 2, 3))
     run_and_compare(q, k, v, {"softmax_scale": 0.3}, torch.float64)
