@@ -21,7 +21,7 @@ record, so they stay as they are.
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional, TypeAlias
 
 import numpy as np
 import torch
@@ -348,8 +348,9 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
 
 
 # The types of the variants' arguments (_VARIANT_NAMES).
-Win = list[int] | None
-Opt = torch.Tensor | None
+# (explicit aliases: where torch is not analysed, its Tensor is Any)
+Win: TypeAlias = Optional[list[int]]
+Opt: TypeAlias = Optional[torch.Tensor]
 
 
 def _lse_for_sinks(call: Any, weights: bool, alpha: torch.Tensor,
