@@ -672,12 +672,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                            for m in (bool_mask, bias))
         alibi_slopes, sinks = (_gqa_per_head(x, hk, groups)
                                for x in (alibi_slopes, sinks))
-    variants: dict[str, Any] = {
-        n: x for n, x in (("window", window), ("softcap", softcap),
-                          ("alibi_slopes", alibi_slopes), ("sinks", sinks))
-        if x is not None}
-    if dropout_p == 0 and _plain_call(query, key, value, bias,
-                                      alibi_slopes, sinks):
+    # (spelled out: a decoding step without the variants pays nothing)
+    variants: dict[str, Any] = {}
+    per_head: tuple[torch.Tensor, ...] = ()
+    if not (window is None and softcap is None and alibi_slopes is None
+            and sinks is None):
+        variants = {n: x for n, x in (
+            ("window", window), ("softcap", softcap),
+            ("alibi_slopes", alibi_slopes), ("sinks", sinks))
+            if x is not None}
+        per_head = tuple(x for x in (alibi_slopes, sinks) if x is not None)
+    if dropout_p == 0 and _plain_call(query, key, value, bias, *per_head):
         out = _fast_dot(query, key, value, None, bool_mask, bias, causal,
                         scale, variants)
         if out is not None:
@@ -715,7 +720,7 @@ def _gqa_per_head(x: torch.Tensor | None, hk: int, groups: int
 
 def _plain_call(query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, bias: torch.Tensor | None,
-                *per_head: torch.Tensor | None) -> bool:
+                *per_head: torch.Tensor) -> bool:
     """Plain eager inference (a decoding step): float32 or float64 CPU
     tensors, nothing for autograd to record, no compile, trace, transform
     or dispatch mode.  ``_ops._plain`` asks the same of an operator's
@@ -733,10 +738,10 @@ def _plain_call(query: torch.Tensor, key: torch.Tensor,
             and not (torch.is_grad_enabled()
                      and (query.requires_grad or key.requires_grad
                           or value.requires_grad))
-            and all(x is None or (type(x) is torch.Tensor
-                                  and x.dtype is dt and x.is_cpu
-                                  and not x.requires_grad)
-                    for x in per_head)
+            and (not per_head
+                 or all(type(x) is torch.Tensor and x.dtype is dt
+                        and x.is_cpu and not x.requires_grad
+                        for x in per_head))
             and not torch.compiler.is_compiling() and not _tracing()
             and not torch._C._are_functorch_transforms_active()
             and torch._C._len_torch_dispatch_stack() == 0)
@@ -751,9 +756,9 @@ def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     body would be: the per-call cost of one-token decoding is this, not
     the dispatcher's.  None when the kernel refuses the arguments: the
     regular path then raises the error in PyTorch's terms."""
-    extra: dict[str, Any] = {
+    extra: dict[str, Any] = {} if not variants else {
         n: x.numpy() if isinstance(x, torch.Tensor) else x
-        for n, x in (variants or {}).items()}
+        for n, x in variants.items()}
     try:
         out, _ = _ac.dot_attention(
             query.numpy(), key.numpy(), values=value.numpy(),

@@ -451,7 +451,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         seed = (torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
                 if p > 0 else None)
         o = weights = None
-        per_head = (variants.get("alibi_slopes"), variants.get("sinks"))
+        per_head = [variants[n] for n in ("alibi_slopes", "sinks")
+                    if n in variants]
         if not need_weights and p == 0 and _plain_call(qh, kh, vh, bias,
                                                        *per_head):
             o = _fast_dot(qh, kh, vh, mask, bool_attn, bias, causal,
