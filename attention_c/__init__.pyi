@@ -105,6 +105,8 @@ class DotAttentionGrads(NamedTuple):
     keys: _Array
     values: _Array | None
     bias: _Array | None
+    alibi_slopes: _Array | None
+    sinks: _Array | None
 
 class GeneralAttentionGrads(NamedTuple):
     query: _Array
@@ -112,6 +114,8 @@ class GeneralAttentionGrads(NamedTuple):
     values: _Array | None
     W: _Array
     bias: _Array | None
+    alibi_slopes: _Array | None
+    sinks: _Array | None
 
 _Opt = npt.ArrayLike | None
 
