@@ -153,7 +153,8 @@ def dot_attention(
     dropout: float = 0.0, seed: int | None = None, values: _Opt = None,
     scale: float | None = None, return_weights: bool = True,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
 ) -> tuple[_Array, _Array]: ...
 def dot_attention_backward(
@@ -164,7 +165,8 @@ def dot_attention_backward(
     values: _Opt = None, scale: float | None = None,
     grad_alpha: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
 ) -> DotAttentionGrads: ...
 def general_attention(
@@ -174,7 +176,8 @@ def general_attention(
     values: _Opt = None, key_proj: _Opt = None,
     return_weights: bool = True,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
 ) -> tuple[_Array, _Array]: ...
 @overload
@@ -184,10 +187,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: Literal[False] = False,
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: Literal[False] = False,
 ) -> GeneralAttentionGrads: ...
 @overload
 def general_attention_backward(
@@ -196,10 +201,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: Literal[True],
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: Literal[True],
 ) -> tuple[GeneralAttentionGrads, _Array]: ...
 @overload
 def general_attention_backward(
@@ -208,10 +215,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: bool = ...,
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
-    softcap: float | None = None, cu_seqlens_q: _Opt = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: bool = ...,
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,

@@ -32,6 +32,7 @@
                           None: a value, not an array */
 #define F_INDEX 2048u  /* an integer array (int64 once checked), never
                           cast to the call's floating dtype */
+#define F_FOLLOW 4096u /* cast to the call's dtype, never choosing it */
 
 /* The kinds of the list below: a value, not an array, is always optional */
 #define K_ARRAY 0u
@@ -77,6 +78,8 @@
     X(LSE, lse, K_ARRAY)                                                     \
     X(WINDOW, window, K_WINDOW)                                              \
     X(SOFTCAP, softcap, K_SCALE)                                             \
+    X(ALIBI_SLOPES, alibi_slopes, K_ARRAY)                                   \
+    X(SINKS, sinks, K_ARRAY)                                                 \
     X(CU_SEQLENS_Q, cu_seqlens_q, K_INDEX)                                   \
     X(CU_SEQLENS_K, cu_seqlens_k, K_INDEX)
 
@@ -101,7 +104,9 @@
     Y(DKEY_PROJ, dkey_proj)                                                  \
     Y(KEY_PROJ, key_proj)                                                    \
     Y(LSE, lse)                                                              \
-    Y(DBIAS, dbias)
+    Y(DBIAS, dbias)                                                          \
+    Y(DALIBI_SLOPES, dalibi_slopes)                                          \
+    Y(DSINKS, dsinks)
 
 /* X_NONE (0) ends a row's argument list, so that a row's unused entries,
  * zeroed, need no end marker. */

@@ -170,7 +170,7 @@ typedef struct {
     npy_intp nbias;
     int typenum, several, simd, threads, pool_threads;
     int causal, bias, bias_shared, dropout, stream;
-    int window, segments, softcap;
+    int window, segments, softcap, alibi;
 } WorkKey;
 
 typedef struct {
@@ -222,6 +222,9 @@ struct Call {
     att_view dbias;                   /* the bias made C-contiguous: the
                                          layout of its gradient (p NULL) */
     ptrdiff_t *doffs;                 /* its offsets (owned) */
+    att_view gview[2];                /* alibi_slopes, sinks made
+                                         C-contiguous: their gradients */
+    ptrdiff_t *goffs[2];              /* their offsets (owned) */
     int bias_shared;                  /* the bias repeats over sequences */
     npy_intp sym[N_SYMS];
     int binder[N_SYMS];               /* argument that fixed it, or -1 */

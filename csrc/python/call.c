@@ -388,6 +388,7 @@ static ptrdiff_t work_size(Call *c)
     key.window = given(c, X_WINDOW);
     key.segments = given(c, X_CU_SEQLENS_Q);
     key.softcap = given(c, X_SOFTCAP);
+    key.alibi = given(c, X_ALIBI_SLOPES);
     key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
                                  : 0;
     key.simd = c->ex.simd;
@@ -600,6 +601,8 @@ done:
     }
     if (c.doffs != NULL || c.order != NULL || c.gstart != NULL) {
         PyMem_Free(c.doffs);
+        PyMem_Free(c.goffs[0]);
+        PyMem_Free(c.goffs[1]);
         PyMem_Free(c.order);
         PyMem_Free(c.gstart);
     }

@@ -141,6 +141,13 @@ static const ptrdiff_t *index_of(const Call *c, int id)
     return i >= 0 ? c->idx[i] : NULL;
 }
 
+/* The elements of array argument id as given (0: not given). */
+static ptrdiff_t size_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 && c->arr[i] != NULL ? PyArray_SIZE(c->arr[i]) : 0;
+}
+
 static att_fdims family_dims(const Call *c)
 {
     int score = c->fn->score, ib = c->fn->pos[X_BIAS];
@@ -160,7 +167,9 @@ static att_fdims family_dims(const Call *c)
         .window = given(c, X_WINDOW), .wleft = c->window[0],
         .wright = c->window[1],
         .nseg = given(c, X_CU_SEQLENS_Q) ? c->sym[S_N] - 1 : 0,
-        .softcap = given(c, X_SOFTCAP)};
+        .softcap = given(c, X_SOFTCAP), .alibi = given(c, X_ALIBI_SLOPES),
+        .sinks = given(c, X_SINKS), .nslopes = size_of(c, X_ALIBI_SLOPES),
+        .nsinks = size_of(c, X_SINKS)};
     return f;
 }
 
@@ -191,6 +200,15 @@ static att_view dbias_view(const Call *c)
     return v;
 }
 
+/* The gradient of alibi_slopes (g 0) or sinks (1), output id, laid out
+ * as the argument made C-contiguous (make_views), or nothing. */
+static att_view grad_view(const Call *c, int g, int id)
+{
+    att_view v = c->gview[g];
+    v.p = out_data(c, id);
+    return v;
+}
+
 /* The family's call for one type: its inputs and outputs by name. */
 #define FAMILY_CALL(R, SFX)                                                  \
     do {                                                                     \
@@ -213,13 +231,15 @@ static att_view dbias_view(const Call *c)
             .koff = view_of(c, X_KEYS).off, .voff = view_of(c, X_VALUES).off, \
             .krs = view_of(c, X_KEYS).rs, .vrs = view_of(c, X_VALUES).rs,    \
             .cu_q = IN(X_CU_SEQLENS_Q), .cu_k = IN(X_CU_SEQLENS_K),          \
-            .softcap = (R)softcap};                                          \
+            .softcap = (R)softcap, .alibi = view_of(c, X_ALIBI_SLOPES),      \
+            .sinks = view_of(c, X_SINKS)};                                   \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
             .dkproj = OUT(Y_DKEY_PROJ), .dvalues = OUT(Y_DVALUES),           \
             .dW = OUT(Y_DW), .dv = OUT(Y_DV), .db = OUT(Y_DB),               \
-            .dbias = dbias};                                                 \
+            .dbias = dbias, .dalibi = grad_view(c, 0, Y_DALIBI_SLOPES),      \
+            .dsinks = grad_view(c, 1, Y_DSINKS)};                            \
         return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
@@ -421,6 +441,12 @@ static int check_variants(Call *c)
                      q ? "cu_seqlens_k" : "cu_seqlens_q");
         return -1;
     }
+    if (given(c, X_SINKS) && is_backward(c->fn) && given(c, X_ALPHA)) {
+        PyErr_Format(PyExc_ValueError, "%s: sinks need out= and lse= of "
+                     "a forward with return_weights=False, not alpha (the "
+                     "sink's share is lost from alpha alone)", name);
+        return -1;
+    }
     if (q && (check_cu_seqlens(c, X_CU_SEQLENS_Q, c->sym[S_TQ]) < 0 ||
               check_cu_seqlens(c, X_CU_SEQLENS_K, c->sym[S_T]) < 0)) {
         return -1;
@@ -552,8 +578,18 @@ static int k_project_keys_backward(Call *c)
 #define CU_SEQLENS(i) {.id = i, .flags = F_OPT, .shape = "(N,)",           \
                        .hint = "(1-D: the starts of the packed segments, " \
                        "then the total; cu_seqlens_q and _k of one length)"}
+#define PER_SEQ(i, h) {.id = i, .flags = F_OPT | F_VIEW | F_FOLLOW,         \
+                       .shape = "(...)", .hint = h}
 #define VARIANTS {.id = X_WINDOW}, {.id = X_SOFTCAP},                       \
+    PER_SEQ(X_ALIBI_SLOPES, "(one slope per sequence: -slope |i' - t| "    \
+            "added to the scores)"),                                        \
+    PER_SEQ(X_SINKS, "(one logit per sequence, without a value)"),          \
     CU_SEQLENS(X_CU_SEQLENS_Q), CU_SEQLENS(X_CU_SEQLENS_K)
+/* their gradients, at the end of the named tuples */
+#define VARIANT_GRADS                                                        \
+    {.id = Y_DALIBI_SLOPES, .shape = "(...)", .like = X_ALIBI_SLOPES,        \
+     .when = X_ALIBI_SLOPES},                                                \
+    {.id = Y_DSINKS, .shape = "(...)", .like = X_SINKS, .when = X_SINKS}
 #define KEYS {.id = X_KEYS, .flags = F_LEADB, .shape = "(..., T, H)"}
 #define VALUES {.id = X_VALUES, .flags = F_OPT | F_LEADB,                    \
                 .shape = "(..., T, Hv)"}
@@ -673,7 +709,8 @@ FuncSpec funcs[] = {
      .args = {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_OPT, SAVED, FAMILY_MASK,
               ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES, SCALE,
               GRAD_ALPHA_Q, VARIANTS}, .nreq = 3, .npos = 4,
-     .outs = {FAMILY_GRADS("H"), DBIAS}, FAMILY(ATT_SCORE_DOT)},
+     .outs = {FAMILY_GRADS("H"), DBIAS, VARIANT_GRADS},
+     FAMILY(ATT_SCORE_DOT)},
     {.name = "general_attention",
      .args = {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK, ATTN_MASK, CAUSAL,
               BIAS, DROPOUT, SEED, VALUES, KPROJ("Hq"),
@@ -682,10 +719,10 @@ FuncSpec funcs[] = {
     {.name = "general_attention_backward",
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_OPT, SAVED,
               FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES,
-              GRAD_ALPHA_Q, KPROJ("Hq"),
-              FLAG(X_STOP_AT_KEY_PROJ), VARIANTS}, .nreq = 4, .npos = 5,
+              GRAD_ALPHA_Q, KPROJ("Hq"), VARIANTS,
+              FLAG(X_STOP_AT_KEY_PROJ)}, .nreq = 4, .npos = 5,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"), DBIAS,
-              {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
+              VARIANT_GRADS, {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
                .when = X_STOP_AT_KEY_PROJ, .drop = 1}},
      FAMILY(ATT_SCORE_GENERAL)},
     {.name = "project_keys",
