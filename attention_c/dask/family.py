@@ -442,11 +442,11 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
-        stop_at_key_proj: Literal[False] = False,
         window: tuple[int | None, int | None] | None = None,
         softcap: float | None = None, alibi_slopes: _Input | None = None,
         sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
-        cu_seqlens_k: _Input | None = None
+        cu_seqlens_k: _Input | None = None,
+        stop_at_key_proj: Literal[False] = False
 ) -> GeneralAttentionGrads: ...
 
 
@@ -459,11 +459,11 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
-        stop_at_key_proj: Literal[True],
         window: tuple[int | None, int | None] | None = None,
         softcap: float | None = None, alibi_slopes: _Input | None = None,
         sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
-        cu_seqlens_k: _Input | None = None
+        cu_seqlens_k: _Input | None = None,
+        stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
 
 
@@ -476,11 +476,11 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
-        stop_at_key_proj: bool = ...,
         window: tuple[int | None, int | None] | None = None,
         softcap: float | None = None, alibi_slopes: _Input | None = None,
         sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
-        cu_seqlens_k: _Input | None = None
+        cu_seqlens_k: _Input | None = None,
+        stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
 
 
@@ -493,11 +493,11 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
-        stop_at_key_proj: bool = False,
         window: tuple[int | None, int | None] | None = None,
         softcap: float | None = None, alibi_slopes: _Input | None = None,
         sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
-        cu_seqlens_k: _Input | None = None
+        cu_seqlens_k: _Input | None = None,
+        stop_at_key_proj: bool = False
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]:
     """:func:`attention_c.general_attention_backward` chunk by chunk.
 
@@ -513,11 +513,11 @@ key_proj
         From a ``return_weights=False`` forward.
     grad_alpha : dask.array.Array or array_like, optional
         Only with ``alpha``.
-    stop_at_key_proj : bool, optional
-        With ``key_proj``: also return ``grad_key_proj``, as in memory.
     window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
         As given to :func:`general_attention` (with ``sinks``: ``out=``
         and ``lse=``, not ``alpha``).
+    stop_at_key_proj : bool, optional
+        With ``key_proj``: also return ``grad_key_proj``, as in memory.
 
     Returns
     -------
