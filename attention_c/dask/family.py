@@ -3,7 +3,7 @@ scores, and the keys' projection."""
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import dask.array as da
 import numpy as np
@@ -49,8 +49,7 @@ def _variants(window: tuple[int | None, int | None] | None,
               softcap: float | None, alibi_slopes: _Input | None,
               sinks: _Input | None, cu_seqlens_q: _Input | None,
               cu_seqlens_k: _Input | None
-              ) -> tuple[dict[str, _Input], dict[str, _Input],
-                         dict[str, object]]:
+              ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The variants (docs/contract.md section 8) as the batched arguments
     (the slopes and sinks, one value per sequence, split like the batch),
     the shared ones (the packed sequences' offsets, whole in every chunk)
