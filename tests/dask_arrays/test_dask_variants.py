@@ -125,8 +125,11 @@ def test_against_reference(variant, dtype):
     pos, kw = problem("dot", variant, dtype)
     dpos, dkw = chunked(pos, kw, "dot")
     out, lse = acd.dot_attention(*dpos, **dkw, return_weights=False)
-    f64 = lambda x: x if not isinstance(x, np.ndarray) or x.dtype.kind == "i" \
-        else x.astype(np.float64)               # noqa: E731
+    def f64(x):
+        if not isinstance(x, np.ndarray) or x.dtype.kind == "i":
+            return x
+        return x.astype(np.float64)
+
     want, _ = ref.dot_attention(*map(f64, pos), return_weights=False,
                                 **{n: f64(x) for n, x in kw.items()})
     tol = 1e-10 if dtype == np.float64 else TOL[np.float32]

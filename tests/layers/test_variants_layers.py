@@ -231,7 +231,9 @@ def mha_reference(layer, x, kw, sinks=None, slopes=None):
     W, b = layer.in_proj_weight, layer.in_proj_bias
     q, k, v = (x @ W[r * E:(r + 1) * E].T + b[r * E:(r + 1) * E]
                for r in range(3))
-    split = lambda p: p.reshape(p.shape[:-1] + (HEADS, d)).swapaxes(-2, -3)  # noqa: E731
+    def split(p):
+        return p.reshape(p.shape[:-1] + (HEADS, d)).swapaxes(-2, -3)
+
     o, _ = ref.dot_attention(split(q), split(k), values=split(v),
                              sinks=sinks, alibi_slopes=slopes, **kw)
     o = o.swapaxes(-2, -3).reshape(x.shape)
