@@ -667,9 +667,11 @@ _FORWARD_DOCS = dict(
             kernel; :attr:`attention_weights` is None) and keep the output
             and the log-sum-exp of the scores instead.""",
     variants="""window : (left, right), optional
-            Key t visible to query i iff ``i' - left <= t <= i' + right``
-            (``i' = i + (T - Tq)``; None: that side unbounded; with
-            ``causal``, right is 0).  Several queries only.
+            Today's variants (docs/contract.md section 8), from here to
+            ``cu_seqlens_k``.  Key t visible to query i iff ``i' - left <=
+            t <= i' + right`` (``i' = i + (T - Tq)``; None: that side
+            unbounded; with ``causal``, right is 0).  Several queries
+            only.
         softcap : float > 0, optional
             The score s becomes ``softcap * tanh(s / softcap)`` (before
             bias and ALiBi), as Gemma 2.
@@ -686,8 +688,7 @@ _FORWARD_DOCS = dict(
             Packed sequences: the Tq (resp. T) axis holds n sequences
             back to back, starting at these offsets; a query sees only
             its own sequence's keys, positions counted within it.  Both
-            or neither; several queries only.
-        (docs/contract.md section 8.)""")
+            or neither; several queries only.""")
 for _cls in (AdditiveAttention, DotAttention, GeneralAttention):
     _cls.__call__.__doc__ = (_cls.__call__.__doc__ or "") % _FORWARD_DOCS
 del _cls

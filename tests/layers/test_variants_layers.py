@@ -324,3 +324,20 @@ def test_multihead_options():
         ac.MultiHeadAttention(E, HEADS, alibi_slopes=np.ones(2))
     with pytest.raises(ValueError, match="window"):
         layer(np.zeros((1, 4, E)), window=(-1, 0))
+
+
+@pytest.mark.parametrize("options", [
+    {}, pytest.param({"sinks": True}, marks=needs_alibi_sinks),
+    pytest.param({"alibi_slopes": [0.5, 0.25, 0.125]},
+                 marks=needs_alibi_sinks)])
+def test_multihead_cache_decoding_with_a_window(options):
+    """Decoding one token at a time with a KVCache, a window and the
+    layer's sinks or slopes (positions bottom-right: the new query is the
+    last position) gives the full causal call's outputs."""
+    layer = make_mha(options, seed=4)
+    x = np.random.default_rng(5).standard_normal((2, 7, E))
+    kw = {"window": (2, 0), "softcap": 3.0}
+    full = layer(x, causal=True, **kw)
+    cache = ac.KVCache(max_len=7)
+    steps = [layer(x[:, t:t + 1], cache=cache, **kw) for t in range(7)]
+    assert rel_err(np.concatenate(steps, axis=1), full) <= 1e-12
