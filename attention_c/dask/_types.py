@@ -34,6 +34,8 @@ if TYPE_CHECKING:
         keys: da.Array
         values: da.Array | None
         bias: da.Array | None
+        alibi_slopes: da.Array | None
+        sinks: da.Array | None
 
     class GeneralAttentionGrads(NamedTuple):
         query: da.Array
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
         values: da.Array | None
         W: da.Array
         bias: da.Array | None
+        alibi_slopes: da.Array | None
+        sinks: da.Array | None
 else:
     from attention_c import (AdditiveAttentionGrads, AttentionGrads,
                              DotAttentionGrads, GeneralAttentionGrads)

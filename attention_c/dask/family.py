@@ -3,7 +3,7 @@ scores, and the keys' projection."""
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import dask.array as da
 import numpy as np
@@ -28,7 +28,41 @@ def _family_cores(query: _Input, keys: _Input) -> dict[str, int]:
     q = 1 if single else 2
     return {"query": q, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
             "attn_mask": 2, "bias": q, "alpha": q, "grad_alpha": q,
-            "out": q, "grad_out": q, "lse": q - 1}
+            "out": q, "grad_out": q, "lse": q - 1,
+            # one value per sequence: every axis is a batch axis
+            "alibi_slopes": 0, "sinks": 0}
+
+
+# Where each field of a gradient tuple is laid out (see _graph._apply):
+# like the input it is the gradient of (summed over the chunks along which
+# that input is shared), or, for a parameter, summed over every chunk.
+_FOLLOWS = {"query": "query", "keys": "keys", "values": "values",
+            "bias": "bias", "alibi_slopes": "alibi_slopes",
+            "sinks": "sinks", "key_proj": "key_proj"}
+
+
+def _follows(fields: tuple[str, ...]) -> tuple[str | None, ...]:
+    return tuple(_FOLLOWS.get(f) for f in fields)
+
+
+def _variants(window: tuple[int | None, int | None] | None,
+              softcap: float | None, alibi_slopes: _Input | None,
+              sinks: _Input | None, cu_seqlens_q: _Input | None,
+              cu_seqlens_k: _Input | None
+              ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The variants (docs/contract.md section 8) as the batched arguments
+    (the slopes and sinks, one value per sequence, split like the batch),
+    the shared ones (the packed sequences' offsets, whole in every chunk)
+    and the literals, each only when given (so that a call without them
+    is the call of before)."""
+    data = {n: x for n, x in (("alibi_slopes", alibi_slopes),
+                              ("sinks", sinks)) if x is not None}
+    shared = {n: x for n, x in (("cu_seqlens_q", cu_seqlens_q),
+                                ("cu_seqlens_k", cu_seqlens_k))
+              if x is not None}
+    literals = {n: x for n, x in (("window", window), ("softcap", softcap))
+                if x is not None}
+    return data, shared, literals
 
 
 def _ndim(x: _Input) -> int:
@@ -184,7 +218,13 @@ def dot_attention(query: _Input, keys: _Input, *,
                   attn_mask: _Input | None = None, causal: bool = False,
                   bias: _Input | None = None, dropout: float = 0.0,
                   seed: int | None = None, values: _Input | None = None,
-                  scale: float | None = None, return_weights: bool = True
+                  scale: float | None = None, return_weights: bool = True,
+                  window: tuple[int | None, int | None] | None = None,
+                  softcap: float | None = None,
+                  alibi_slopes: _Input | None = None,
+                  sinks: _Input | None = None,
+                  cu_seqlens_q: _Input | None = None,
+                  cu_seqlens_k: _Input | None = None
                   ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.dot_attention` chunk by chunk of the batch.
 
@@ -218,6 +258,14 @@ def dot_attention(query: _Input, keys: _Input, *,
         Default ``1/sqrt(H)``.
     return_weights : bool, optional
         False: return ``(out, lse)`` instead of ``(out, alpha)``.
+    window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
+        The variants of docs/contract.md section 8, as in memory.
+        ``alibi_slopes`` and ``sinks`` (one value per sequence, dask or
+        NumPy arrays) are split like the batch along the batch axes they
+        have and given whole along those they broadcast on.  The packed
+        sequences' offsets go whole to every chunk; the Tq and T axes are
+        never split (a chunked one is rechunked whole, with a
+        ``PerformanceWarning``), so no sequence is ever cut.
 
     Returns
     -------
@@ -237,12 +285,14 @@ def dot_attention(query: _Input, keys: _Input, *,
     >>> lse.shape
     (8, 6)
     """
+    vdata, vshared, vlit = _variants(window, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
     out, w = _apply(
         _ac.dot_attention, "keys",
         {"query": query, "keys": keys, "mask": mask, "attn_mask": attn_mask,
-         "bias": bias, "values": values}, {},
+         "bias": bias, "values": values, **vdata}, vshared,
         {"causal": causal, "dropout": dropout, "seed": seed, "scale": scale,
-         "return_weights": return_weights},
+         "return_weights": return_weights, **vlit},
         ("out", "alpha" if return_weights else "lse"), ("", ""),
         _family_cores(query, keys))
     return out, w
@@ -259,7 +309,14 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
                            dropout: float = 0.0, seed: int | None = None,
                            values: _Input | None = None,
                            scale: float | None = None,
-                           grad_alpha: _Input | None = None
+                           grad_alpha: _Input | None = None,
+                           window: tuple[int | None, int | None] | None
+                           = None,
+                           softcap: float | None = None,
+                           alibi_slopes: _Input | None = None,
+                           sinks: _Input | None = None,
+                           cu_seqlens_q: _Input | None = None,
+                           cu_seqlens_k: _Input | None = None
                            ) -> DotAttentionGrads:
     """:func:`attention_c.dot_attention_backward` chunk by chunk.
 
@@ -274,14 +331,17 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
         From a ``return_weights=False`` forward.
     grad_alpha : dask.array.Array or array_like, optional
         Only with ``alpha``.
+    window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
+        As given to :func:`dot_attention` (with ``sinks``: ``out=`` and
+        ``lse=``, not ``alpha``).
 
     Returns
     -------
     DotAttentionGrads
         ``query``, ``keys``, ``values`` (None when not given), chunked
-        like the batch; ``bias`` (None without a bias) of the bias's
-        shape, summed over the chunks along which it is shared by a tree
-        of fixed shape.
+        like the batch; ``bias``, ``alibi_slopes`` and ``sinks`` (None
+        when not given) of the shape given, summed over the chunks along
+        which it is shared by a tree of fixed shape.
 
     Examples
     --------
@@ -295,13 +355,17 @@ def dot_attention_backward(grad_out: _Input, query: _Input, keys: _Input,
     >>> g.keys.chunks[0], g.values, g.bias.shape, g.bias.numblocks
     ((2, 2, 2, 2), None, (6, 6), (1, 1))
     """
+    vdata, vshared, vlit = _variants(window, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
     return DotAttentionGrads(*_apply(
         _ac.dot_attention_backward, "keys",
         {"grad_out": grad_out, "query": query, "keys": keys, "alpha": alpha,
          "out": out, "lse": lse, "mask": mask, "attn_mask": attn_mask,
-         "bias": bias, "values": values, "grad_alpha": grad_alpha}, {},
-        {"causal": causal, "dropout": dropout, "seed": seed, "scale": scale},
-        DotAttentionGrads._fields, ("query", "keys", "values", "bias"),
+         "bias": bias, "values": values, "grad_alpha": grad_alpha,
+         **vdata}, vshared,
+        {"causal": causal, "dropout": dropout, "seed": seed, "scale": scale,
+         **vlit},
+        DotAttentionGrads._fields, _follows(DotAttentionGrads._fields),
         _family_cores(query, keys)))
 
 
@@ -312,7 +376,13 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
                       bias: _Input | None = None, dropout: float = 0.0,
                       seed: int | None = None, values: _Input | None = None,
                       key_proj: _Input | None = None,
-                      return_weights: bool = True
+                      return_weights: bool = True,
+                      window: tuple[int | None, int | None] | None = None,
+                      softcap: float | None = None,
+                      alibi_slopes: _Input | None = None,
+                      sinks: _Input | None = None,
+                      cu_seqlens_q: _Input | None = None,
+                      cu_seqlens_k: _Input | None = None
                       ) -> tuple[da.Array, da.Array]:
     """:func:`attention_c.general_attention` chunk by chunk of the batch.
 
@@ -326,6 +396,8 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
         As in :func:`dot_attention` (``dropout > 0``: one chunk).
     values : dask.array.Array or array_like (B, ..., T, Hv), optional
     key_proj : dask.array.Array or array_like (B, ..., T, Hq), optional
+    window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
+        As in :func:`dot_attention`.
 
     Returns
     -------
@@ -346,12 +418,15 @@ def general_attention(query: _Input, keys: _Input, W: _Input, *,
     >>> out.shape, alpha.numblocks
     ((6, 2, 4), (2, 1, 1))
     """
+    vdata, vshared, vlit = _variants(window, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
     out, w = _apply(
         _ac.general_attention, "keys",
         {"query": query, "keys": keys, "mask": mask, "attn_mask": attn_mask,
-         "bias": bias, "values": values, "key_proj": key_proj}, {"W": W},
+         "bias": bias, "values": values, "key_proj": key_proj, **vdata},
+        {"W": W, **vshared},
         {"causal": causal, "dropout": dropout, "seed": seed,
-         "return_weights": return_weights},
+         "return_weights": return_weights, **vlit},
         ("out", "alpha" if return_weights else "lse"), ("", ""),
         _family_cores(query, keys))
     return out, w
@@ -366,6 +441,10 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float | None = None, alibi_slopes: _Input | None = None,
+        sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
+        cu_seqlens_k: _Input | None = None,
         stop_at_key_proj: Literal[False] = False
 ) -> GeneralAttentionGrads: ...
 
@@ -379,6 +458,10 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float | None = None, alibi_slopes: _Input | None = None,
+        sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
+        cu_seqlens_k: _Input | None = None,
         stop_at_key_proj: Literal[True]
 ) -> tuple[GeneralAttentionGrads, da.Array]: ...
 
@@ -392,6 +475,10 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float | None = None, alibi_slopes: _Input | None = None,
+        sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
+        cu_seqlens_k: _Input | None = None,
         stop_at_key_proj: bool = ...
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]: ...
 
@@ -405,6 +492,10 @@ def general_attention_backward(
         bias: _Input | None = None, dropout: float = 0.0,
         seed: int | None = None, values: _Input | None = None,
         grad_alpha: _Input | None = None, key_proj: _Input | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float | None = None, alibi_slopes: _Input | None = None,
+        sinks: _Input | None = None, cu_seqlens_q: _Input | None = None,
+        cu_seqlens_k: _Input | None = None,
         stop_at_key_proj: bool = False
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, da.Array]:
     """:func:`attention_c.general_attention_backward` chunk by chunk.
@@ -421,6 +512,9 @@ key_proj
         From a ``return_weights=False`` forward.
     grad_alpha : dask.array.Array or array_like, optional
         Only with ``alpha``.
+    window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
+        As given to :func:`general_attention` (with ``sinks``: ``out=``
+        and ``lse=``, not ``alpha``).
     stop_at_key_proj : bool, optional
         With ``key_proj``: also return ``grad_key_proj``, as in memory.
 
@@ -428,9 +522,10 @@ key_proj
     -------
     GeneralAttentionGrads
         ``query``, ``keys``, ``values`` chunked like the batch; ``W``
-        summed over the chunks by a tree of fixed shape; ``bias`` (None
-        without a bias) of the bias's shape, summed over the chunks along
-        which it is shared by the same tree.
+        summed over the chunks by a tree of fixed shape; ``bias``,
+        ``alibi_slopes`` and ``sinks`` (None when not given) of the shape
+        given, summed over the chunks along which it is shared by the
+        same tree.
     grad_key_proj : dask.array.Array (B, ..., T, Hq)
         Only with ``stop_at_key_proj=True``.
 
@@ -447,20 +542,24 @@ key_proj
     >>> g.W.compute().shape, g.bias
     ((3, 4), None)
     """
+    vdata, vshared, vlit = _variants(window, softcap, alibi_slopes, sinks,
+                                     cu_seqlens_q, cu_seqlens_k)
+    fields = GeneralAttentionGrads._fields
     outs = _apply(_ac.general_attention_backward, "keys",
                   {"grad_out": grad_out, "query": query, "keys": keys,
                    "alpha": alpha, "out": out, "lse": lse, "mask": mask,
                    "attn_mask": attn_mask, "bias": bias, "values": values,
-                   "grad_alpha": grad_alpha, "key_proj": key_proj},
-                  {"W": W},
+                   "grad_alpha": grad_alpha, "key_proj": key_proj, **vdata},
+                  {"W": W, **vshared},
                   {"causal": causal, "dropout": dropout, "seed": seed,
-                   "stop_at_key_proj": stop_at_key_proj},
-                  (*GeneralAttentionGrads._fields, "grad_key_proj"),
-                  ("query", "keys", "values", None, "bias", "key_proj"),
+                   "stop_at_key_proj": stop_at_key_proj, **vlit},
+                  (*fields, "grad_key_proj"),
+                  (*_follows(fields), "key_proj"),
                   _family_cores(query, keys))
-    grads = GeneralAttentionGrads(*outs[:5])
-    if len(outs) > 5:
-        return grads, outs[5]
+    n = len(fields)
+    grads = GeneralAttentionGrads(*outs[:n])
+    if len(outs) > n:
+        return grads, outs[n]
     return grads
 
 

@@ -38,6 +38,11 @@ class AttentionInputGrads(NamedTuple):
         None when the call had no ``bias`` (always for
         :class:`AdditiveAttention`); summed over the axes along which the
         bias was broadcast.
+    alibi_slopes, sinks : ndarray or None
+        The gradients of the call's ``alibi_slopes`` and ``sinks`` (of
+        their shapes, summed over the axes along which they were
+        broadcast), None when the call had none (docs/contract.md
+        section 8).
 
     Examples
     --------
@@ -56,6 +61,13 @@ class AttentionInputGrads(NamedTuple):
     keys: Array
     values: Array | None
     bias: Array | None = None
+    alibi_slopes: Array | None = None
+    sinks: Array | None = None
+
+
+# The arguments of the forward that are float arrays (cast to the layer's
+# dtype); cu_seqlens_q/k stay integers.
+_FLOAT_OPTIONS = ("values", "key_proj", "bias", "alibi_slopes", "sinks")
 
 
 class _Attention(_Layer):
@@ -108,7 +120,7 @@ class _Attention(_Layer):
                  return_weights: bool = True, **options: Any) -> Array:
         q, k = self._cast(query), self._cast(keys)
         kw: dict[str, Any] = {
-            n: self._cast(x) if n in ("values", "key_proj", "bias") else x
+            n: self._cast(x) if n in _FLOAT_OPTIONS else x
             for n, x in options.items()
             if x is not None and x is not False}
         if self.training and self.dropout > 0:
@@ -121,6 +133,13 @@ class _Attention(_Layer):
             out, alpha = type(self)._function(q, k, *self._weights(), **kw,
                                               **self._options())
             saved = {"alpha": alpha}
+            if "sinks" in kw:
+                # The backward with sinks runs from out and lse (alpha
+                # alone loses the sink's share): the streamed forward too.
+                out2, lse = type(self)._function(
+                    q, k, *self._weights(), **kw, **self._options(),
+                    return_weights=False)
+                saved = {"out": out2, "lse": lse}
         else:
             out, lse = type(self)._function(q, k, *self._weights(), **kw,
                                             **self._options(),
@@ -155,11 +174,18 @@ optional
         Returns
         -------
         AttentionInputGrads
-            Named tuple ``(query, keys, values, bias)``; ``values`` is None
-            when the call had no values (``keys`` then includes their
-            gradient), ``bias`` when it had no bias.  Masked keys get 0.
+            Named tuple ``(query, keys, values, bias, alibi_slopes,
+            sinks)``; ``values`` is None when the call had no values
+            (``keys`` then includes their gradient), ``bias``,
+            ``alibi_slopes`` and ``sinks`` when it had none of them.
+            Masked keys get 0.
         """
         q, k, kw, saved = _last_call(self._cache)
+        if grad_alpha is not None and "sinks" in kw:
+            raise ValueError(
+                "grad_alpha is not accepted after a call with sinks: its "
+                "backward runs from the output and the log-sum-exp, not "
+                "from the weights")
         if grad_alpha is not None and "alpha" not in saved:
             raise ValueError(
                 "grad_alpha needs the weights, which the last call did not "
@@ -174,7 +200,9 @@ optional
             **opt, **self._options())
         self._store_grads(g)
         return AttentionInputGrads(g.query, g.keys, g.values,
-                                   getattr(g, "bias", None))
+                                   getattr(g, "bias", None),
+                                   getattr(g, "alibi_slopes", None),
+                                   getattr(g, "sinks", None))
 
 
 class AdditiveAttention(_Attention):
@@ -426,7 +454,13 @@ class DotAttention(_Attention):
                  mask: npt.ArrayLike | None = None,
                  attn_mask: npt.ArrayLike | None = None,
                  causal: bool = False, bias: npt.ArrayLike | None = None,
-                 return_weights: bool = True) -> Array:
+                 return_weights: bool = True,
+                 window: tuple[int | None, int | None] | None = None,
+                 softcap: float | None = None,
+                 alibi_slopes: npt.ArrayLike | None = None,
+                 sinks: npt.ArrayLike | None = None,
+                 cu_seqlens_q: npt.ArrayLike | None = None,
+                 cu_seqlens_k: npt.ArrayLike | None = None) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
 
         Parameters
@@ -440,6 +474,7 @@ class DotAttention(_Attention):
         %(masks)s
         %(bias)s
         %(return_weights)s
+        %(variants)s
 
         Returns
         -------
@@ -447,7 +482,10 @@ class DotAttention(_Attention):
         """
         return self._forward(query, keys, return_weights, values=values,
                              mask=mask, attn_mask=attn_mask, causal=causal,
-                             bias=bias)
+                             bias=bias, window=window, softcap=softcap,
+                             alibi_slopes=alibi_slopes, sinks=sinks,
+                             cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k)
 
     _function = staticmethod(dot_attention)
     _function_backward = staticmethod(dot_attention_backward)
@@ -560,7 +598,13 @@ class GeneralAttention(_Attention):
                  attn_mask: npt.ArrayLike | None = None,
                  causal: bool = False, bias: npt.ArrayLike | None = None,
                  key_proj: npt.ArrayLike | None = None,
-                 return_weights: bool = True) -> Array:
+                 return_weights: bool = True,
+                 window: tuple[int | None, int | None] | None = None,
+                 softcap: float | None = None,
+                 alibi_slopes: npt.ArrayLike | None = None,
+                 sinks: npt.ArrayLike | None = None,
+                 cu_seqlens_q: npt.ArrayLike | None = None,
+                 cu_seqlens_k: npt.ArrayLike | None = None) -> Array:
         """Forward pass; keeps what :meth:`backward` needs.
 
         Parameters
@@ -579,6 +623,7 @@ class GeneralAttention(_Attention):
             again (e.g. once per step of a decoder).  The results, and the
             gradients of :meth:`backward`, are the same.
         %(return_weights)s
+        %(variants)s
 
         Returns
         -------
@@ -586,7 +631,10 @@ class GeneralAttention(_Attention):
         """
         return self._forward(query, keys, return_weights, values=values,
                              mask=mask, attn_mask=attn_mask, causal=causal,
-                             bias=bias, key_proj=key_proj)
+                             bias=bias, key_proj=key_proj, window=window,
+                             softcap=softcap, alibi_slopes=alibi_slopes,
+                             sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k)
 
     _function = staticmethod(general_attention)
     _function_backward = staticmethod(general_attention_backward)
@@ -617,7 +665,30 @@ _FORWARD_DOCS = dict(
             True (default): keep the weights in :attr:`attention_weights`
             for the backward.  False: never form them (the streaming
             kernel; :attr:`attention_weights` is None) and keep the output
-            and the log-sum-exp of the scores instead.""")
+            and the log-sum-exp of the scores instead.""",
+    variants="""window : (left, right), optional
+            Today's variants (docs/contract.md section 8), from here to
+            ``cu_seqlens_k``.  Key t visible to query i iff ``i' - left <=
+            t <= i' + right`` (``i' = i + (T - Tq)``; None: that side
+            unbounded; with ``causal``, right is 0).  Several queries
+            only.
+        softcap : float > 0, optional
+            The score s becomes ``softcap * tanh(s / softcap)`` (before
+            bias and ALiBi), as Gemma 2.
+        alibi_slopes : array_like, optional
+            One slope m per sequence (and head), broadcastable to the
+            output's leading axes: ``-m |i' - t|`` is added to the scores.
+            :meth:`backward` returns its gradient.
+        sinks : array_like, optional
+            One extra logit per sequence (and head), same shape rules: it
+            takes a share of every query's softmax and gives no value, so
+            the weights over the keys sum to less than 1 (gpt-oss).
+            :meth:`backward` returns its gradient.
+        cu_seqlens_q, cu_seqlens_k : array_like of int (n + 1,), optional
+            Packed sequences: the Tq (resp. T) axis holds n sequences
+            back to back, starting at these offsets; a query sees only
+            its own sequence's keys, positions counted within it.  Both
+            or neither; several queries only.""")
 for _cls in (AdditiveAttention, DotAttention, GeneralAttention):
     _cls.__call__.__doc__ = (_cls.__call__.__doc__ or "") % _FORWARD_DOCS
 del _cls

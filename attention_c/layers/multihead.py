@@ -250,6 +250,16 @@ class MultiHeadAttention:
     dtype : dtype, optional
         float32 or float64 (default float64): the dtype of the parameters,
         of the computation and of every result.  Inputs are converted.
+    sinks : bool, optional
+        Give every head a learned sink (gpt-oss): one extra logit per
+        head in each query's softmax, with no value, so a head can put
+        weight nowhere.  The parameter :attr:`sinks` (h,), initialised to
+        0, is then in :meth:`parameters` and :meth:`grads`.  Default
+        False.
+    alibi_slopes : array_like (h,), optional
+        ALiBi: ``-m_head |i' - t|`` added to the scores of each head,
+        fixed (not trained), e.g. Press et al.'s ``2.0 ** (-8 * np.arange(1,
+        h + 1) / h)``.  Default None.
 
     Attributes
     ----------
@@ -262,6 +272,10 @@ class MultiHeadAttention:
     out_proj_bias : ndarray (E,) or None
         The names of PyTorch's ``state_dict`` with ``out_proj.weight`` and
         ``out_proj.bias`` spelt with an underscore.
+    sinks : ndarray (h,) or None
+        The heads' sink logits (``sinks=True``), a parameter.
+    alibi_slopes : ndarray (h,) or None
+        The heads' fixed ALiBi slopes.
     attention_weights : ndarray (..., h, Tq, S) or None
         The per-head weights of the last call (before dropout), None after
         a call with ``return_weights=False``.
@@ -297,7 +311,8 @@ class MultiHeadAttention:
                  kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0,
                  seed: int | np.random.Generator | None = 0,
-                 dtype: npt.DTypeLike = np.float64) -> None:
+                 dtype: npt.DTypeLike = np.float64, sinks: bool = False,
+                 alibi_slopes: npt.ArrayLike | None = None) -> None:
         self.dtype: np.dtype[Any] = _float_dtype(dtype)
         E, h = int(embed_dim), int(num_heads)
         kdim = E if kdim is None else int(kdim)
@@ -340,7 +355,18 @@ class MultiHeadAttention:
         self.out_proj_bias: Array | None = (
             np.zeros(E, self.dtype) if bias else None)
         self._param_names += ("in_proj_bias", "out_proj_weight",
-                              "out_proj_bias")
+                              "out_proj_bias", "sinks")
+        # Drawn after every other weight: a layer with sinks has the same
+        # initial weights as one without.
+        self.sinks: Array | None = (np.zeros(h, self.dtype) if sinks
+                                    else None)
+        self.alibi_slopes: Array | None = None
+        if alibi_slopes is not None:
+            slopes = _check_array(alibi_slopes, "alibi_slopes")
+            if slopes.shape != (h,):
+                raise ValueError(f"alibi_slopes has shape {slopes.shape}; "
+                                 f"expected ({h},), one slope per head")
+            self.alibi_slopes = slopes.astype(self.dtype)
         self.attention_weights: Array | None = None
         self._grads: dict[str, Array] = {}
         self._saved: dict[str, Any] | None = None
@@ -408,6 +434,10 @@ class MultiHeadAttention:
         extra = "" if self._packed else (f", kdim={self.kdim}, "
                                          f"vdim={self.vdim}")
         drop = f", dropout={self.dropout}" if self.dropout else ""
+        if self.sinks is not None:
+            drop += ", sinks=True"
+        if self.alibi_slopes is not None:
+            drop += f", alibi_slopes={self.alibi_slopes.tolist()}"
         return (f"MultiHeadAttention({self.embed_dim}, {self.num_heads}"
                 f"{extra}, bias={self.in_proj_bias is not None}{drop}, "
                 f"dtype={self.dtype.name})")
@@ -562,7 +592,11 @@ class MultiHeadAttention:
                  attn_mask: npt.ArrayLike | None = None,
                  causal: bool = False, return_weights: bool = False,
                  average_weights: bool = True,
-                 cache: KVCache | None = None) -> Any:
+                 cache: KVCache | None = None,
+                 window: tuple[int | None, int | None] | None = None,
+                 softcap: float | None = None,
+                 cu_seqlens_q: npt.ArrayLike | None = None,
+                 cu_seqlens_k: npt.ArrayLike | None = None) -> Any:
         """Forward pass; keeps what :meth:`backward` needs.
 
         Parameters
@@ -595,6 +629,17 @@ class MultiHeadAttention:
             and the query attends to every cached position.  A static
             cache keeps the first call's keys and values.  No
             :meth:`backward` after such a call.
+        window : (left, right), optional
+            Sliding window: key t visible to query i iff ``i' - left <= t
+            <= i' + right`` (``i' = i + (S - Tq)``; None: that side
+            unbounded; with ``causal``, right is 0), e.g. ``(4095, 0)``
+            for Mistral's 4096 keys.
+        softcap : float > 0, optional
+            The scores s become ``softcap * tanh(s / softcap)`` (Gemma 2).
+        cu_seqlens_q, cu_seqlens_k : array_like of int (n + 1,), optional
+            Packed sequences along the Tq (resp. S) axis: a query sees
+            only the keys of its own sequence, positions counted within
+            it (docs/contract.md section 8).  Both or neither.
 
         Returns
         -------
@@ -633,6 +678,11 @@ class MultiHeadAttention:
         q, k, v = (x[(None,) * (len(lead) + 3 - x.ndim)] for x in (q, k, v))
         heads = {0: q, 1: k, 2: v}
         kw: dict[str, Any] = {"values": v, "causal": causal}
+        variants = {"window": window, "softcap": softcap,
+                    "cu_seqlens_q": cu_seqlens_q,
+                    "cu_seqlens_k": cu_seqlens_k,
+                    "alibi_slopes": self.alibi_slopes, "sinks": self.sinks}
+        kw.update({n: x for n, x in variants.items() if x is not None})
         if m is not None:
             kw["mask"] = m
         if am is not None:
@@ -645,6 +695,11 @@ class MultiHeadAttention:
         if return_weights:
             o, alpha = dot_attention(q, k, **kw)
             saved = {"alpha": alpha}
+            if self.sinks is not None and cache is None:
+                # The backward with sinks runs from out and lse (alpha
+                # alone loses the sink's share): the streamed forward too.
+                o_s, lse = dot_attention(q, k, **kw, return_weights=False)
+                saved = {"out": o_s, "lse": lse}
         else:
             o, lse = dot_attention(q, k, **kw, return_weights=False)
             saved = {"out": o, "lse": lse}
@@ -757,6 +812,8 @@ class MultiHeadAttention:
                 grads[name] = dW[r]
         if self.in_proj_bias is not None:
             grads["in_proj_bias"] = np.concatenate([db[0], db[1], db[2]])
+        if self.sinks is not None:
+            grads["sinks"] = dg.sinks
         self._grads = grads
         dq = dx[0]
         assert dq is not None

@@ -35,7 +35,7 @@ ROOT = Path(attention_c.__file__).resolve().parent.parent
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
          "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb",
-         "06_transformer.ipynb"]
+         "06_transformer.ipynb", "07_today.ipynb"]
 
 # Notebooks that train a PyTorch model: skipped (not failed) where torch is
 # not installed, as the other PyTorch tests are.

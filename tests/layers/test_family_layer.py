@@ -173,12 +173,15 @@ def positional(f):
             if p.kind is not p.KEYWORD_ONLY]
 
 
+# today's variants (docs/contract.md section 8), last
+VARIANT_KEYWORDS = ["window", "softcap", "alibi_slopes", "sinks",
+                    "cu_seqlens_q", "cu_seqlens_k"]
 KEYWORDS = {
     "additive": ["values", "mask", "attn_mask", "causal", "key_proj"],
     "dot": ["values", "mask", "attn_mask", "causal", "bias",
-            "return_weights"],
+            "return_weights", *VARIANT_KEYWORDS],
     "general": ["values", "mask", "attn_mask", "causal", "bias", "key_proj",
-                "return_weights"]}
+                "return_weights", *VARIANT_KEYWORDS]}
 
 
 @pytest.mark.parametrize("kind", KINDS)
