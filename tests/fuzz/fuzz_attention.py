@@ -4,7 +4,8 @@ Every input picks one of the public functions (the context-pooled layer,
 its building blocks, and the attention family: additive, dot and general
 attention, project_keys, and their backwards, with the arguments of
 docs/contract.md section 5: key mask and per-query attn_mask (broadcast
-or not), causal, bias, dropout and seed, return_weights, and the
+or not), causal, bias, dropout and seed, return_weights, today's
+variants (window, softcap, alibi_slopes, sinks, cu_seqlens_q/k), and the
 backward from out= and lse=) and builds each of its arguments from the
 fuzz data (the required ones by position or by name, the optional ones
 by name, now and then one too many by position): None, Python scalars, strings
@@ -85,6 +86,13 @@ DROPOUTS = [0.0, 0.0, 0.1, 0.5, 0.999, 1.0, -0.1, float("nan"),
             np.array([0.3]), True, 1j]
 SEEDS = [None, 0, 1, 12345, 2 ** 32, 2 ** 64 - 1, 2 ** 64, -1, 1.5, True,
          "1", np.int64(7), np.uint64(2 ** 63), 2 ** 200]
+# today's variants (contract section 8): windows and soft-caps of every
+# kind, good and bad
+WINDOWS = [None, (0, 0), (1, None), (None, 2), (3, 1), (None, None), [2, 2],
+           (-1, 0), (0, -2), (1,), (1, 2, 3), "ab", (1.5, 0), (True, 0),
+           (2 ** 70, 0), np.array([1, 2]), (np.int64(1), np.uint8(0)), 5]
+SOFTCAPS = [None, 1.0, 30.0, 0.5, 0.0, -1.0, float("nan"), float("inf"),
+            1e-300, "1", True, np.float32(5), np.array(2.0), 1j, 2 ** 70]
 
 
 class FuzzBomb(Exception):
@@ -143,8 +151,34 @@ def family_shape(name, fn, dims):
         "W": {"additive": (A, H + Hq), "general": (Hq, H),
               "project": (A, H + Hq % 3)}.get(kind),
         "v": (A,), "b": (A,),
+        # one value a sequence and head
+        "alibi_slopes": lead, "sinks": lead,
+        # (the right ones come from make_cu_seqlens; these are arrays of
+        # any dtype for the generic kinds)
+        "cu_seqlens_q": (3,), "cu_seqlens_k": (3,),
     }
     return shapes.get(name)
+
+
+def make_cu_seqlens(fdp, rng, n_total, n_seq):
+    """Boundaries of n_seq packed sequences over an axis of n_total, or
+    (now and then) boundaries that are wrong in one way."""
+    cuts = np.sort(rng.integers(0, n_total + 1, size=max(n_seq - 1, 0)))
+    cu = np.concatenate([[0], cuts, [n_total]]).astype(np.int64)
+    bad = fdp.ConsumeIntInRange(0, 11)
+    if bad == 0 and cu.size > 2:
+        cu = cu[::-1].copy()                   # decreasing
+    elif bad == 1:
+        cu = cu + 1                            # does not start at 0
+    elif bad == 2:
+        cu = cu[:-1]                           # does not end at the axis
+    elif bad == 3:
+        cu = cu.astype(np.float64)             # not integers
+    elif bad == 4:
+        cu = cu[None, :]                       # not 1-D
+    elif bad == 5:
+        cu = cu.astype(np.int32)[::-1][::-1]   # another int type, a view
+    return cu
 
 
 def shape_for(name, lead, T, H, A, fn=None, dims=None):
@@ -217,6 +251,17 @@ def make_arg(fdp, name, dims, rng, made, shared, fn=None):
         return DROPOUTS[fdp.ConsumeIntInRange(0, len(DROPOUTS) - 1)]
     if name == "seed":
         return SEEDS[fdp.ConsumeIntInRange(0, len(SEEDS) - 1)]
+    if name == "window":
+        return WINDOWS[fdp.ConsumeIntInRange(0, len(WINDOWS) - 1)]
+    if name == "softcap":
+        return SOFTCAPS[fdp.ConsumeIntInRange(0, len(SOFTCAPS) - 1)]
+    if name in ("cu_seqlens_q", "cu_seqlens_k") and dims is not None and \
+            fdp.ConsumeIntInRange(0, 3):
+        # the same number of sequences on both axes (the seed in `shared`)
+        if shared[1] is None:
+            shared[1] = fdp.ConsumeIntInRange(1, 4)
+        n_total = dims[4] if name == "cu_seqlens_q" else dims[1]
+        return make_cu_seqlens(fdp, rng, n_total, shared[1])
     kind = fdp.ConsumeIntInRange(0, 15)
     is_mask = name in ("mask", "attn_mask")
     if kind <= 7:                              # right shape
@@ -313,6 +358,14 @@ def canary():
     fam += [o, np.where(np.isfinite(lse), lse, 0),
             *ac.dot_attention_backward(o, q, h, out=o, lse=lse, mask=mask,
                                        **sec5)[:2]]
+    # today's variants, all at once, packed into two sequences
+    var = dict(window=(1, None), softcap=2.0, alibi_slopes=np.ones(3) / 4,
+               sinks=rng.standard_normal(3),
+               cu_seqlens_q=np.array([0, 1, 2]),
+               cu_seqlens_k=np.array([0, 3, 7]))
+    o, lse = ac.dot_attention(q, h, mask=mask, **var, return_weights=False)
+    fam += [o, lse, *[x for x in ac.dot_attention_backward(
+        o, q, h, out=o, lse=lse, mask=mask, **var) if x is not None]]
     fam.append(ac.project_keys(h, W))
     return [out, alpha, *g[:3], ac.mean_context(h, mask=mask)] + fam
 
@@ -336,7 +389,7 @@ def TestOneInput(data):
     if fn in FAMILY:                           # Tq, Hq, Hv, one query?
         dims += tuple(sizes[fdp.ConsumeIntInRange(0, len(sizes) - 1)]
                       for _ in range(3)) + (fdp.ConsumeBool(),)
-    made, shared, kwargs = [], [None], {}
+    made, shared, kwargs = [], [None, None], {}
     npos, names = len(SIGS[fn][0]), SIGS[fn][0] + SIGS[fn][1]
     for name in names:
         if fdp.ConsumeIntInRange(0, 9) == 0:
