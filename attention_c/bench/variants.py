@@ -570,7 +570,9 @@ def targets_line(targets):
             f"{len(targets)} checks pass")
     if missed:
         text += "; missed: " + "; ".join(dict.fromkeys(
-            f"{t['target']} ≤ {t['limit']} ({t['case']})" for t in missed))
+            f"{t['target']} ≤ {t['limit']}"
+            + ("" if t["case"] == t["target"] else f" ({t['case']})")
+            for t in missed))
     return text + "."
 
 
