@@ -41,7 +41,9 @@ count, with a count of PASS and MISS at the end.
 
 PyTorch, matplotlib and threadpoolctl are optional and imported lazily.
 ``python -m attention_c.bench --family`` (or ``python -m
-attention_c.bench.family``) benchmarks the attention family instead.
+attention_c.bench.family``) benchmarks the attention family instead;
+``--variants`` (``attention_c.bench.variants``) today's variants of
+issue 25 (window, packed sequences, softcap, ALiBi slopes, sinks).
 
 The modules, by role: ``harness`` (the machine's facts and FMA peak,
 threads, timing, peak memory, the accuracy check), ``run`` (the layer's

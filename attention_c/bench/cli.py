@@ -72,6 +72,11 @@ def parse_args(argv):
                              "against torch.nn.MultiheadAttention and "
                              "scaled_dot_product_attention instead "
                              "(attention_c.bench.mha; takes its options)")
+    parser.add_argument("--variants", action="store_true",
+                        help="benchmark today's variants (window, packed "
+                             "sequences, softcap, ALiBi slopes, sinks) "
+                             "instead (attention_c.bench.variants; takes its "
+                             "options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -111,6 +116,9 @@ def main(argv=None):
     if "--mha" in argv:
         from attention_c.bench import mha
         return mha.main([a for a in argv if a != "--mha"])
+    if "--variants" in argv:
+        from attention_c.bench import variants
+        return variants.main([a for a in argv if a != "--variants"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)

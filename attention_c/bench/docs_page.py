@@ -13,7 +13,8 @@ and a run replaces the text between the markers of the sections it
 produces, leaving everything else as it is.  ``python -m
 attention_c.bench`` writes the ``layer-*`` sections, ``python -m
 attention_c.bench.family`` the ``family-*`` ones, ``python -m
-attention_c.bench --selfattn`` the ``selfattn`` one.  A page that does not
+attention_c.bench --selfattn`` the ``selfattn`` one, ``--variants`` the
+``variants`` one (attention_c.bench.variants).  A page that does not
 exist yet is created with the sections alone.
 """
 
