@@ -152,6 +152,10 @@ def dot_attention(
     attn_mask: _Mask = None, causal: bool = False, bias: _Opt = None,
     dropout: float = 0.0, seed: int | None = None, values: _Opt = None,
     scale: float | None = None, return_weights: bool = True,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> tuple[_Array, _Array]: ...
 def dot_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
@@ -160,6 +164,10 @@ def dot_attention_backward(
     bias: _Opt = None, dropout: float = 0.0, seed: int | None = None,
     values: _Opt = None, scale: float | None = None,
     grad_alpha: _Opt = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> DotAttentionGrads: ...
 def general_attention(
     query: npt.ArrayLike, keys: npt.ArrayLike, W: npt.ArrayLike,
@@ -167,6 +175,10 @@ def general_attention(
     bias: _Opt = None, dropout: float = 0.0, seed: int | None = None,
     values: _Opt = None, key_proj: _Opt = None,
     return_weights: bool = True,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> tuple[_Array, _Array]: ...
 @overload
 def general_attention_backward(
@@ -176,6 +188,10 @@ def general_attention_backward(
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
     key_proj: _Opt = None, stop_at_key_proj: Literal[False] = False,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> GeneralAttentionGrads: ...
 @overload
 def general_attention_backward(
@@ -185,6 +201,10 @@ def general_attention_backward(
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
     key_proj: _Opt = None, stop_at_key_proj: Literal[True],
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> tuple[GeneralAttentionGrads, _Array]: ...
 @overload
 def general_attention_backward(
@@ -194,6 +214,10 @@ def general_attention_backward(
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
     key_proj: _Opt = None, stop_at_key_proj: bool = ...,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,

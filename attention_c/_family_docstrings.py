@@ -168,6 +168,37 @@ _PIECES["return_weights"] = """\
         rounding.
 """
 
+_PIECES["variants"] = """\
+    window : (int or None, int or None), optional
+        ``(left, right)``: key t is visible to query i iff
+        ``i' - left <= t <= i' + right`` with ``i' = i + (T - Tq)``; a
+        side of None is unbounded; with ``causal`` the right side is 0.
+        Only with several queries.  Blocks of keys outside every query's
+        window are never computed on the streamed path (a window of w
+        keys costs O(Tq w d)).  Default None.
+    softcap : float, optional
+        c > 0: the scaled score ``s`` becomes ``c tanh(s / c)`` before
+        the bias and the masks.  Default None.
+    alibi_slopes : array_like of float, optional
+        One slope per sequence, broadcastable to the leading axes of
+        ``out`` (without Tq and the feature axis; read in place, never
+        expanded): ``-slope |i' - t|`` is added to the score, after
+        ``softcap``, with the bias.  Default None.
+    sinks : array_like of float, optional
+        One extra logit per sequence (same broadcasting), without a
+        value: ``lse_i = log(exp(sink) + sum_t exp(s_it))`` over the
+        visible keys, so the weights sum to less than 1; a query with no
+        visible key gets ``out = 0`` and ``lse = sink``.  The backward
+        needs ``out=`` and ``lse=`` (not ``alpha``).  Default None.
+    cu_seqlens_q, cu_seqlens_k : array_like of int (n + 1,), optional
+        Packed sequences: the Tq axis holds n segments of queries back to
+        back, the T axis n segments of keys; ``cu_seqlens_q[s]`` is the
+        start of query segment s (0 first, Tq last, never decreasing),
+        likewise for the keys.  A query sees only the keys of its segment,
+        and the alignment ``i'``, ``causal`` and ``window`` are per
+        segment.  Both or neither; only with several queries.
+"""
+
 _PIECES["returns"] = """\
     Returns
     -------
@@ -213,6 +244,13 @@ _PIECES["backward_args"] = """\
     mask, attn_mask, causal, bias, dropout, seed
         As given to the forward: the same seed regenerates the same keep
         pattern.
+    window, softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k
+        As given to the forward.  Through ``softcap`` the gradient of the
+        raw score is ``delta_it (1 - (capped_it / softcap)**2)``, the
+        capped score recomputed.  The gradients of ``alibi_slopes``
+        (``sum_it delta_it (-|i' - t|)``) and ``sinks``
+        (``-sum_i exp(sink - lse_i) D_i``) are the last two fields of
+        the result, summed back to their shapes (None when not given).
     grad_alpha : array_like, the shape of ``alpha``, optional
         Gradient of the loss with respect to ``alpha``; only with
         ``alpha``.
@@ -381,7 +419,7 @@ Dot-product (Luong "dot", scaled dot) attention, self-attention at scale.
     scale : float, optional
         Default ``1/sqrt(H)``, as ``torch.nn.functional.
         scaled_dot_product_attention``; 1 gives Luong's "dot".
-{return_weights}
+{return_weights}{variants}
 {returns}
 {philox}
     Examples
@@ -494,7 +532,7 @@ General (Luong "general", bilinear) attention.
     key_proj : array_like (..., T, Hq), optional
         ``project_keys(keys, W)``, computed once per sequence (see
         :func:`additive_attention`).  Results are the same as without it.
-{return_weights}
+{return_weights}{variants}
 {returns}
     Notes
     -----

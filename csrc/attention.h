@@ -139,7 +139,9 @@ ATT_DECLARE(double, f64)
  * pair, and the additive activations (Tq, T, A) are never stored.  W is
  * row-major with ldw columns (A x (H + Hq), or Hq x H).
  * Key t is visible to query i when the key mask, the per-query attn_mask
- * and (causal) t <= i + T - Tq all allow it (docs/contract.md 5.1).  Keys
+ * and its range of keys [lo_i, hi_i) allow it: causal (t <= i' = i + T -
+ * Tq), the window and the packed segments narrow it (docs/contract.md
+ * 5.1); blocks of the streamed path outside every range are skipped.  Keys
  * visible to no query of their sequence, and queries with no visible key,
  * are padding: a NaN there reaches no result.
  */
@@ -163,6 +165,19 @@ typedef struct {
                                when one serves several (broadcast) */
     ptrdiff_t H, Hq, Hv;    /* widths of a key, a query, a value */
     ptrdiff_t P;            /* width of a projected key: A, Hq (general) */
+    /* dot and general only (issue 25): */
+    int window;             /* key t visible to query i iff i' - wleft <=
+                               t <= i' + wright (i' = i + T - Tq) */
+    ptrdiff_t wleft, wright;    /* window sides, -1: unbounded */
+    ptrdiff_t nseg;         /* packed segments (in->cu_q, cu_k); 0: one
+                               sequence.  i', causal and the window are
+                               per segment; query i sees only its own */
+    int softcap;            /* the score s is in->softcap tanh(s / softcap)
+                               before the bias */
+    int alibi;              /* in->alibi: -slope_b |i' - t| added */
+    int sinks;              /* in->sinks: one more logit per sequence */
+    ptrdiff_t nslopes, nsinks;  /* elements of alibi and sinks as given
+                               (their gradients) */
 } att_fdims;
 
 /*
@@ -191,12 +206,18 @@ typedef struct {
  * have their shapes and sum over the sequences that share them.  The
  * backward runs the groups of sequences that share any (order[gstart[g]
  * .. gstart[g + 1]), ngroups of them; order NULL: each sequence alone).
+ * alibi and sinks (views of one REAL per sequence, dot and general):
+ * -slope_b |i' - t| added to the scores (i' per segment); sink_b one
+ * more logit of the softmax (lse includes it, no value: the weights sum
+ * to less than 1; a query with no visible key gets out 0, lse sink_b).
  * Backward inputs: grad_out (B, Tq, Hv) with alpha and grad_alpha (may be
  * NULL), or (alpha NULL; dot and general) the forward's out and lse, from
  * which the weights are recomputed block by block.  Backward outputs:
  * dquery, dkeys, dvalues (NULL when values is NULL: the keys take that
  * gradient), dW, dv, db (NULL without b), dbias (a view of nbias
- * elements, p NULL without bias; broadcast elements sum).  With dkproj
+ * elements, p NULL without bias; broadcast elements sum), dalibi and
+ * dsinks likewise (sinks need the streamed backward: out and lse).
+ * With dkproj
  * not NULL the backward stops at kproj: dkproj gets dL/dkproj, the key
  * columns of dW are 0, and dkeys only has the values' share (0 when
  * values given).
@@ -229,11 +250,15 @@ enum att_strided {
         ptrdiff_t ngroups;                                                   \
         const ptrdiff_t *koff, *voff;                                        \
         ptrdiff_t krs, vrs;                                                  \
+        const int64_t *cu_q, *cu_k;   /* (nseg + 1,): segment starts */    \
+        R softcap;                    /* > 0 when f->softcap */            \
+        att_view alibi, sinks;        /* REAL, element b at VIEW_AT */     \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \
         R *dquery, *dkeys, *dkproj, *dvalues, *dW, *dv, *db;                 \
         att_view dbias;                                                      \
+        att_view dalibi, dsinks;      /* p NULL: not wanted (backward) */  \
     } att_family_out_##SFX;                                                  \
     int att_family_reads_strided_##SFX(const att_fdims *f, int backward);   \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \

@@ -28,6 +28,11 @@
 #define F_SEED 256u    /* an integer in [0, 2**64), or None */
 #define F_LEADB 512u   /* the family's inputs: leading axes broadcast
                           against each other (missing or 1) */
+#define F_WINDOW 1024u /* a pair (left, right) of ints >= 0 or None, or
+                          None: a value, not an array */
+#define F_INDEX 2048u  /* an integer array (int64 once checked), never
+                          cast to the call's floating dtype */
+#define F_FOLLOW 4096u /* cast to the call's dtype, never choosing it */
 
 /* The kinds of the list below: a value, not an array, is always optional */
 #define K_ARRAY 0u
@@ -37,6 +42,8 @@
 #define K_NUMBER (F_NUMBER | F_OPT)
 #define K_SEED (F_SEED | F_OPT)
 #define K_SCALE (F_SCALE | F_OPT)
+#define K_WINDOW (F_WINDOW | F_OPT)
+#define K_INDEX F_INDEX
 
 /* X(ID, name, kind): the arguments, X_ID = "name" */
 #define ATT_ARGS(X)                                                          \
@@ -68,7 +75,13 @@
     X(SEED, seed, K_SEED)                                                    \
     X(RETURN_WEIGHTS, return_weights, K_TRUE)                                \
     X(OUT, out, K_ARRAY)                                                     \
-    X(LSE, lse, K_ARRAY)
+    X(LSE, lse, K_ARRAY)                                                     \
+    X(WINDOW, window, K_WINDOW)                                              \
+    X(SOFTCAP, softcap, K_SCALE)                                             \
+    X(ALIBI_SLOPES, alibi_slopes, K_ARRAY)                                   \
+    X(SINKS, sinks, K_ARRAY)                                                 \
+    X(CU_SEQLENS_Q, cu_seqlens_q, K_INDEX)                                   \
+    X(CU_SEQLENS_K, cu_seqlens_k, K_INDEX)
 
 /* Y(ID, name): the outputs, Y_ID = "name".  A backward's gradient of
  * argument x is named "d" + x: its field x in the named tuple. */
@@ -91,7 +104,9 @@
     Y(DKEY_PROJ, dkey_proj)                                                  \
     Y(KEY_PROJ, key_proj)                                                    \
     Y(LSE, lse)                                                              \
-    Y(DBIAS, dbias)
+    Y(DBIAS, dbias)                                                          \
+    Y(DALIBI_SLOPES, dalibi_slopes)                                          \
+    Y(DSINKS, dsinks)
 
 /* X_NONE (0) ends a row's argument list, so that a row's unused entries,
  * zeroed, need no end marker. */

@@ -108,7 +108,7 @@ static inline int alloc_point(const char *kind, const char *what, int raise)
  * once, when the module is imported.
  */
 
-enum { S_T, S_H, S_A, S_TQ, S_HQ, S_HV, S_L, N_SYMS };
+enum { S_T, S_H, S_A, S_TQ, S_HQ, S_HV, S_L, S_N, N_SYMS };
 
 #define MAX_AXES 4
 
@@ -136,7 +136,7 @@ const char *fmt_shape(char *buf, size_t size, int nd, const npy_intp *dims);
  * The table's rows and a call
  */
 
-#define MAX_ARGS 20
+#define MAX_ARGS 24
 #define MAX_OUTS 8
 
 typedef struct {
@@ -170,6 +170,7 @@ typedef struct {
     npy_intp nbias;
     int typenum, several, simd, threads, pool_threads;
     int causal, bias, bias_shared, dropout, stream;
+    int window, segments, softcap, alibi;
 } WorkKey;
 
 typedef struct {
@@ -204,10 +205,11 @@ struct Call {
     const FuncSpec *fn;
     PyObject *obj[MAX_ARGS];          /* borrowed; NULL when left out */
     PyArrayObject *arr[MAX_ARGS];     /* owned */
-    int flag[MAX_ARGS];               /* F_FLAG: value; F_SCALE, F_SEED:
-                                         given */
+    int flag[MAX_ARGS];               /* F_FLAG: value; F_SCALE, F_SEED,
+                                         F_WINDOW: given */
     double scale;
-    double num[MAX_ARGS];             /* F_NUMBER */
+    double num[MAX_ARGS];             /* F_NUMBER; F_SCALE: its value */
+    ptrdiff_t window[2];              /* F_WINDOW: left, right (-1: None) */
     unsigned long long seed;          /* F_SEED */
     att_view view[MAX_ARGS];          /* F_VIEW, once made */
     ptrdiff_t *offs[MAX_ARGS];        /* their offsets (owned) */
@@ -220,6 +222,9 @@ struct Call {
     att_view dbias;                   /* the bias made C-contiguous: the
                                          layout of its gradient (p NULL) */
     ptrdiff_t *doffs;                 /* its offsets (owned) */
+    att_view gview[2];                /* alibi_slopes, sinks made
+                                         C-contiguous: their gradients */
+    ptrdiff_t *goffs[2];              /* their offsets (owned) */
     int bias_shared;                  /* the bias repeats over sequences */
     npy_intp sym[N_SYMS];
     int binder[N_SYMS];               /* argument that fixed it, or -1 */
@@ -240,7 +245,7 @@ static inline int given(const Call *c, int id)
     if (i < 0) {
         return 0;
     }
-    if (c->fn->args[i].flags & (F_FLAG | F_SCALE | F_SEED)) {
+    if (c->fn->args[i].flags & (F_FLAG | F_SCALE | F_SEED | F_WINDOW)) {
         return c->flag[i];
     }
     if (c->fn->args[i].flags & F_NUMBER) {

@@ -172,15 +172,48 @@ void release_exec_state(void)
     }
 }
 
+/* Whether key t is in query i's range by causal, the window and the
+ * packed segments (the kernels' key_range, family/visibility.inc). */
+static int in_range(const Call *c, npy_intp i, npy_intp t)
+{
+    npy_intp q0 = 0, nq = c->several ? c->sym[S_TQ] : 1, k0 = 0;
+    npy_intp nk = c->sym[S_T];
+    if (given(c, X_CU_SEQLENS_Q)) {       /* int64 by check_variants */
+        const int64_t *cq = arg_data(c, X_CU_SEQLENS_Q);
+        const int64_t *ck = arg_data(c, X_CU_SEQLENS_K);
+        npy_intp s = 0;
+        while (s + 2 < c->sym[S_N] && cq[s + 1] <= i) {
+            s++;
+        }
+        q0 = (npy_intp)cq[s];
+        nq = (npy_intp)cq[s + 1] - q0;
+        k0 = (npy_intp)ck[s];
+        nk = (npy_intp)ck[s + 1] - k0;
+        if (t < k0 || t >= k0 + nk) {
+            return 0;
+        }
+    }
+    npy_intp ip = i - q0 + (nk - nq), tl = t - k0;
+    if (given(c, X_CAUSAL) && tl > ip) {
+        return 0;
+    }
+    if (given(c, X_WINDOW)) {
+        return (c->window[0] < 0 || tl >= ip - c->window[0]) &&
+               (c->window[1] < 0 || tl <= ip + c->window[1]);
+    }
+    return 1;
+}
+
 /* Whether key t is visible to query i of sequence b: the key mask, the
- * attn_mask, causal and a bias of -inf (it masks) all allow it. */
+ * attn_mask, its range (causal, window, segments) and a bias of -inf
+ * (it masks) all allow it. */
 static int visible(const Call *c, npy_intp b, npy_intp i, npy_intp t)
 {
     const FuncSpec *fn = c->fn;
-    npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
+    npy_intp T = c->sym[S_T];
     int im = fn->pos[X_MASK], ia = fn->pos[X_ATTN_MASK];
-    int ib = fn->pos[X_BIAS], ic = fn->pos[X_CAUSAL];
-    if (ic >= 0 && c->flag[ic] && t > i + (T - Tq)) {
+    int ib = fn->pos[X_BIAS];
+    if (!in_range(c, i, t)) {
         return 0;
     }
     for (int k = 0; k < 2; k++) {
@@ -282,7 +315,8 @@ static int check_alpha(const Call *c)
     PyArrayObject *alpha = c->arr[ia];
     const void *a = PyArray_DATA(alpha);
     int masks = given(c, X_MASK) || given(c, X_ATTN_MASK) ||
-                given(c, X_BIAS) || given(c, X_CAUSAL);
+                given(c, X_BIAS) || given(c, X_CAUSAL) ||
+                given(c, X_WINDOW) || given(c, X_CU_SEQLENS_Q);
     npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
     npy_intp n = PyArray_SIZE(alpha);
     if (!masks) {
@@ -351,6 +385,10 @@ static ptrdiff_t work_size(Call *c)
     key.bias_shared = c->bias_shared;
     key.dropout = given(c, X_DROPOUT);
     key.stream = stream_of(c);
+    key.window = given(c, X_WINDOW);
+    key.segments = given(c, X_CU_SEQLENS_Q);
+    key.softcap = given(c, X_SOFTCAP);
+    key.alibi = given(c, X_ALIBI_SLOPES);
     key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
                                  : 0;
     key.simd = c->ex.simd;
@@ -563,6 +601,8 @@ done:
     }
     if (c.doffs != NULL || c.order != NULL || c.gstart != NULL) {
         PyMem_Free(c.doffs);
+        PyMem_Free(c.goffs[0]);
+        PyMem_Free(c.goffs[1]);
         PyMem_Free(c.order);
         PyMem_Free(c.gstart);
     }

@@ -181,7 +181,8 @@ static const char *kind_name(unsigned flags)
            : flags & F_FLAG ? "flag"
            : flags & F_NUMBER ? "number"
            : flags & F_SEED ? "seed"
-           : flags & F_SCALE ? "scale" : "array";
+           : flags & F_SCALE ? "scale"
+           : flags & F_WINDOW ? "window" : "array";
 }
 
 /* (name, kind, shape, required, positional, default) of argument i; the

@@ -222,8 +222,63 @@ static int take_seed(Call *c, int i, PyObject *obj)
     return 0;
 }
 
-/* Step 2 for a flag, a number, a seed or a scale (argument i, obj as
- * given or NULL): its value into c. */
+/* One side of a window: an int >= 0 (or an integer that says so), or
+ * None (unbounded: -1). */
+static int take_side(Call *c, int i, PyObject *obj, ptrdiff_t *side)
+{
+    const char *name = arg_names[c->fn->args[i].id];
+    if (obj == Py_None) {
+        *side = -1;
+        return 0;
+    }
+    PyObject *n = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
+    Py_ssize_t v = n != NULL ? PyLong_AsSsize_t(n) : -1;
+    Py_XDECREF(n);
+    if (n == NULL || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a pair (left, right) of "
+                     "ints >= 0 or None, got a side %R", name, obj);
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a side must be >= 0 (or None: "
+                     "unbounded), got %zd", name, v);
+        return -1;
+    }
+    *side = (ptrdiff_t)v;
+    return 0;
+}
+
+/* Step 2 for a window (argument i): None, or a pair (left, right), each
+ * an int >= 0 or None, into c->window. */
+static int take_window(Call *c, int i, PyObject *obj)
+{
+    const char *name = arg_names[c->fn->args[i].id];
+    c->flag[i] = obj != NULL && obj != Py_None;
+    c->window[0] = c->window[1] = -1;
+    if (!c->flag[i]) {
+        return 0;
+    }
+    PyObject *seq = PySequence_Check(obj) && !PyUnicode_Check(obj)
+                    ? PySequence_Tuple(obj) : NULL;
+    if (seq == NULL || PyTuple_GET_SIZE(seq) != 2) {
+        Py_XDECREF(seq);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be None or a pair (left, "
+                     "right) of ints >= 0 or None, got %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int st = take_side(c, i, PyTuple_GET_ITEM(seq, 0), &c->window[0]);
+    if (st == 0) {
+        st = take_side(c, i, PyTuple_GET_ITEM(seq, 1), &c->window[1]);
+    }
+    Py_DECREF(seq);
+    return st;
+}
+
+/* Step 2 for a flag, a number, a seed, a scale or a window (argument i,
+ * obj as given or NULL): its value into c. */
 static int take_value(Call *c, int i, PyObject *obj)
 {
     const ArgSpec *a = &c->fn->args[i];
@@ -246,14 +301,20 @@ static int take_value(Call *c, int i, PyObject *obj)
     if (a->flags & F_SEED) {
         return take_seed(c, i, obj);
     }
+    if (a->flags & F_WINDOW) {
+        return take_window(c, i, obj);
+    }
     c->flag[i] = !none;             /* F_SCALE */
     if (!none) {
-        c->scale = PyFloat_AsDouble(obj);
-        if (c->scale == -1.0 && PyErr_Occurred()) {
+        c->num[i] = PyFloat_AsDouble(obj);
+        if (c->num[i] == -1.0 && PyErr_Occurred()) {
             PyErr_Format(PyExc_TypeError, "%s must be a real number "
                          "or None, got %.100s", name,
                          Py_TYPE(obj)->tp_name);
             return -1;
+        }
+        if (a->id == X_SCALE) {
+            c->scale = c->num[i];
         }
     }
     return 0;
@@ -287,6 +348,13 @@ static int check_dtype(const Call *c, int i)
             return -1;
         }
     }
+    else if ((a->flags & F_INDEX) && dt->kind != 'i' && dt->kind != 'u') {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be an integer array (the starts of the packed "
+                     "segments, then the total); got dtype %S", name,
+                     (PyObject *)dt);
+        return -1;
+    }
     else if (!((dt->kind == 'f' && PyArray_ITEMSIZE(c->arr[i]) <= 8) ||
                dt->kind == 'i' || dt->kind == 'u')) {
         PyErr_Format(PyExc_TypeError,
@@ -309,7 +377,8 @@ int view_args(Call *c)
         const ArgSpec *a = &fn->args[i];
         const char *name = arg_names[a->id];
         PyObject *obj = c->obj[i];
-        if (a->flags & (F_FLAG | F_NUMBER | F_SEED | F_SCALE)) {
+        if (a->flags & (F_FLAG | F_NUMBER | F_SEED | F_SCALE |
+                         F_WINDOW)) {
             if (take_value(c, i, obj) < 0) {
                 return -1;
             }

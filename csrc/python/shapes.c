@@ -33,7 +33,7 @@ const char *fmt_shape(char *buf, size_t size, int nd,
  */
 
 static const char *const sym_names[N_SYMS] = {"T", "H", "A", "Tq", "Hq",
-                                              "Hv", "L"};
+                                              "Hv", "L", "N"};
 
 static int parse_symbol(const char **p)
 {

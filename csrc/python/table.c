@@ -141,6 +141,13 @@ static const ptrdiff_t *index_of(const Call *c, int id)
     return i >= 0 ? c->idx[i] : NULL;
 }
 
+/* The elements of array argument id as given (0: not given). */
+static ptrdiff_t size_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 && c->arr[i] != NULL ? PyArray_SIZE(c->arr[i]) : 0;
+}
+
 static att_fdims family_dims(const Call *c)
 {
     int score = c->fn->score, ib = c->fn->pos[X_BIAS];
@@ -156,7 +163,13 @@ static att_fdims family_dims(const Call *c)
         .Hq = score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
         .Hv = c->sym[S_HV],
         .P = score == ATT_SCORE_ADDITIVE ? c->sym[S_A]
-             : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0};
+             : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0,
+        .window = given(c, X_WINDOW), .wleft = c->window[0],
+        .wright = c->window[1],
+        .nseg = given(c, X_CU_SEQLENS_Q) ? c->sym[S_N] - 1 : 0,
+        .softcap = given(c, X_SOFTCAP), .alibi = given(c, X_ALIBI_SLOPES),
+        .sinks = given(c, X_SINKS), .nslopes = size_of(c, X_ALIBI_SLOPES),
+        .nsinks = size_of(c, X_SINKS)};
     return f;
 }
 
@@ -187,6 +200,15 @@ static att_view dbias_view(const Call *c)
     return v;
 }
 
+/* The gradient of alibi_slopes (g 0) or sinks (1), output id, laid out
+ * as the argument made C-contiguous (make_views), or nothing. */
+static att_view grad_view(const Call *c, int g, int id)
+{
+    att_view v = c->gview[g];
+    v.p = out_data(c, id);
+    return v;
+}
+
 /* The family's call for one type: its inputs and outputs by name. */
 #define FAMILY_CALL(R, SFX)                                                  \
     do {                                                                     \
@@ -207,13 +229,17 @@ static att_view dbias_view(const Call *c)
             .vidx = index_of(c, X_VALUES), .order = c->order,                \
             .gstart = c->gstart, .ngroups = c->ngroups,                      \
             .koff = view_of(c, X_KEYS).off, .voff = view_of(c, X_VALUES).off, \
-            .krs = view_of(c, X_KEYS).rs, .vrs = view_of(c, X_VALUES).rs};   \
+            .krs = view_of(c, X_KEYS).rs, .vrs = view_of(c, X_VALUES).rs,    \
+            .cu_q = IN(X_CU_SEQLENS_Q), .cu_k = IN(X_CU_SEQLENS_K),          \
+            .softcap = (R)softcap, .alibi = view_of(c, X_ALIBI_SLOPES),      \
+            .sinks = view_of(c, X_SINKS)};                                   \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
             .dkproj = OUT(Y_DKEY_PROJ), .dvalues = OUT(Y_DVALUES),           \
             .dW = OUT(Y_DW), .dv = OUT(Y_DV), .db = OUT(Y_DB),               \
-            .dbias = dbias};                                                 \
+            .dbias = dbias, .dalibi = grad_view(c, 0, Y_DALIBI_SLOPES),      \
+            .dsinks = grad_view(c, 1, Y_DSINKS)};                            \
         return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
@@ -228,6 +254,8 @@ static int k_family(Call *c)
     int id = c->fn->pos[X_DROPOUT];
     double dropout = id >= 0 ? c->num[id] : 0;
     att_view dbias = dbias_view(c);
+    int ic = c->fn->pos[X_SOFTCAP];
+    double softcap = ic >= 0 && given(c, X_SOFTCAP) ? c->num[ic] : 0;
     if (c->typenum == NPY_FLOAT) {
         FAMILY_CALL(float, f32);
     }
@@ -348,6 +376,84 @@ static int check_saved(const Call *c)
     return 0;
 }
 
+/* cu_seqlens_q or _k (id), its length checked by its shape (N,): made
+ * int64 C-contiguous in place (an allocation point), then its values: 0
+ * first, never decreasing, `end` (Tq or T) last. */
+static int check_cu_seqlens(Call *c, int id, npy_intp end)
+{
+    int i = c->fn->pos[id];
+    const char *name = arg_names[id];
+    if (ALLOC_POINT("conversion of", name, 1) < 0) {
+        return -1;
+    }
+    PyObject *a = PyArray_FROMANY((PyObject *)c->arr[i], NPY_INT64, 1, 1,
+                                  NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) {
+        return -1;
+    }
+    Py_SETREF(c->arr[i], (PyArrayObject *)a);
+    const int64_t *x = PyArray_DATA(c->arr[i]);
+    npy_intp n = PyArray_DIM(c->arr[i], 0);
+    const char *why = n < 2 ? "needs two entries or more"
+                      : x[0] != 0 ? "must start at 0"
+                      : x[n - 1] != (int64_t)end ? "must end at the length "
+                                                   "of its axis"
+                      : NULL;
+    for (npy_intp k = 1; why == NULL && k < n; k++) {
+        why = x[k] < x[k - 1] ? "must never decrease" : NULL;
+    }
+    if (why != NULL) {
+        PyErr_Format(PyExc_ValueError, "%s %s (the starts of the packed "
+                     "segments, then the total %zd); got [%lld, ..., %lld] "
+                     "of %zd", name, why, (Py_ssize_t)end,
+                     (long long)(n > 0 ? x[0] : 0),
+                     (long long)(n > 0 ? x[n - 1] : 0), (Py_ssize_t)n);
+        return -1;
+    }
+    return 0;
+}
+
+/* The variants (issue 25): window and cu_seqlens need several queries;
+ * softcap > 0; cu_seqlens_q and _k together, each valid. */
+static int check_variants(Call *c)
+{
+    const char *name = c->fn->name;
+    int w = given(c, X_WINDOW), q = given(c, X_CU_SEQLENS_Q);
+    int k = given(c, X_CU_SEQLENS_K), ic = c->fn->pos[X_SOFTCAP];
+    if (!c->several && (w || q || k)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s needs several queries (query (..., Tq, Hq) "
+                     "with query.ndim == keys.ndim)", name,
+                     w ? "window" : q ? "cu_seqlens_q" : "cu_seqlens_k");
+        return -1;
+    }
+    if (ic >= 0 && given(c, X_SOFTCAP) && !(c->num[ic] > 0)) {
+        char text[64];
+        PyOS_snprintf(text, sizeof text, "%g", c->num[ic]);
+        PyErr_Format(PyExc_ValueError, "%s: softcap must be a number > 0 "
+                     "or None, got %s", name, text);
+        return -1;
+    }
+    if (q != k) {
+        PyErr_Format(PyExc_ValueError, "%s: cu_seqlens_q and cu_seqlens_k "
+                     "go together (%s given without %s)", name,
+                     q ? "cu_seqlens_q" : "cu_seqlens_k",
+                     q ? "cu_seqlens_k" : "cu_seqlens_q");
+        return -1;
+    }
+    if (given(c, X_SINKS) && is_backward(c->fn) && given(c, X_ALPHA)) {
+        PyErr_Format(PyExc_ValueError, "%s: sinks need out= and lse= of "
+                     "a forward with return_weights=False, not alpha (the "
+                     "sink's share is lost from alpha alone)", name);
+        return -1;
+    }
+    if (q && (check_cu_seqlens(c, X_CU_SEQLENS_Q, c->sym[S_TQ]) < 0 ||
+              check_cu_seqlens(c, X_CU_SEQLENS_K, c->sym[S_T]) < 0)) {
+        return -1;
+    }
+    return 0;
+}
+
 /* What the table cannot say: arguments that go together or exclude each
  * other, the dropout's range and seed. */
 static int check_family(Call *c)
@@ -366,7 +472,7 @@ static int check_family(Call *c)
                      given(c, X_CAUSAL) ? "causal" : "attn_mask");
         return -1;
     }
-    if (check_dropout(c) < 0) {
+    if (check_dropout(c) < 0 || check_variants(c) < 0) {
         return -1;
     }
     if (c->fn->pos[X_LSE] >= 0 && is_backward(c->fn)) {
@@ -468,6 +574,22 @@ static int k_project_keys_backward(Call *c)
 #define DROPOUT {.id = X_DROPOUT}
 #define SEED {.id = X_SEED}
 #define RETURN_WEIGHTS {.id = X_RETURN_WEIGHTS}
+/* the variants of dot and general (issue 25), keyword-only, last */
+#define CU_SEQLENS(i) {.id = i, .flags = F_OPT, .shape = "(N,)",           \
+                       .hint = "(1-D: the starts of the packed segments, " \
+                       "then the total; cu_seqlens_q and _k of one length)"}
+#define PER_SEQ(i, h) {.id = i, .flags = F_OPT | F_VIEW | F_FOLLOW,         \
+                       .shape = "(...)", .hint = h}
+#define VARIANTS {.id = X_WINDOW}, {.id = X_SOFTCAP},                       \
+    PER_SEQ(X_ALIBI_SLOPES, "(one slope per sequence: -slope |i' - t| "    \
+            "added to the scores)"),                                        \
+    PER_SEQ(X_SINKS, "(one logit per sequence, without a value)"),          \
+    CU_SEQLENS(X_CU_SEQLENS_Q), CU_SEQLENS(X_CU_SEQLENS_K)
+/* their gradients, at the end of the named tuples */
+#define VARIANT_GRADS                                                        \
+    {.id = Y_DALIBI_SLOPES, .shape = "(...)", .like = X_ALIBI_SLOPES,        \
+     .when = X_ALIBI_SLOPES},                                                \
+    {.id = Y_DSINKS, .shape = "(...)", .like = X_SINKS, .when = X_SINKS}
 #define KEYS {.id = X_KEYS, .flags = F_LEADB, .shape = "(..., T, H)"}
 #define VALUES {.id = X_VALUES, .flags = F_OPT | F_LEADB,                    \
                 .shape = "(..., T, Hv)"}
@@ -581,25 +703,26 @@ FuncSpec funcs[] = {
      FAMILY(ATT_SCORE_ADDITIVE)},
     {.name = "dot_attention",
      .args = {QUERY_DOT, KEYS, FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT,
-              SEED, VALUES, SCALE, RETURN_WEIGHTS}, .nreq = 2,
+              SEED, VALUES, SCALE, RETURN_WEIGHTS, VARIANTS}, .nreq = 2,
      .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_DOT)},
     {.name = "dot_attention_backward",
      .args = {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_OPT, SAVED, FAMILY_MASK,
               ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES, SCALE,
-              GRAD_ALPHA_Q}, .nreq = 3, .npos = 4,
-     .outs = {FAMILY_GRADS("H"), DBIAS}, FAMILY(ATT_SCORE_DOT)},
+              GRAD_ALPHA_Q, VARIANTS}, .nreq = 3, .npos = 4,
+     .outs = {FAMILY_GRADS("H"), DBIAS, VARIANT_GRADS},
+     FAMILY(ATT_SCORE_DOT)},
     {.name = "general_attention",
      .args = {QUERY("Hq"), KEYS, W_GENERAL, FAMILY_MASK, ATTN_MASK, CAUSAL,
               BIAS, DROPOUT, SEED, VALUES, KPROJ("Hq"),
-              RETURN_WEIGHTS}, .nreq = 3,
+              RETURN_WEIGHTS, VARIANTS}, .nreq = 3,
      .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_GENERAL)},
     {.name = "general_attention_backward",
      .args = {GRAD_OUT_Q, QUERY("Hq"), KEYS, W_GENERAL, ALPHA_OPT, SAVED,
               FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES,
               GRAD_ALPHA_Q, KPROJ("Hq"),
-              FLAG(X_STOP_AT_KEY_PROJ)}, .nreq = 4, .npos = 5,
+              FLAG(X_STOP_AT_KEY_PROJ), VARIANTS}, .nreq = 4, .npos = 5,
      .outs = {FAMILY_GRADS("Hq"), RES(Y_DW, "(Hq, H)"), DBIAS,
-              {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
+              VARIANT_GRADS, {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
                .when = X_STOP_AT_KEY_PROJ, .drop = 1}},
      FAMILY(ATT_SCORE_GENERAL)},
     {.name = "project_keys",

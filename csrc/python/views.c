@@ -135,7 +135,8 @@ int cast_args(Call *c)
     PyArrayObject *arrs[MAX_ARGS];
     int count = 0;
     for (int i = 0; i < fn->nargs; i++) {
-        if (c->arr[i] != NULL && !(fn->args[i].flags & F_MASK)) {
+        unsigned other = F_MASK | F_INDEX | F_FOLLOW;
+        if (c->arr[i] != NULL && !(fn->args[i].flags & other)) {
             arrs[count++] = c->arr[i];
         }
     }
@@ -161,8 +162,8 @@ int cast_args(Call *c)
         Py_DECREF(rt);
     }
     for (int i = 0; i < fn->nargs; i++) {
-        if (c->arr[i] == NULL) {
-            continue;
+        if (c->arr[i] == NULL || (fn->args[i].flags & F_INDEX)) {
+            continue;           /* an index: int64 already (check_family) */
         }
         int mask = (fn->args[i].flags & F_MASK) != 0;
         if ((fn->args[i].flags & F_BCAST) && broadcast_lead(c, i) < 0) {
@@ -227,8 +228,9 @@ static int make_view(Call *c, int i, int contiguous, att_view *v,
     /* the key axis is last; the query axis, if any, before it */
     int with_q = nt - c->nlead == 2;
     *v = (att_view){PyArray_DATA(x), *off, 0, with_q ? st[nt - 2] : 0,
-                    st[nt - 1]};
-    for (int k = 0; contiguous && k < c->nlead; k++) {
+                    nt > c->nlead ? st[nt - 1] : 0};
+    for (int k = 0; contiguous && c->fn->args[i].id == X_BIAS &&
+                    k < c->nlead; k++) {
         /* the gradient sums over sequences that share an element */
         c->bias_shared |= st[k] == 0 && c->lead[k] > 1;
     }
@@ -363,6 +365,13 @@ int make_views(Call *c)
         }
         if (fn->args[i].id == X_BIAS &&
             make_view(c, i, 1, &c->dbias, &c->doffs) < 0) {
+            return -1;
+        }
+        /* alibi_slopes, sinks: their gradients' layout (a backward's) */
+        int g = fn->args[i].id == X_ALIBI_SLOPES ? 0
+                : fn->args[i].id == X_SINKS ? 1 : -1;
+        if (g >= 0 && is_backward(fn) &&
+            make_view(c, i, 1, &c->gview[g], &c->goffs[g]) < 0) {
             return -1;
         }
     }

@@ -50,7 +50,8 @@ def test_table_is_whole():
                           and type(getattr(ac, n)).__name__
                           == "builtin_function_or_method"}
     defaults = {"flag": (False, True), "number": (0.0,), "seed": (None,),
-                "scale": (None,), "mask": (None,), "array": (None,)}
+                "scale": (None,), "mask": (None,), "array": (None,),
+                "window": (None,)}
     for fn, f in TABLE.items():
         required = [a.required for a in f.args]
         positional = [a.positional for a in f.args]
@@ -100,6 +101,7 @@ ANNOTATIONS = {
     ("number", False): {"float"},
     ("seed", False): {"int | None"},
     ("scale", False): {"float | None"},
+    ("window", False): {"tuple[int | None, int | None] | None"},
 }
 
 
