@@ -110,6 +110,9 @@ class StructuredMask:
     def to(self, *args: Any, **kwargs: Any) -> "StructuredMask":
         return self
 
+    def contiguous(self) -> "StructuredMask":
+        return self
+
 
 class _Pattern:
     """A mask function of transformers, as a window per position."""
@@ -194,6 +197,10 @@ def mask_forward(batch_size: int, q_length: int, kv_length: int,
     :class:`StructuredMask` from what transformers' mask builders give
     (query positions ``q_offset + i``, key positions ``kv_offset + j``,
     the pattern ``mask_function`` and the 2-D padding mask)."""
+    if isinstance(attention_mask, StructuredMask):
+        # prepared already (generate builds the masks ahead for a static
+        # cache), as transformers returns a 4-D tensor mask as it is
+        return attention_mask
     q_offset = int(q_offset)
     kv_offset = int(kv_offset)
     pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
