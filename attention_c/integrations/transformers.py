@@ -24,20 +24,21 @@ place (no ``repeat_kv``), and raises, naming it, on anything else.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 import torch
 
 import attention_c as ac
 
+# Imported by name, so that type checkers of attention_c (the stubs' test
+# among them) neither need transformers nor analyse it.
 try:
-    import transformers
-    from transformers import masking_utils as _mu
-    from transformers.modeling_utils import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    _mu: Any = importlib.import_module("transformers.masking_utils")
+    _modeling: Any = importlib.import_module("transformers.modeling_utils")
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
         "attention_c.integrations.transformers needs transformers "
@@ -131,11 +132,11 @@ class _Pattern:
                           else min(self.right, right))
 
 
-def _nonlocals(fn: Callable) -> dict[str, Any]:
+def _nonlocals(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(inspect.getclosurevars(fn).nonlocals)
 
 
-def _parse(fn: Callable, pat: _Pattern) -> bool:
+def _parse(fn: Callable[..., Any], pat: _Pattern) -> bool:
     """Fill ``pat`` from the mask function ``fn``; False if unknown."""
     if fn is _mu.causal_mask_function:
         pat.narrow(None, 0)
@@ -190,7 +191,8 @@ def _segments(packed: torch.Tensor, position_ids: torch.Tensor | None
 
 def mask_forward(batch_size: int, q_length: int, kv_length: int,
                  q_offset: Any = 0, kv_offset: int = 0,
-                 mask_function: Callable = _mu.causal_mask_function,
+                 mask_function: Callable[..., Any] = (
+                     _mu.causal_mask_function),
                  attention_mask: torch.Tensor | None = None,
                  **kwargs: Any) -> StructuredMask:
     """The mask function (``AttentionMaskInterface``): a
@@ -265,8 +267,13 @@ def mask_forward(batch_size: int, q_length: int, kv_length: int,
 # The kernel, as a torch.autograd.Function
 
 
-def _np(t: torch.Tensor | None) -> np.ndarray | None:
-    return None if t is None else t.detach().numpy()
+def _np(t: torch.Tensor) -> np.ndarray:
+    a: np.ndarray = t.detach().numpy()
+    return a
+
+
+def _npo(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else _np(t)
 
 
 class _DotAttention(torch.autograd.Function):
@@ -278,7 +285,7 @@ class _DotAttention(torch.autograd.Function):
                 v: torch.Tensor, bias: torch.Tensor | None,
                 sinks: torch.Tensor | None, kw: dict[str, Any],
                 weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        a = dict(kw, values=_np(v), bias=_np(bias), sinks=_np(sinks))
+        a = dict(kw, values=_np(v), bias=_npo(bias), sinks=_npo(sinks))
         if weights and sinks is None:
             out, alpha = ac.dot_attention(_np(q), _np(k), **a)
             ctx.save_for_backward(q, k, v, bias, sinks,
@@ -308,15 +315,16 @@ class _DotAttention(torch.autograd.Function):
                  ) -> tuple[Any, ...]:
         if ctx.from_alpha:
             q, k, v, bias, sinks, alpha = ctx.saved_tensors
-            extra = {"alpha": _np(alpha)}
+            extra: dict[str, Any] = {"alpha": _np(alpha)}
             if gw is not None and gw.numel() and bool(gw.ne(0).any()):
                 extra["grad_alpha"] = _np(gw.contiguous())
         else:
             q, k, v, bias, sinks, out, lse = ctx.saved_tensors
             extra = {"out": _np(out), "lse": _np(lse)}
-        gr = ac.dot_attention_backward(
-            _np(g.contiguous()), _np(q), _np(k), values=_np(v),
-            bias=_np(bias), sinks=_np(sinks), **extra, **ctx.kw)
+        call: dict[str, Any] = dict(ctx.kw, values=_np(v), bias=_npo(bias),
+                                    sinks=_npo(sinks), **extra)
+        gr: Any = ac.dot_attention_backward(_np(g.contiguous()), _np(q),
+                                            _np(k), **call)
 
         def t(x: np.ndarray | None, need: bool) -> torch.Tensor | None:
             return torch.from_numpy(np.ascontiguousarray(x)) if (
@@ -343,7 +351,7 @@ def _weights_wanted(kwargs: dict[str, Any]) -> bool:
                              or "cross_attentions" in active)
 
 
-def _refuse(name: str, why: str) -> None:
+def _refuse(name: str, why: str) -> NoReturn:
     raise NotImplementedError(
         f"attention_c (transformers backend): {name} {why}; use "
         f"attn_implementation='eager' for this model")
@@ -445,7 +453,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
     # Packed sequences given as flash-attention keywords.
     cq, ck = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cq is not None or ck is not None:
-        if cq is None or ck is None:
+        if not (isinstance(cq, torch.Tensor) and isinstance(ck, torch.Tensor)):
             _refuse("cu_seq_lens_q without cu_seq_lens_k (or the reverse)",
                     "")
         if B != 1:
@@ -525,9 +533,6 @@ def register(name: str = NAME) -> str:
     ``from_pretrained`` and ``set_attn_implementation``.  Idempotent.
     Returns ``name``.
     """
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, mask_forward)
+    _modeling.AttentionInterface.register(name, attention_forward)
+    _mu.AttentionMaskInterface.register(name, mask_forward)
     return name
-
-
-_ = transformers  # the import above checks that the library is there
