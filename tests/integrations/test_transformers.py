@@ -82,6 +82,10 @@ DECODERS = {
 }
 
 
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
 def _pair(make, cls, dtype, ref="eager", seed=0):
     """(ours, reference): the same random weights, two backends."""
     cfg = make()
@@ -141,7 +145,7 @@ def _precision(arch):
 def test_decoder_logits_and_gradients(arch):
     dtype, tol = _precision(arch)
     ours, theirs = _pair(*DECODERS[arch], dtype)
-    ids = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, V, (2, 13), generator=_gen(1))
     _compare(ours, theirs, lambda m: m(ids).logits, tol)
 
 
@@ -168,7 +172,7 @@ def test_decoder_left_padded_generate(arch):
 def test_output_attentions(arch):
     dtype, tol = _precision(arch)
     ours, theirs = _pair(*DECODERS[arch], dtype)
-    ids = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, V, (2, 11), generator=_gen(3))
     a1 = ours(ids, output_attentions=True).attentions
     a2 = theirs(ids, output_attentions=True).attentions
     assert len(a1) == len(a2) == 2
@@ -180,7 +184,7 @@ def test_output_attentions(arch):
 
 def test_static_cache_generate():
     ours, theirs = _pair(*DECODERS["llama"], torch.float32)
-    ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, V, (2, 7), generator=_gen(4))
     kw = dict(max_new_tokens=5, do_sample=False, cache_implementation="static",
               pad_token_id=0)
     assert torch.equal(ours.generate(ids, **kw), theirs.generate(ids, **kw))
@@ -213,7 +217,7 @@ def test_save_and_reload(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation=NAME)
     assert back.config._attn_implementation == NAME
-    ids = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(6))
+    ids = torch.randint(0, V, (2, 8), generator=_gen(6))
     _close(back(ids).logits, ours(ids).logits, 1e-6)
     back.set_attn_implementation("eager")
     _close(back(ids).logits, ours(ids).logits, TOL32)
@@ -227,7 +231,7 @@ def test_bert_padding():
         num_attention_heads=4, intermediate_size=48,
         max_position_embeddings=64)
     ours, theirs = _pair(cfg, transformers.BertForMaskedLM, torch.float32)
-    ids = torch.randint(0, V, (3, 12), generator=torch.Generator().manual_seed(7))
+    ids = torch.randint(0, V, (3, 12), generator=_gen(7))
     am = torch.ones_like(ids)
     am[1, 8:] = 0
     am[2, 5:] = 0
