@@ -284,68 +284,67 @@ def _npo(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 def _function() -> Any:
-    """The autograd function, built in a function: stubtest, with torch
-    unanalysed, cannot see the metaclass of torch.autograd.Function."""
+    """The autograd function of ``ac.dot_attention`` with every gradient
+    (query, keys, values, the float bias and the sinks), and the weights
+    when asked for.  Made with type(), so that stubtest (torch left
+    unanalysed) meets no class whose metaclass it cannot know."""
 
-    class _DotAttentionFunction(torch.autograd.Function):
-        """``ac.dot_attention`` with every gradient (query, keys, values, the
-        float bias and the sinks); the weights when asked for."""
-
-        @staticmethod
-        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor, bias: torch.Tensor | None,
-                    sinks: torch.Tensor | None, kw: dict[str, Any],
-                    weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
-            a = dict(kw, values=_np(v), bias=_npo(bias), sinks=_npo(sinks))
-            if weights and sinks is None:
-                out, alpha = ac.dot_attention(_np(q), _np(k), **a)
-                ctx.save_for_backward(q, k, v, bias, sinks,
-                                      torch.from_numpy(alpha))
-                ctx.from_alpha = True
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, bias: torch.Tensor | None,
+                sinks: torch.Tensor | None, kw: dict[str, Any],
+                weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        a = dict(kw, values=_np(v), bias=_npo(bias), sinks=_npo(sinks))
+        if weights and sinks is None:
+            out, alpha = ac.dot_attention(_np(q), _np(k), **a)
+            ctx.save_for_backward(q, k, v, bias, sinks,
+                                  torch.from_numpy(alpha))
+            ctx.from_alpha = True
+            w = torch.from_numpy(alpha)
+        else:
+            out, lse = ac.dot_attention(_np(q), _np(k),
+                                        return_weights=False, **a)
+            if weights:
+                # The weights with sinks sum to less than 1: P = exp(s -
+                # lse), from the weights path with the same sinks.
+                _, alpha = ac.dot_attention(_np(q), _np(k), **a)
                 w = torch.from_numpy(alpha)
+                ctx.mark_non_differentiable(w)
             else:
-                out, lse = ac.dot_attention(_np(q), _np(k),
-                                            return_weights=False, **a)
-                if weights:
-                    # The weights with sinks sum to less than 1: P = exp(s -
-                    # lse), from the weights path with the same sinks.
-                    _, alpha = ac.dot_attention(_np(q), _np(k), **a)
-                    w = torch.from_numpy(alpha)
-                    ctx.mark_non_differentiable(w)
-                else:
-                    w = q.new_empty(0)
-                ctx.save_for_backward(q, k, v, bias, sinks,
-                                      torch.from_numpy(out),
-                                      torch.from_numpy(lse))
-                ctx.from_alpha = False
-            ctx.kw = kw
-            return torch.from_numpy(out), w
+                w = q.new_empty(0)
+            ctx.save_for_backward(q, k, v, bias, sinks,
+                                  torch.from_numpy(out),
+                                  torch.from_numpy(lse))
+            ctx.from_alpha = False
+        ctx.kw = kw
+        return torch.from_numpy(out), w
 
-        @staticmethod
-        def backward(ctx: Any, g: torch.Tensor, gw: torch.Tensor | None
-                     ) -> tuple[Any, ...]:
-            if ctx.from_alpha:
-                q, k, v, bias, sinks, alpha = ctx.saved_tensors
-                extra: dict[str, Any] = {"alpha": _np(alpha)}
-                if gw is not None and gw.numel() and bool(gw.ne(0).any()):
-                    extra["grad_alpha"] = _np(gw.contiguous())
-            else:
-                q, k, v, bias, sinks, out, lse = ctx.saved_tensors
-                extra = {"out": _np(out), "lse": _np(lse)}
-            call: dict[str, Any] = dict(ctx.kw, values=_np(v), bias=_npo(bias),
-                                        sinks=_npo(sinks), **extra)
-            gr: Any = ac.dot_attention_backward(_np(g.contiguous()), _np(q),
-                                                _np(k), **call)
+    def backward(ctx: Any, g: torch.Tensor, gw: torch.Tensor | None
+                 ) -> tuple[Any, ...]:
+        if ctx.from_alpha:
+            q, k, v, bias, sinks, alpha = ctx.saved_tensors
+            extra: dict[str, Any] = {"alpha": _np(alpha)}
+            if gw is not None and gw.numel() and bool(gw.ne(0).any()):
+                extra["grad_alpha"] = _np(gw.contiguous())
+        else:
+            q, k, v, bias, sinks, out, lse = ctx.saved_tensors
+            extra = {"out": _np(out), "lse": _np(lse)}
+        call: dict[str, Any] = dict(ctx.kw, values=_np(v), bias=_npo(bias),
+                                    sinks=_npo(sinks), **extra)
+        gr: Any = ac.dot_attention_backward(_np(g.contiguous()), _np(q),
+                                            _np(k), **call)
 
-            def t(x: np.ndarray | None, need: bool) -> torch.Tensor | None:
-                return torch.from_numpy(np.ascontiguousarray(x)) if (
-                    need and x is not None) else None
+        def t(x: np.ndarray | None, need: bool) -> torch.Tensor | None:
+            return torch.from_numpy(np.ascontiguousarray(x)) if (
+                need and x is not None) else None
 
-            n = ctx.needs_input_grad
-            return (t(gr.query, n[0]), t(gr.keys, n[1]), t(gr.values, n[2]),
-                    t(gr.bias, n[3]), t(gr.sinks, n[4]), None, None)
+        n = ctx.needs_input_grad
+        return (t(gr.query, n[0]), t(gr.keys, n[1]), t(gr.values, n[2]),
+                t(gr.bias, n[3]), t(gr.sinks, n[4]), None, None)
 
-    return _DotAttentionFunction
+    return type("_DotAttention", (torch.autograd.Function,),
+                {"forward": staticmethod(forward),
+                 "backward": staticmethod(backward),
+                 "__doc__": _function.__doc__})
 
 
 _DotAttention: Any = _function()
