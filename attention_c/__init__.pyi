@@ -105,6 +105,8 @@ class DotAttentionGrads(NamedTuple):
     keys: _Array
     values: _Array | None
     bias: _Array | None
+    alibi_slopes: _Array | None
+    sinks: _Array | None
 
 class GeneralAttentionGrads(NamedTuple):
     query: _Array
@@ -112,6 +114,8 @@ class GeneralAttentionGrads(NamedTuple):
     values: _Array | None
     W: _Array
     bias: _Array | None
+    alibi_slopes: _Array | None
+    sinks: _Array | None
 
 _Opt = npt.ArrayLike | None
 
@@ -187,11 +191,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: Literal[False] = False,
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: _Opt = None,
     sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: Literal[False] = False,
 ) -> GeneralAttentionGrads: ...
 @overload
 def general_attention_backward(
@@ -200,11 +205,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: Literal[True],
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: _Opt = None,
     sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: Literal[True],
 ) -> tuple[GeneralAttentionGrads, _Array]: ...
 @overload
 def general_attention_backward(
@@ -213,11 +219,12 @@ def general_attention_backward(
     lse: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
     causal: bool = False, bias: _Opt = None, dropout: float = 0.0,
     seed: int | None = None, values: _Opt = None, grad_alpha: _Opt = None,
-    key_proj: _Opt = None, stop_at_key_proj: bool = ...,
+    key_proj: _Opt = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: _Opt = None,
     sinks: _Opt = None, cu_seqlens_q: _Opt = None,
     cu_seqlens_k: _Opt = None,
+    stop_at_key_proj: bool = ...,
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,

@@ -45,6 +45,12 @@ PyTorch transcription of docs/contract.md and are exact.  bfloat16 and
 float16 are computed in float32 and returned in their dtype; under
 ``torch.autocast('cpu')`` the layers compute in float32 and return float32.
 
+FlashAttention-2's ``flash_attn_func`` and ``flash_attn_varlen_func``
+(:mod:`attention_c.torch.flash_attn_interface`) run code written for
+flash_attn on the CPU by changing the import: (B, T, heads, d) layouts,
+packed sequences, sliding windows, soft-capping, ALiBi, grouped queries,
+and attention sinks.
+
 The package is laid out as PyTorch's own: :mod:`attention_c.torch.functional`
 (as ``torch.nn.functional``) and :mod:`attention_c.torch.modules` (as
 ``torch.nn.modules``), both re-exported here; the operators' registration
@@ -53,6 +59,7 @@ is private (``_ops``, with the pure-PyTorch transcriptions in ``_pure``).
 
 import torch
 
+from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from .functional import (additive_attention, context_attention,
                          dot_attention, general_attention, project_keys,
                          scaled_dot_product_attention)
@@ -64,13 +71,15 @@ __all__ = ["context_attention", "ContextAttention",
            "additive_attention", "AdditiveAttention",
            "dot_attention", "DotAttention",
            "general_attention", "GeneralAttention", "project_keys",
-           "scaled_dot_product_attention", "MultiheadAttention", "KVCache"]
+           "scaled_dot_product_attention", "MultiheadAttention", "KVCache",
+           "flash_attn_func", "flash_attn_varlen_func"]
 
 # torch.fx.symbolic_trace records calls of the functions looked up here
 # (attention_c.torch.dot_attention(...)) as leaves, run at call time: its
 # proxies carry no data for the checks and the kernels.
 for _name in ("context_attention", "additive_attention", "dot_attention",
               "general_attention", "project_keys",
-              "scaled_dot_product_attention"):
+              "scaled_dot_product_attention", "flash_attn_func",
+              "flash_attn_varlen_func"):
     torch.fx.wrap(_name)
 del _name

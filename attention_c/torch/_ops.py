@@ -21,7 +21,7 @@ record, so they stay as they are.
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional, TypeAlias
 
 import numpy as np
 import torch
@@ -56,9 +56,17 @@ def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:
 # ---- the schemas, from the binding's table (attention_c._functions): each
 # op's arguments by name, in the op's order, typed by their kind there.
 
+# The variants of the dot and general ops (docs/contract.md section 8),
+# last: window ([left, right], -1 unbounded, or None), softcap,
+# alibi_slopes and sinks (one value a sequence, differentiable),
+# cu_seqlens_q and cu_seqlens_k (integer tensors); None by default.
+_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "sinks",
+                  "cu_seqlens_q", "cu_seqlens_k")
+
 # The ops' arguments (what torch.export and torch.jit.trace record: they
-# stay as they are).  A family backward op takes both forward results:
-# ``alpha`` (alpha or lse, as the forward gave) and ``out``.
+# stay as they are; the variants were added at the end, with defaults).
+# A family backward op takes both forward results: ``alpha`` (alpha or
+# lse, as the forward gave) and ``out``.
 _ARGS = {
     "context_attention": ("h", "W", "v", "b", "mask", "keep"),
     "context_attention_backward": (
@@ -72,18 +80,18 @@ _ARGS = {
         "mask", "attn_mask", "causal", "values", "key_proj", "stop"),
     "dot_attention": (
         "query", "keys", "mask", "attn_mask", "causal", "bias", "dropout",
-        "seed", "values", "scale", "weights"),
+        "seed", "values", "scale", "weights", *_VARIANT_NAMES),
     "dot_attention_backward": (
         "grad_out", "grad_alpha", "query", "keys", "alpha", "out", "mask",
         "attn_mask", "causal", "bias", "dropout", "seed", "values", "scale",
-        "weights"),
+        "weights", *_VARIANT_NAMES),
     "general_attention": (
         "query", "keys", "W", "mask", "attn_mask", "causal", "bias",
-        "dropout", "seed", "values", "key_proj", "weights"),
+        "dropout", "seed", "values", "key_proj", "weights", *_VARIANT_NAMES),
     "general_attention_backward": (
         "grad_out", "grad_alpha", "query", "keys", "W", "alpha", "out",
         "mask", "attn_mask", "causal", "bias", "dropout", "seed", "values",
-        "key_proj", "stop", "weights"),
+        "key_proj", "stop", "weights", *_VARIANT_NAMES),
 }
 # The table's names of the ops' short ones.
 _TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
@@ -92,9 +100,12 @@ _TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
 # an array's is Tensor or Tensor?.  The seed is an int64 tensor holding
 # its 64 bits, so that a module can draw it from torch's generator inside
 # a compiled graph.
+# A window is "int[]?": None, or [left, right] with -1 for an unbounded
+# side (FlashAttention's convention; the NumPy API's None).  An argument
+# the table does not have (yet) is an optional array.
 _KINDS = {a.name: a.kind for f in TABLE.values() for a in f.args}
 _TYPES = {"mask": "Tensor?", "flag": "bool", "number": "float",
-          "scale": "float?", "seed": "Tensor?"}
+          "scale": "float?", "seed": "Tensor?", "window": "int[]?"}
 
 
 def _schema(function: str, nout: int) -> str:
@@ -107,9 +118,12 @@ def _schema(function: str, nout: int) -> str:
         required |= {"alpha", "out"}
     args = []
     for name in _ARGS[function]:
-        kind = _KINDS[_TABLE_NAMES.get(name, name)]
+        kind = _KINDS.get(_TABLE_NAMES.get(name, name), "array")
         array = "Tensor" if name in required else "Tensor?"
-        args.append(f"{_TYPES.get(kind, array)} {name}")
+        # The variants default to None: a call of the ops as they were
+        # (recorded graphs, opcheck) still holds.
+        default = "=None" if name in _VARIANT_NAMES else ""
+        args.append(f"{_TYPES.get(kind, array)} {name}{default}")
     return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * nout)})"
 
 
@@ -233,6 +247,28 @@ def _sec5(mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
     return kw
 
 
+def _variants_kw(window: list[int] | None, softcap: float | None,
+                 alibi_slopes: torch.Tensor | None,
+                 sinks: torch.Tensor | None,
+                 cu_seqlens_q: torch.Tensor | None,
+                 cu_seqlens_k: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword arguments of the variants (docs/contract.md section 8)
+    for a C call: only those given, so that a call without them is the
+    call of before.  The op's window ``[left, right]`` (-1: unbounded)
+    becomes the binding's pair with None."""
+    kw: dict[str, Any] = {}
+    if window is not None:
+        kw["window"] = tuple(None if w < 0 else int(w) for w in window)
+    if softcap is not None:
+        kw["softcap"] = softcap
+    for name, x in (("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                    ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k)):
+        if x is not None:
+            kw[name] = _np(x)
+    return kw
+
+
 def _saved_kw(alpha: torch.Tensor, out: torch.Tensor, weights: bool
               ) -> tuple[tuple[np.ndarray, ...], dict[str, Any]]:
     """A backward's saved forward results: alpha by position, or out= and
@@ -311,140 +347,195 @@ def _additive_bwd_fake(grad_out: torch.Tensor,
             _like(values, query), _like(key_proj if stop else None, query))
 
 
+# The types of the variants' arguments (_VARIANT_NAMES).
+# (explicit aliases: where torch is not analysed, its Tensor is Any)
+Win: TypeAlias = Optional[list[int]]
+Opt: TypeAlias = Optional[torch.Tensor]
+
+
+def _lse_for_sinks(call: Any, weights: bool, alpha: torch.Tensor,
+                   out: torch.Tensor, sinks: Opt
+                   ) -> tuple[tuple[np.ndarray, ...], dict[str, Any]]:
+    """A backward's saved results; with sinks after a return_weights=True
+    forward (whose alpha loses the sink's share, so the C backward refuses
+    it), the lse of one more forward call ``call()`` -> (out, lse)."""
+    if sinks is not None and weights:
+        out2, lse = call()
+        return (), dict(out=out2, lse=lse)
+    return _saved_kw(alpha, out, weights)
+
+
 @torch.library.custom_op(
     f"{_NS}::dot_attention", mutates_args=(),
     schema=_schema("dot_attention", 2))
 def _dot_op(query: torch.Tensor, keys: torch.Tensor,
-            mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-            causal: bool, bias: torch.Tensor | None, dropout: float,
-            seed: torch.Tensor | None, values: torch.Tensor | None,
-            scale: float | None, weights: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+            dropout: float, seed: Opt, values: Opt, scale: float | None,
+            weights: bool, window: Win = None,
+            softcap: float | None = None, alibi_slopes: Opt = None,
+            sinks: Opt = None, cu_seqlens_q: Opt = None,
+            cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.dot_attention(
         _np(query), _np(keys), values=_np_opt(values), scale=scale,
         return_weights=weights,
-        **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+        **_sec5(mask, attn_mask, causal, bias, dropout, seed),
+        **_variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
+                       cu_seqlens_k))
     return torch.from_numpy(out), torch.from_numpy(second)
 
 
 @_dot_op.register_fake
 def _dot_fake(query: torch.Tensor, keys: torch.Tensor,
-              mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-              causal: bool, bias: torch.Tensor | None, dropout: float,
-              seed: torch.Tensor | None, values: torch.Tensor | None,
-              scale: float | None, weights: bool
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+              dropout: float, seed: Opt, values: Opt, scale: float | None,
+              weights: bool, window: Win = None,
+              softcap: float | None = None, alibi_slopes: Opt = None,
+              sinks: Opt = None, cu_seqlens_q: Opt = None,
+              cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
 @torch.library.custom_op(
     f"{_NS}::dot_attention_backward", mutates_args=(),
-    schema=_schema("dot_attention_backward", 4))
-def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+    schema=_schema("dot_attention_backward", 6))
+def _dot_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                 query: torch.Tensor, keys: torch.Tensor, alpha: torch.Tensor,
-                out: torch.Tensor, mask: torch.Tensor | None,
-                attn_mask: torch.Tensor | None, causal: bool,
-                bias: torch.Tensor | None, dropout: float,
-                seed: torch.Tensor | None, values: torch.Tensor | None,
-                scale: float | None, weights: bool
+                out: torch.Tensor, mask: Opt, attn_mask: Opt, causal: bool,
+                bias: Opt, dropout: float, seed: Opt, values: Opt,
+                scale: float | None, weights: bool, window: Win = None,
+                softcap: float | None = None, alibi_slopes: Opt = None,
+                sinks: Opt = None, cu_seqlens_q: Opt = None,
+                cu_seqlens_k: Opt = None
                 ) -> tuple[torch.Tensor, ...]:
-    """``(dq, dk, dvalues, dbias)``, dvalues and dbias empty without
-    values and bias.  ``alpha`` is the lse when not ``weights``."""
-    saved, skw = _saved_kw(alpha, out, weights)
+    """``(dq, dk, dvalues, dbias, dalibi_slopes, dsinks)``, each empty
+    without its input.  ``alpha`` is the lse when not ``weights``."""
+    sec5 = _sec5(mask, attn_mask, causal, bias, dropout, seed)
+    var = _variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
+                       cu_seqlens_k)
+    saved, skw = _lse_for_sinks(
+        lambda: _ac.dot_attention(
+            _np(query), _np(keys), values=_np_opt(values), scale=scale,
+            return_weights=False, **sec5, **var),
+        weights, alpha, out, sinks)
     backward: Any = _ac.dot_attention_backward  # alpha: by position or not
-    dq, dk, dval, dbias = backward(
+    g = backward(
         _np(grad_out), _np(query), _np(keys), *saved,
         values=_np_opt(values), scale=scale, grad_alpha=_ga(grad_alpha),
-        **skw, **_sec5(mask, attn_mask, causal, bias, dropout, seed))
-    return tuple(_t(x, query) for x in (dq, dk, dval, dbias))
+        **skw, **sec5, **var)
+    extra = tuple(g[4:6]) if len(g) > 4 else (None, None)
+    return tuple(_t(x, query) for x in (*g[:4], *extra))
 
 
 @_dot_bwd_op.register_fake
-def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+def _dot_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
                   query: torch.Tensor, keys: torch.Tensor,
                   alpha: torch.Tensor, out: torch.Tensor,
-                  mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                  causal: bool, bias: torch.Tensor | None, dropout: float,
-                  seed: torch.Tensor | None, values: torch.Tensor | None,
-                  scale: float | None, weights: bool
+                  mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+                  dropout: float, seed: Opt, values: Opt,
+                  scale: float | None, weights: bool, window: Win = None,
+                  softcap: float | None = None, alibi_slopes: Opt = None,
+                  sinks: Opt = None, cu_seqlens_q: Opt = None,
+                  cu_seqlens_k: Opt = None
                   ) -> tuple[torch.Tensor, ...]:
-    return (_new(query), _new(keys),
-            _like(values, query), _like(bias, query))
+    return (_new(query), _new(keys), _like(values, query),
+            _like(bias, query), _like(alibi_slopes, query),
+            _like(sinks, query))
 
 
 @torch.library.custom_op(
     f"{_NS}::general_attention", mutates_args=(),
     schema=_schema("general_attention", 2))
 def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
-                mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                causal: bool, bias: torch.Tensor | None, dropout: float,
-                seed: torch.Tensor | None, values: torch.Tensor | None,
-                key_proj: torch.Tensor | None, weights: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+                dropout: float, seed: Opt, values: Opt, key_proj: Opt,
+                weights: bool, window: Win = None,
+                softcap: float | None = None, alibi_slopes: Opt = None,
+                sinks: Opt = None, cu_seqlens_q: Opt = None,
+                cu_seqlens_k: Opt = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)``, or ``(out, lse)`` when not ``weights``."""
     out, second = _ac.general_attention(
         _np(query), _np(keys), _np(W), values=_np_opt(values),
         key_proj=_np_opt(key_proj), return_weights=weights,
-        **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+        **_sec5(mask, attn_mask, causal, bias, dropout, seed),
+        **_variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
+                       cu_seqlens_k))
     return torch.from_numpy(out), torch.from_numpy(second)
 
 
 @_general_op.register_fake
 def _general_fake(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
-                  mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                  causal: bool, bias: torch.Tensor | None, dropout: float,
-                  seed: torch.Tensor | None, values: torch.Tensor | None,
-                  key_proj: torch.Tensor | None, weights: bool
+                  mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+                  dropout: float, seed: Opt, values: Opt, key_proj: Opt,
+                  weights: bool, window: Win = None,
+                  softcap: float | None = None, alibi_slopes: Opt = None,
+                  sinks: Opt = None, cu_seqlens_q: Opt = None,
+                  cu_seqlens_k: Opt = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     return _family_out_fake(query, keys, values, weights)
 
 
 @torch.library.custom_op(
     f"{_NS}::general_attention_backward", mutates_args=(),
-    schema=_schema("general_attention_backward", 6))
-def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: torch.Tensor | None,
+    schema=_schema("general_attention_backward", 8))
+def _general_bwd_op(grad_out: torch.Tensor, grad_alpha: Opt,
                     query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
                     alpha: torch.Tensor, out: torch.Tensor,
-                    mask: torch.Tensor | None,
-                    attn_mask: torch.Tensor | None, causal: bool,
-                    bias: torch.Tensor | None, dropout: float,
-                    seed: torch.Tensor | None, values: torch.Tensor | None,
-                    key_proj: torch.Tensor | None, stop: bool, weights: bool
+                    mask: Opt, attn_mask: Opt, causal: bool, bias: Opt,
+                    dropout: float, seed: Opt, values: Opt, key_proj: Opt,
+                    stop: bool, weights: bool, window: Win = None,
+                    softcap: float | None = None, alibi_slopes: Opt = None,
+                    sinks: Opt = None, cu_seqlens_q: Opt = None,
+                    cu_seqlens_k: Opt = None
                     ) -> tuple[torch.Tensor, ...]:
-    """``(dq, dk, dW, dbias, dvalues, dkey_proj)``; with ``stop`` dW is 0
-    (W only acts through key_proj).  ``alpha`` is the lse when not
-    ``weights``."""
-    saved, skw = _saved_kw(alpha, out, weights)
+    """``(dq, dk, dW, dbias, dvalues, dkey_proj, dalibi_slopes, dsinks)``;
+    with ``stop`` dW is 0 (W only acts through key_proj).  ``alpha`` is
+    the lse when not ``weights``."""
+    sec5 = _sec5(mask, attn_mask, causal, bias, dropout, seed)
+    var = _variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
+                       cu_seqlens_k)
+    saved, skw = _lse_for_sinks(
+        lambda: _ac.general_attention(
+            _np(query), _np(keys), _np(W), values=_np_opt(values),
+            key_proj=_np_opt(key_proj), return_weights=False, **sec5,
+            **var),
+        weights, alpha, out, sinks)
     args = (_np(grad_out), _np(query), _np(keys), _np(W), *saved)
     kw = dict(values=_np_opt(values), grad_alpha=_ga(grad_alpha), **skw,
-              **_sec5(mask, attn_mask, causal, bias, dropout, seed))
+              **sec5, **var)
     if stop:
         assert key_proj is not None
-        dq, dk, dval, _, dbias, dkp = _core.general_attention_backward(
+        g = _core.general_attention_backward(
             *args, key_proj=_np(key_proj), stop_at_key_proj=True, **kw)
+        dq, dk, dval, _, dbias, *rest = g
+        dkp = rest.pop()                    # the extra output, last
         dW = np.zeros(W.shape, _np(W).dtype)
     else:
-        dq, dk, dval, dW, dbias = _ac.general_attention_backward(
+        g = _ac.general_attention_backward(
             *args, key_proj=_np_opt(key_proj), **kw)
+        dq, dk, dval, dW, dbias, *rest = g
         dkp = None
-    return tuple(_t(x, query) for x in (dq, dk, dW, dbias, dval, dkp))
+    dsl, dsk = rest if rest else (None, None)
+    return tuple(_t(x, query)
+                 for x in (dq, dk, dW, dbias, dval, dkp, dsl, dsk))
 
 
 @_general_bwd_op.register_fake
-def _general_bwd_fake(grad_out: torch.Tensor,
-                      grad_alpha: torch.Tensor | None, query: torch.Tensor,
-                      keys: torch.Tensor, W: torch.Tensor,
-                      alpha: torch.Tensor, out: torch.Tensor,
-                      mask: torch.Tensor | None,
-                      attn_mask: torch.Tensor | None, causal: bool,
-                      bias: torch.Tensor | None, dropout: float,
-                      seed: torch.Tensor | None, values: torch.Tensor | None,
-                      key_proj: torch.Tensor | None, stop: bool,
-                      weights: bool) -> tuple[torch.Tensor, ...]:
+def _general_bwd_fake(grad_out: torch.Tensor, grad_alpha: Opt,
+                      query: torch.Tensor, keys: torch.Tensor,
+                      W: torch.Tensor, alpha: torch.Tensor,
+                      out: torch.Tensor, mask: Opt, attn_mask: Opt,
+                      causal: bool, bias: Opt, dropout: float, seed: Opt,
+                      values: Opt, key_proj: Opt, stop: bool, weights: bool,
+                      window: Win = None,
+                      softcap: float | None = None, alibi_slopes: Opt = None,
+                      sinks: Opt = None, cu_seqlens_q: Opt = None,
+                      cu_seqlens_k: Opt = None
+                      ) -> tuple[torch.Tensor, ...]:
     return (_new(query), _new(keys),
             _new(W), _like(bias, query), _like(values, query),
-            _like(key_proj if stop else None, query))
+            _like(key_proj if stop else None, query),
+            _like(alibi_slopes, query), _like(sinks, query))
 
 
 # ---- autograd: first order on the backward ops, higher orders in PyTorch
@@ -490,16 +581,17 @@ _SPECS = {
     "dot": _Spec(
         "dot", _dot_op, _dot_bwd_op,
         _ARGS["dot_attention"], _ARGS["dot_attention_backward"],
-        ("query", "keys", "values", "bias")),
+        ("query", "keys", "values", "bias", "alibi_slopes", "sinks")),
     "general": _Spec(
         "general", _general_op, _general_bwd_op,
         _ARGS["general_attention"], _ARGS["general_attention_backward"],
-        ("query", "keys", "W", "bias", "values", "key_proj")),
+        ("query", "keys", "W", "bias", "values", "key_proj",
+         "alibi_slopes", "sinks")),
 }
 
 # The non-differentiable arguments of the pure-PyTorch forwards.
 _FIXED = ("mask", "attn_mask", "causal", "dropout", "seed", "scale",
-          "weights")
+          "weights", "window", "softcap", "cu_seqlens_q", "cu_seqlens_k")
 
 
 def _pure_for(spec: _Spec, a: dict[str, Any]) -> Any:
@@ -551,8 +643,10 @@ def _first_backward(spec: _Spec, bwd: Any) -> Any:
                  ) -> tuple[Any, ...]:
         a, outs = _saved(ctx, spec.inputs)
         need = dict(zip(spec.inputs, ctx.needs_input_grad))
+        # (a direct call may leave out the trailing arguments that default)
+        names = spec.inputs[:len(ctx.needs_input_grad)]
         if grad_out is None and grad_alpha is None:
-            return (None,) * len(spec.inputs)
+            return (None,) * len(names)
         given = dict(a, grad_out=(torch.zeros_like(outs[0])
                                   if grad_out is None else grad_out),
                      grad_alpha=grad_alpha, alpha=outs[1], out=outs[0],
@@ -560,18 +654,21 @@ def _first_backward(spec: _Spec, bwd: Any) -> Any:
                      # carries the keys' projection through its graph.
                      stop=bool(need.get("key_proj")),
                      act=outs[2] if a.get("keep") else None)
-        if grad_alpha is not None and not a.get("weights", True):
+        if grad_alpha is not None and (not a.get("weights", True)
+                                       or a.get("sinks") is not None):
             # A gradient of lse: the C backward takes none (its delta has
-            # no P_i * dlse_i term), so differentiate the pure forward.
+            # no P_i * dlse_i term); nor one of alpha with sinks (it needs
+            # out= and lse=, which take no grad_alpha): differentiate the
+            # pure forward.
             xs = _xs(spec, given)
             res = _first_order(spec, given)(given["grad_out"], grad_alpha,
                                             *xs.values())
             g = dict(zip(xs, res))
         else:
-            res = bwd(*[given[n] for n in spec.bwd_inputs])
+            res = bwd(*[given.get(n) for n in spec.bwd_inputs])
             g = dict(zip(spec.grads, res))
         return tuple(g[n] if n in g and a[n] is not None and need[n]
-                     else None for n in spec.inputs)
+                     else None for n in names)
 
     return backward
 
@@ -582,7 +679,7 @@ def _forward_jvp(spec: _Spec) -> Any:
         t = dict(zip(spec.inputs, tangents))
         # A key_proj without a tangent is a constant equal to the keys'
         # projection: recompute it so that the keys' tangent goes through.
-        xs = {n: a[n] for n in spec.grads if a[n] is not None
+        xs = {n: a[n] for n in spec.grads if a.get(n) is not None
               and (n != "key_proj" or t[n] is not None)}
         t_out, t_alpha = _func_jvp(
             lambda *y: _pure_for(spec, a)(**dict(zip(xs, y))),
@@ -628,7 +725,8 @@ def _second_backward(spec: _Spec) -> Any:
             for n, g in zip(xs, grads)))
         d = dict(zip(xs, d_xs), grad_out=d_go,
                  grad_alpha=None if ga is None else d_ga)
-        return tuple(d.get(n) for n in spec.bwd_inputs)
+        return tuple(d.get(n) for n in
+                     spec.bwd_inputs[:len(ctx.needs_input_grad)])
 
     return backward
 

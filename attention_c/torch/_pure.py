@@ -84,21 +84,89 @@ def masked_softmax(s: torch.Tensor, m: torch.Tensor | None
     return _softmax_lse(s, m)[0]
 
 
-def _softmax_lse(s: torch.Tensor, m: torch.Tensor | None
+def _softmax_lse(s: torch.Tensor, m: torch.Tensor | None,
+                 sink: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(alpha, lse) of ``s`` over the last axis and the valid entries of
     ``m``; a row with none gets alpha = 0 and lse = -inf, with zero
-    derivatives of any order."""
-    if m is None:
+    derivatives of any order.  ``sink`` (lead), one logit a sequence,
+    joins every denominator without a value (docs/contract.md section 8):
+    lse_i = log(exp(sink) + sum_t exp(s_it)), = sink for a row with no
+    valid entry."""
+    if m is None and sink is None:
         return torch.softmax(s, -1), torch.logsumexp(s, -1)
+    if m is None:
+        m = torch.ones(s.shape, dtype=torch.bool, device=s.device)
     any_valid = m.any(-1, keepdim=True)
     M = torch.where(m, s, -torch.inf).amax(-1, keepdim=True)
-    M = torch.where(any_valid, M, 0).detach()
+    M = torch.where(any_valid, M, 0)
+    if sink is not None:
+        z = sink[..., None, None].expand(M.shape)
+        M = torch.where(any_valid, torch.maximum(M, z), z)
+    M = M.detach()
     # exp(0) on masked entries: no inf whose zero gradient would give NaN.
     e = torch.where(m, torch.exp(torch.where(m, s, M) - M), 0)
-    total = torch.where(any_valid, e.sum(-1, keepdim=True), 1)
+    total = e.sum(-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp(z - M)
+        return e / total, (M + torch.log(total))[..., 0]
+    total = torch.where(any_valid, total, 1)
     lse = torch.where(any_valid, M + torch.log(total), -torch.inf)
     return e / total, lse[..., 0]
+
+
+def _window_sides(window: Any) -> tuple[int | None, int | None]:
+    """(left, right), None for an unbounded side: from the ops' [left,
+    right] with -1, or the NumPy API's pair with None."""
+    if window is None:
+        return None, None
+    left, right = (None if w is None or w < 0 else int(w) for w in window)
+    return left, right
+
+
+def relative_positions(Tq: int, T: int, cu_seqlens_q: torch.Tensor | None,
+                       cu_seqlens_k: torch.Tensor | None,
+                       device: torch.device | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(same, rel), each (Tq, T): whether query i and key t are of the same
+    packed sequence, and rel_it = t - i' within it (i' the query's
+    bottom-right aligned position), as
+    ``attention_c.reference.variants._relative_positions``."""
+    i = torch.arange(Tq, device=device)
+    t = torch.arange(T, device=device)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        same = torch.ones(Tq, T, dtype=torch.bool, device=device)
+        return same, t[None, :] - (i + (T - Tq))[:, None]
+    cq = cu_seqlens_q.to(torch.int64)
+    ck = cu_seqlens_k.to(torch.int64)
+    # the sequence of each query and key: the last starting at or before
+    # it (an empty sequence holds nobody)
+    sq = torch.searchsorted(cq, i, right=True) - 1
+    sk = torch.searchsorted(ck, t, right=True) - 1
+    len_q, len_k = (cq[1:] - cq[:-1])[sq], (ck[1:] - ck[:-1])[sq]
+    i_pos = (i - cq[sq]) + (len_k - len_q)
+    rel = (t - ck[sk])[None, :] - i_pos[:, None]
+    return sq[:, None] == sk[None, :], rel
+
+
+def key_ranges(Tq: int, T: int, causal: bool, window: Any,
+               cu_seqlens_q: torch.Tensor | None,
+               cu_seqlens_k: torch.Tensor | None,
+               device: torch.device | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen, rel), each (Tq, T): key t lies in query i's range by causal,
+    the window and the packed sequences; rel as :func:`relative_positions`.
+    """
+    seen, rel = relative_positions(Tq, T, cu_seqlens_q, cu_seqlens_k,
+                                   device)
+    left, right = _window_sides(window)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if left is not None:
+        seen = seen & (rel >= -left)
+    if right is not None:
+        seen = seen & (rel <= right)
+    return seen, rel
 
 
 def context_attention(h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
@@ -149,11 +217,22 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
                      bias: torch.Tensor | None = None,
                      dropout: float = 0.0,
                      seed: torch.Tensor | int | None = None,
-                     weights: bool = True
+                     weights: bool = True,
+                     window: Any = None,
+                     softcap: float | None = None,
+                     alibi_slopes: torch.Tensor | None = None,
+                     sinks: torch.Tensor | None = None,
+                     cu_seqlens_q: torch.Tensor | None = None,
+                     cu_seqlens_k: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The family's ``kind`` ('additive', 'dot', 'general'; sections 4.3
-    and 5): ``(out, alpha)``, or ``(out, lse)`` when not ``weights``.
-    ``key_proj`` given: the scores use it (the gradient stops there)."""
+    """The family's ``kind`` ('additive', 'dot', 'general'; sections 4.3,
+    5 and 8): ``(out, alpha)``, or ``(out, lse)`` when not ``weights``.
+    ``key_proj`` given: the scores use it (the gradient stops there).
+    The variants (dot and general): ``window`` (left, right) (-1 or None
+    unbounded), ``softcap`` c (s <- c tanh(s / c), before bias and ALiBi),
+    ``alibi_slopes`` m (s <- s - m |t - i'|) and ``sinks`` (one logit a
+    sequence in every denominator), each broadcast to the leading shape,
+    and the packed sequences ``cu_seqlens_q``, ``cu_seqlens_k``."""
     single = query.ndim < keys.ndim
     q = query.unsqueeze(-2) if single else query
     Tq, T = q.shape[-2], keys.shape[-2]
@@ -165,10 +244,14 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
         vis = vis & mask.unsqueeze(-2)
     if attn_mask is not None:
         vis = vis & attn_mask
-    if causal:
-        i = torch.arange(Tq, device=q.device)[:, None]
-        t = torch.arange(T, device=q.device)[None, :]
-        vis = vis & (t <= i + (T - Tq))
+    ranged = (causal or window is not None or cu_seqlens_q is not None
+              or cu_seqlens_k is not None)
+    rel = None
+    if ranged or alibi_slopes is not None:
+        seen, rel = key_ranges(Tq, T, causal, window, cu_seqlens_q,
+                               cu_seqlens_k, q.device)
+        if ranged:
+            vis = vis & seen
     if bias is not None:
         bias = bias.unsqueeze(-2) if single else bias
         vis = vis & ~torch.isneginf(bias)
@@ -191,9 +274,15 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
         kp = F.linear(keys, W[:, :H]) if key_proj is None else key_proj
         qp = F.linear(q, W[:, H:], b)
         s = torch.tanh(kp.unsqueeze(-3) + qp.unsqueeze(-2)) @ v
+    if softcap is not None:             # before bias and ALiBi (Gemma 2)
+        s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         s = s + bias
-    alpha, lse = _softmax_lse(s, vis)
+    if alibi_slopes is not None:
+        assert rel is not None
+        s = s - alibi_slopes[..., None, None] * rel.abs().to(s.dtype)
+    sink = None if sinks is None else sinks.expand(lead)
+    alpha, lse = _softmax_lse(s, vis, sink)
     a = alpha
     if dropout > 0:
         assert seed is not None

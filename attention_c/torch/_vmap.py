@@ -15,8 +15,17 @@ import torch
 from . import _pure
 
 
+def _tensor_dims(in_dims: tuple[Any, ...], args: tuple[Any, ...]
+                 ) -> tuple[Any, ...]:
+    """``in_dims`` with None for every argument that is not a tensor (a
+    window [left, right] comes with a list of dims, [None, None])."""
+    return tuple(d if isinstance(a, torch.Tensor) else None
+                 for a, d in zip(args, in_dims))
+
+
 def _vmap_loop(op: Any, info: Any, in_dims: tuple[Any, ...],
                *args: Any) -> tuple[Any, Any]:
+    in_dims = _tensor_dims(in_dims, args)
     outs = []
     for i in range(info.batch_size):
         outs.append(op(*[a.select(d, i) if d is not None else a
@@ -68,8 +77,9 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
     def rule(info: Any, in_dims: tuple[Any, ...], *args: Any
              ) -> tuple[Any, Any]:
         a = dict(zip(names, args))
-        d = dict(zip(names, in_dims))
-        if (any(d[n] is not None for n in names if n not in _CORE)
+        d = dict(zip(names, _tensor_dims(in_dims, args)))
+        # (a call may leave out the trailing arguments that default)
+        if (any(d[n] is not None for n in d if n not in _CORE)
                 or a.get("dropout", 0.0) > 0):
             return _vmap_loop(op, info, in_dims, *args)
         logical = {n: (x.shape if d[n] is None
@@ -91,7 +101,7 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
             if n in _FULL:
                 x = x.expand(N, *lead, *shape[len(shape) - core[n]:])
             new[n] = x
-        outs = op(*[new[n] for n in names])
+        outs = op(*[new[n] for n in names[:len(args)]])
         return outs, (0,) * len(outs)
 
     return rule

@@ -9,6 +9,8 @@ to float32, and calls a custom operator (attention_c.torch._ops).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -83,9 +85,11 @@ _FAMILY_RETURNS = """
         0 for a query with no visible key.
     alpha : Tensor (..., T) or (..., Tq, T)
         The attention weights (before dropout), 0 for keys a query does
-        not see.  With ``return_weights=False`` (dot and general) this is
-        ``lse`` (...) or (..., Tq) instead: ``log sum_t exp(s_it)`` over
-        the visible keys, -inf for a query with none; differentiable.
+        not see (with ``sinks`` they sum to less than 1).  With
+        ``return_weights=False`` (dot and general) this is ``lse`` (...)
+        or (..., Tq) instead: ``log sum_t exp(s_it)`` over the visible
+        keys (plus ``exp(sink)`` with ``sinks``), -inf for a query with
+        none (the sink with ``sinks``); differentiable.
 
     Raises
     ------
@@ -94,11 +98,16 @@ _FAMILY_RETURNS = """
         per-query mask given as ``mask``, ``attn_mask`` or ``causal`` with
         one query per sequence, a ``dropout`` outside [0, 1) or without
         ``seed``, or shapes that do not fit (masks and bias broadcast to
-        the scores' shape, never adding leading axes).
+        the scores' shape, never adding leading axes); a negative window
+        side, ``softcap`` <= 0, ``window`` or ``cu_seqlens_*`` with one
+        query per sequence, cu_seqlens that do not rise from 0 to Tq
+        (resp. T), or slopes or sinks that do not broadcast to the
+        leading axes.
     TypeError
         A dtype other than float32, float64, bfloat16 and float16, mixed
-        dtypes (outside ``torch.autocast``), a mask that is not boolean;
-        an optional argument passed by position.
+        dtypes (outside ``torch.autocast``), a mask that is not boolean,
+        cu_seqlens that are not integers; an optional argument passed by
+        position.
 """
 
 _MASKS_DOC = """mask : Tensor of torch.bool (..., T), optional
@@ -214,6 +223,123 @@ def _dropout_seed(dropout: float, seed: int | torch.Tensor | None
                            dtype=torch.int64)
 
 
+_VARIANTS_DOC = """window : tuple (left, right), optional
+        A sliding window: key t is visible to query i iff ``i' - left <= t
+        <= i' + right`` (i' = i + T - Tq, bottom-right aligned as
+        ``causal``), each side an int >= 0 or None (unbounded); with
+        ``causal`` the right side is 0.  Several queries only.  The
+        kernels compute only the blocks inside the window.
+    softcap : float, optional
+        c > 0: the score (scaled, before bias and ALiBi) becomes ``c
+        tanh(s / c)`` (Gemma 2).  None: off.
+    alibi_slopes : Tensor, optional
+        One slope a sequence and head, broadcastable (never adding axes)
+        to the leading shape of ``out`` (e.g. (heads,) for (B, heads, T,
+        d)): adds ``-slope |i' - t|`` to the scores (FlashAttention's
+        ALiBi).  Cast to the computation's dtype; differentiable.
+    sinks : Tensor, optional
+        One logit a sequence and head (same shapes as ``alibi_slopes``)
+        in every softmax denominator, without a value: ``lse_i = log(exp
+        (sink) + sum_t exp(s_it))``, so the weights sum to less than 1 (an
+        attention sink, gpt-oss).  Differentiable (in float32 for bfloat16
+        and float16 calls).  With ``return_weights=True`` the backward runs
+        one more forward (it needs the lse).
+    cu_seqlens_q, cu_seqlens_k : Tensor of an integer dtype (n + 1,), optional
+        Packed sequences (FlashAttention's varlen layout): the Tq axis holds
+        n query sequences back to back, sequence s being the queries
+        ``cu_seqlens_q[s]:cu_seqlens_q[s+1]``, and the T axis n key
+        sequences; a query sees only its own sequence's keys, and causal,
+        window and ALiBi positions are taken within it.  Both or neither;
+        non-decreasing from 0 to Tq (resp. T).  Several queries only."""
+
+
+def _check_variants(query: torch.Tensor, keys: torch.Tensor,
+                    window: tuple[int | None, int | None] | None,
+                    softcap: float | None,
+                    alibi_slopes: torch.Tensor | None,
+                    sinks: torch.Tensor | None,
+                    cu_seqlens_q: torch.Tensor | None,
+                    cu_seqlens_k: torch.Tensor | None,
+                    low: torch.dtype | None
+                    ) -> tuple[list[int] | None, float | None,
+                               torch.Tensor | None, torch.Tensor | None]:
+    """The variants checked (docs/contract.md section 8) and laid out for
+    the ops: window as [left, right] with -1 for an unbounded side,
+    softcap a float, alibi_slopes and sinks in the computation's dtype
+    (a differentiable cast).  The kernels check the rest (the values of
+    cu_seqlens, the shapes of slopes and sinks) before any work."""
+    win = None
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise ValueError(f"window must be a pair (left, right), each an "
+                             f"int >= 0 or None (unbounded), got "
+                             f"{window!r}") from None
+        win = []
+        for side, w in (("left", left), ("right", right)):
+            if w is None:
+                win.append(-1)
+                continue
+            if isinstance(w, bool) or not isinstance(w, int):
+                raise TypeError(f"window {side} side must be an int >= 0 or "
+                                f"None, got {w!r}")
+            if w < 0:
+                raise ValueError(f"window {side} side must be >= 0 (None "
+                                 f"for unbounded), got {w}")
+            win.append(int(w))
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap,
+                                                       (int, float)):
+            raise TypeError(f"softcap must be a number > 0 or None, got "
+                            f"{type(softcap).__name__}")
+        if not 0 < softcap < float("inf"):
+            raise ValueError(f"softcap must be a number > 0 (None: off), "
+                             f"got {softcap!r}")
+        softcap = float(softcap)
+    several = query.ndim == keys.ndim
+    if not several:
+        for name, x in (("window", window), ("cu_seqlens_q", cu_seqlens_q),
+                        ("cu_seqlens_k", cu_seqlens_k)):
+            if x is not None:
+                raise ValueError(
+                    f"{name} needs several queries (query (..., Tq, Hq) "
+                    f"with query.ndim == keys.ndim); query has shape "
+                    f"{tuple(query.shape)} and keys {tuple(keys.shape)}")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: give "
+                         "both or neither")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q),
+                     ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is None:
+            continue
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be an integer torch.Tensor, got "
+                            f"{type(cu).__name__}")
+        if cu.dtype.is_floating_point or cu.dtype.is_complex or (
+                cu.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor (torch.int32 "
+                            f"or torch.int64), not {cu.dtype}")
+        if cu.device.type not in ("cpu", "meta") or cu.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D CPU tensor (n + 1,), "
+                             f"got shape {tuple(cu.shape)} on {cu.device}")
+    dtype = low or query.dtype
+    per_seq = []
+    for name, x in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if x is not None:
+            if not isinstance(x, torch.Tensor):
+                x = torch.as_tensor(x, dtype=dtype)
+            if not (x.dtype.is_floating_point):
+                raise TypeError(f"{name} must be a float tensor, not "
+                                f"{x.dtype}")
+            if x.device.type != query.device.type:
+                raise ValueError(f"{name} is on '{x.device}' but query on "
+                                 f"'{query.device}'")
+            x = x.to(dtype)
+        per_seq.append(x)
+    return win, softcap, per_seq[0], per_seq[1]
+
+
 def additive_attention(query: torch.Tensor, keys: torch.Tensor,
                        W: torch.Tensor, v: torch.Tensor, *,
                        b: torch.Tensor | None = None,
@@ -278,10 +404,16 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                   seed: int | torch.Tensor | None = None,
                   values: torch.Tensor | None = None,
                   scale: float | None = None,
-                  return_weights: bool = True
+                  return_weights: bool = True,
+                  window: tuple[int | None, int | None] | None = None,
+                  softcap: float | None = None,
+                  alibi_slopes: torch.Tensor | None = None,
+                  sinks: torch.Tensor | None = None,
+                  cu_seqlens_q: torch.Tensor | None = None,
+                  cu_seqlens_k: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention on CPU tensors, differentiable:
-    ``s_it = scale q_i . k_t + bias_it``.
+    ``s_it = softcap(scale q_i . k_t) + bias_it - slope |i' - t|``.
 
     Same maths, arguments and shapes as :func:`attention_c.dot_attention`
     (docs/contract.md sections 4 and 5); the gradients are the C backward.
@@ -304,6 +436,7 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
         Default: the keys.
     scale : float, optional
         Default ``1/sqrt(H)``.
+    %(variants)s
     """
     _check_bias(bias)
     low = _check_tensors([("query", query), ("keys", keys),
@@ -314,11 +447,14 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a real number or None, got "
                         f"{type(scale).__name__}")
+    var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
+                          cu_seqlens_q, cu_seqlens_k, low)
     out, second = _call("dot", _f32(query, low), _f32(keys, low), mask,
                         attn_mask, causal, _f32(bias, low), p, seed_t,
                         _f32(values, low),
                         None if scale is None else float(scale),
-                        bool(return_weights))
+                        bool(return_weights), *var, cu_seqlens_q,
+                        cu_seqlens_k)
     return _back(out, second, low)
 
 
@@ -331,10 +467,16 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                       seed: int | torch.Tensor | None = None,
                       values: torch.Tensor | None = None,
                       key_proj: torch.Tensor | None = None,
-                      return_weights: bool = True
+                      return_weights: bool = True,
+                      window: tuple[int | None, int | None] | None = None,
+                      softcap: float | None = None,
+                      alibi_slopes: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None,
+                      cu_seqlens_q: torch.Tensor | None = None,
+                      cu_seqlens_k: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multiplicative ("general") attention on CPU tensors, differentiable:
-    ``s_it = q_i . (W_a k_t) + bias_it``.
+    ``s_it = softcap(q_i . (W_a k_t)) + bias_it - slope |i' - t|``.
 
     Same maths, arguments and shapes as
     :func:`attention_c.general_attention` (docs/contract.md sections 4 and
@@ -357,6 +499,7 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     key_proj : Tensor (..., T, Hq), optional
         ``project_keys(keys, W)``, computed once for several calls with the
         same keys; see :func:`additive_attention`.
+    %(variants)s
     """
     _check_bias(bias)
     low = _check_tensors([("query", query), ("keys", keys), ("W", W),
@@ -365,16 +508,20 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                          attn_mask=attn_mask)
     _check_masks(query, keys, mask, attn_mask, causal)
     p, seed_t = _dropout_seed(dropout, seed)
+    var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
+                          cu_seqlens_q, cu_seqlens_k, low)
     out, second = _call("general", _f32(query, low), _f32(keys, low),
                         _f32(W, low), mask, attn_mask, causal,
                         _f32(bias, low), p, seed_t, _f32(values, low),
-                        _f32(key_proj, low), bool(return_weights))
+                        _f32(key_proj, low), bool(return_weights), *var,
+                        cu_seqlens_q, cu_seqlens_k)
     return _back(out, second, low)
 
 
 for _f in (additive_attention, dot_attention, general_attention):
-    _f.__doc__ = (_f.__doc__ or "") % dict(masks=_MASKS_DOC,
-                                          sec5=_SEC5_DOC) + _FAMILY_RETURNS
+    _f.__doc__ = (_f.__doc__ or "") % dict(
+        masks=_MASKS_DOC, sec5=_SEC5_DOC,
+        variants=_VARIANTS_DOC) + _FAMILY_RETURNS
 del _f
 
 
@@ -414,7 +561,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                                  dropout_p: float = 0.0,
                                  is_causal: bool = False,
                                  scale: float | None = None,
-                                 enable_gqa: bool = False) -> torch.Tensor:
+                                 enable_gqa: bool = False, *,
+                                 window: tuple[int | None, int | None]
+                                 | None = None,
+                                 softcap: float | None = None,
+                                 alibi_slopes: torch.Tensor | None = None,
+                                 sinks: torch.Tensor | None = None
+                                 ) -> torch.Tensor:
     """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``
     on the streamed C kernel: the same signature and semantics, and the
     (..., L, S) weights are never formed, forward or backward.
@@ -448,6 +601,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
         Grouped-query attention: query (..., Hq, L, E) against key and
         value (..., Hkv, S, E), Hq a multiple of Hkv; query head j uses key
         head j // (Hq / Hkv).  Read in place, without repeating K and V.
+    window, softcap, alibi_slopes, sinks : optional
+        Keyword-only, beyond PyTorch's signature: the variants of
+        :func:`dot_attention` (docs/contract.md section 8).  Their
+        positions are bottom-right aligned (query i at key position i + S
+        - L, as FlashAttention's), the same as top-left when L == S
+        (``is_causal`` stays top-left).  ``alibi_slopes`` and ``sinks``
+        broadcast to the leading axes (..., Hq) of the result, e.g. (Hq,)
+        for (B, Hq, L, E).
 
     Returns
     -------
@@ -509,9 +670,21 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
         key, value = key.unsqueeze(-3), value.unsqueeze(-3)
         bool_mask, bias = (_gqa_mask(m, hk, groups)
                            for m in (bool_mask, bias))
-    if dropout_p == 0 and _plain_call(query, key, value, bias):
+        alibi_slopes, sinks = (_gqa_per_head(x, hk, groups)
+                               for x in (alibi_slopes, sinks))
+    # (spelled out: a decoding step without the variants pays nothing)
+    variants: dict[str, Any] = {}
+    per_head: tuple[torch.Tensor, ...] = ()
+    if not (window is None and softcap is None and alibi_slopes is None
+            and sinks is None):
+        variants = {n: x for n, x in (
+            ("window", window), ("softcap", softcap),
+            ("alibi_slopes", alibi_slopes), ("sinks", sinks))
+            if x is not None}
+        per_head = tuple(x for x in (alibi_slopes, sinks) if x is not None)
+    if dropout_p == 0 and _plain_call(query, key, value, bias, *per_head):
         out = _fast_dot(query, key, value, None, bool_mask, bias, causal,
-                        scale)
+                        scale, variants)
         if out is not None:
             return out.flatten(-4, -3) if groups else out
     p, seed = _dropout_seed(dropout_p, None if dropout_p == 0 else
@@ -519,7 +692,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
                                           dtype=torch.int64))
     out, _ = dot_attention(query, key, values=value, attn_mask=bool_mask,
                            causal=causal, bias=bias, dropout=p, seed=seed,
-                           scale=scale, return_weights=False)
+                           scale=scale, return_weights=False, **variants)
     return out.flatten(-4, -3) if groups else out
 
 
@@ -534,8 +707,20 @@ def _gqa_mask(m: torch.Tensor | None, hk: int, groups: int
     return m.unflatten(-3, (hk, groups))
 
 
+def _gqa_per_head(x: torch.Tensor | None, hk: int, groups: int
+                  ) -> torch.Tensor | None:
+    """alibi_slopes or sinks over query heads (..., Hq) as (..., Hkv, G),
+    or with a size-1 head axis as (..., 1, 1): views."""
+    if x is None or not isinstance(x, torch.Tensor) or x.dim() < 1:
+        return x
+    if x.shape[-1] == 1:
+        return x.unsqueeze(-1)
+    return x.unflatten(-1, (hk, groups))
+
+
 def _plain_call(query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, bias: torch.Tensor | None) -> bool:
+                value: torch.Tensor, bias: torch.Tensor | None,
+                *per_head: torch.Tensor) -> bool:
     """Plain eager inference (a decoding step): float32 or float64 CPU
     tensors, nothing for autograd to record, no compile, trace, transform
     or dispatch mode.  ``_ops._plain`` asks the same of an operator's
@@ -553,6 +738,10 @@ def _plain_call(query: torch.Tensor, key: torch.Tensor,
             and not (torch.is_grad_enabled()
                      and (query.requires_grad or key.requires_grad
                           or value.requires_grad))
+            and (not per_head
+                 or all(type(x) is torch.Tensor and x.dtype is dt
+                        and x.is_cpu and not x.requires_grad
+                        for x in per_head))
             and not torch.compiler.is_compiling() and not _tracing()
             and not torch._C._are_functorch_transforms_active()
             and torch._C._len_torch_dispatch_stack() == 0)
@@ -560,19 +749,23 @@ def _plain_call(query: torch.Tensor, key: torch.Tensor,
 
 def _fast_dot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
-              bias: torch.Tensor | None, causal: bool, scale: float | None
+              bias: torch.Tensor | None, causal: bool, scale: float | None,
+              variants: dict[str, Any] | None = None
               ) -> torch.Tensor | None:
     """The kernel called directly on NumPy views, as the custom operator's
     body would be: the per-call cost of one-token decoding is this, not
     the dispatcher's.  None when the kernel refuses the arguments: the
     regular path then raises the error in PyTorch's terms."""
+    extra: dict[str, Any] = {} if not variants else {
+        n: x.numpy() if isinstance(x, torch.Tensor) else x
+        for n, x in variants.items()}
     try:
         out, _ = _ac.dot_attention(
             query.numpy(), key.numpy(), values=value.numpy(),
             mask=None if mask is None else mask.numpy(),
             attn_mask=None if attn_mask is None else attn_mask.numpy(),
             causal=causal, bias=None if bias is None else bias.numpy(),
-            scale=scale, return_weights=False)
+            scale=scale, return_weights=False, **extra)
     except (TypeError, ValueError, RuntimeError):
         return None
     return torch.from_numpy(out)

@@ -359,7 +359,13 @@ class DotAttention(torch.nn.Module):
                 attn_mask: torch.Tensor | None = None,
                 causal: bool = False,
                 bias: torch.Tensor | None = None,
-                return_weights: bool = False
+                return_weights: bool = False,
+                window: tuple[int | None, int | None] | None = None,
+                softcap: float | None = None,
+                alibi_slopes: torch.Tensor | None = None,
+                sinks: torch.Tensor | None = None,
+                cu_seqlens_q: torch.Tensor | None = None,
+                cu_seqlens_k: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` (..., H) or (..., Tq, H) to ``keys``
         (..., T, H); arguments (keyword-only after ``keys``; no
@@ -371,11 +377,19 @@ class DotAttention(torch.nn.Module):
         Without ``return_weights`` the kernels never form the (..., Tq, T)
         weights (forward and backward work from ``out`` and the
         log-sum-exp); the weights returned with it are before dropout.
+
+        ``window``, ``softcap``, ``alibi_slopes``, ``sinks``,
+        ``cu_seqlens_q`` and ``cu_seqlens_k`` are the variants of
+        :func:`attention_c.torch.dot_attention`, per call (a learned
+        ``sinks`` or ``alibi_slopes`` is the caller's parameter).
         """
         out, second = dot_attention(
             query, keys, mask=mask, attn_mask=attn_mask, causal=causal,
             bias=bias, values=values, scale=self.scale,
-            return_weights=return_weights, **_dropout_args(self))
+            return_weights=return_weights, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, sinks=sinks,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            **_dropout_args(self))
         return _result(out, second, return_weights)
 
     def extra_repr(self) -> str:
@@ -442,16 +456,26 @@ class GeneralAttention(torch.nn.Module):
                 causal: bool = False,
                 bias: torch.Tensor | None = None,
                 key_proj: torch.Tensor | None = None,
-                return_weights: bool = False
+                return_weights: bool = False,
+                window: tuple[int | None, int | None] | None = None,
+                softcap: float | None = None,
+                alibi_slopes: torch.Tensor | None = None,
+                sinks: torch.Tensor | None = None,
+                cu_seqlens_q: torch.Tensor | None = None,
+                cu_seqlens_k: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` (..., Hq) or (..., Tq, Hq) to ``keys``
-        (..., T, H); arguments (keyword-only after ``keys``) and results as
-        in :meth:`DotAttention.forward` (and ``key_proj`` (..., T, Hq), as
-        in :meth:`AdditiveAttention.forward`)."""
+        (..., T, H); arguments (keyword-only after ``keys``, the variants
+        included) and results as in :meth:`DotAttention.forward` (and
+        ``key_proj`` (..., T, Hq), as in
+        :meth:`AdditiveAttention.forward`)."""
         out, second = general_attention(
             query, keys, self.W, mask=mask, attn_mask=attn_mask,
             causal=causal, bias=bias, values=values, key_proj=key_proj,
-            return_weights=return_weights, **_dropout_args(self))
+            return_weights=return_weights, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, sinks=sinks,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            **_dropout_args(self))
         return _result(out, second, return_weights)
 
     def extra_repr(self) -> str:

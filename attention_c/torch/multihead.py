@@ -20,6 +20,8 @@ the same constructor, parameters, initialisation and state_dict); only its
 from __future__ import annotations
 
 import math
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -238,7 +240,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                 attn_mask: torch.Tensor | None = None,
                 average_attn_weights: bool = True,
                 is_causal: bool = False, *,
-                cache: KVCache | None = None
+                cache: KVCache | None = None,
+                window: tuple[int | None, int | None] | None = None,
+                softcap: float | None = None,
+                alibi_slopes: torch.Tensor | None = None,
+                sinks: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value``, as
         ``nn.MultiheadAttention.forward``.
@@ -266,6 +272,15 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             the new positions only: projected, appended to the cache, and
             the query attends to every cached position.  Inference only
             (under ``torch.no_grad()`` or ``torch.inference_mode()``).
+        window, softcap, alibi_slopes, sinks : optional
+            Keyword-only (attention_c's own): the variants of
+            :func:`attention_c.torch.dot_attention` on each head's scores
+            (docs/contract.md section 8): a sliding ``window`` (left,
+            right) of key positions around query i's (bottom-right
+            aligned: the last query at the last key, also with ``cache``),
+            ``softcap`` c (scores ``c tanh(s / c)``), ``alibi_slopes`` and
+            ``sinks`` of shape (num_heads,) or (N, num_heads) (e.g. a
+            learned ``nn.Parameter`` of the caller: differentiable).
 
         Returns
         -------
@@ -284,9 +299,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             value = value.unsqueeze(dim) if value is not None else value
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
+        variants = {n: x for n, x in (("window", window),
+                                      ("softcap", softcap),
+                                      ("alibi_slopes", alibi_slopes),
+                                      ("sinks", sinks)) if x is not None}
         out, weights = self._attend(query, key, value, key_padding_mask,
                                     need_weights, attn_mask, is_causal,
-                                    cache)
+                                    cache, variants)
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         if not batched:
@@ -388,9 +407,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                 value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None, need_weights: bool,
                 attn_mask: torch.Tensor | None, is_causal: bool,
-                cache: KVCache | None
+                cache: KVCache | None,
+                variants: dict[str, Any] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, bf = self.num_heads, self.batch_first
+        variants = variants or {}
         L, N = (query.shape[1], query.shape[0]) if bf else query.shape[:2]
         if cache is not None and torch.is_grad_enabled() and any(
                 p.requires_grad for p in self.parameters()):
@@ -430,15 +451,23 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         seed = (torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
                 if p > 0 else None)
         o = weights = None
-        if not need_weights and p == 0 and _plain_call(qh, kh, vh, bias):
+        per_head = [variants[n] for n in ("alibi_slopes", "sinks")
+                    if n in variants]
+        if not need_weights and p == 0 and _plain_call(qh, kh, vh, bias,
+                                                       *per_head):
             o = _fast_dot(qh, kh, vh, mask, bool_attn, bias, causal,
-                          1.0 / math.sqrt(self.head_dim))
+                          1.0 / math.sqrt(self.head_dim), variants)
         if o is None:
-            o, lse = dot_attention(
-                qh, kh, values=vh, mask=mask, attn_mask=bool_attn,
-                causal=causal, bias=bias, dropout=p, seed=seed,
-                scale=1.0 / math.sqrt(self.head_dim), return_weights=False)
-            if need_weights:
+            kw = dict(values=vh, mask=mask, attn_mask=bool_attn,
+                      causal=causal, bias=bias,
+                      scale=1.0 / math.sqrt(self.head_dim), **variants)
+            o, lse = dot_attention(qh, kh, dropout=p, seed=seed,
+                                   return_weights=False, **kw)
+            if need_weights and variants:
+                # The variants' weights from the kernel (a second call).
+                _, weights = dot_attention(qh, kh, return_weights=True,
+                                           **kw)
+            elif need_weights:
                 weights = _weights(qh, kh, lse, mask, bool_attn, bias,
                                    causal, 1.0 / math.sqrt(self.head_dim))
         # (N, h, L, d) -> the rows of the output projection: one copy.

@@ -168,7 +168,8 @@ def test_torch_schema(fn):
         a = table[name]
         seen.add(name)
         kind = {"mask": "Tensor?", "flag": "bool", "number": "float",
-                "scale": "float?", "seed": "Tensor?"}.get(a.kind)
+                "scale": "float?", "seed": "Tensor?",
+                "window": "List[int]?"}.get(a.kind)
         if kind is None:        # an array: Tensor when fn requires it
             saved = fn.endswith("_backward") and name in ("alpha", "out")
             kind = "Tensor" if a.required or saved else "Tensor?"

@@ -983,7 +983,8 @@ def test_key_proj_gives_the_same_results(score, dtype, with_values, case,
 @score_param
 def test_gradient_named_tuples(score, with_values, single, rng):
     """The backward returns its named tuple: fields in docs/contract.md's
-    order (a dot/general one ending with bias, 5.4), shapes of the inputs,
+    order (a dot/general one ending with bias, then alibi_slopes and sinks,
+    issue 25), shapes of the inputs,
     values None iff not given, b (bias) None iff no bias."""
     p = FamilyProblem(rng, score, (2,), 3, 5, 4, 3, 2, 5, single=single,
                       values=with_values)
@@ -992,7 +993,7 @@ def test_gradient_named_tuples(score, with_values, single, rng):
     g = p.backward(ac, x, alpha, False, strip=False)
     cls = getattr(ac, GRAD_TYPES[p.kind])
     fields = GRAD_FIELDS[p.kind] + (() if p.kind == "additive"
-                                    else ("bias",))
+                                    else ("bias", "alibi_slopes", "sinks"))
     assert isinstance(g, cls) and isinstance(g, tuple)
     assert type(g).__name__ == GRAD_TYPES[p.kind]
     assert g._fields == fields
@@ -1035,7 +1036,11 @@ def test_pair_results(fn, n, rng):
 FUNCS = FAMILY_FUNCTIONS
 # Arguments that are not float arrays (kept as they are by the casts).
 NOT_FLOAT = {"mask", "attn_mask", "scale", "key_proj", "causal", "dropout",
-             "seed", "return_weights"}
+             "seed", "return_weights", "window", "softcap", "cu_seqlens_q",
+             "cu_seqlens_k",
+             # float, but cast to the call's dtype (never choosing it), and
+             # left out by make_args: tests/kernels/test_variants_kernel.py
+             "alibi_slopes", "sinks"}
 # Float arrays make_args leaves out (None): the backward gets alpha.
 LEFT_NONE = {"key_proj", "out", "lse"}
 

@@ -1,15 +1,16 @@
 """The variants of issue 25 in the kernels and the binding: window,
-softcap and packed sequences (cu_seqlens_q/k) of dot_attention,
-general_attention and their backwards.
+softcap, alibi_slopes, sinks and packed sequences (cu_seqlens_q/k) of
+dot_attention, general_attention and their backwards.
 
-Until attention_c.reference has the variants, the oracle is the call
-they are equivalent to: a window, causal and packed segments are an
-attn_mask (the visibility as a range of keys per query must give what
-the mask gives); softcap is a bias that takes the raw score to the
-capped one (forward), and its gradients are checked by finite
-differences.  Every path: the stored weights, the streamed one
-(return_weights=False, several blocks of keys), decoding (few queries),
-each SIMD path, 1, 2 and 3 threads (bitwise).
+Oracles: attention_c.reference on random combinations of every variant
+with the existing arguments; the call each is equivalent to (a window,
+causal and packed segments are an attn_mask: the visibility as a range
+of keys per query must give what the mask gives; softcap is a bias that
+takes the raw score to the capped one); finite differences for the
+gradients of softcap, the slopes and the sinks.  Every path: the stored
+weights, the streamed one (return_weights=False, several blocks of
+keys), decoding (few queries), each SIMD path, 1, 2 and 3 threads
+(bitwise).
 """
 
 import numpy as np
@@ -17,7 +18,8 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core
-from attention_c.testing import TOL, numerical_grad, rel_err
+from attention_c import reference as ref
+from attention_c.testing import TOL, noise_floor, numerical_grad, rel_err
 
 SIMD_PATHS = list(_core._simd_paths())
 DTYPES = [np.float32, np.float64]
@@ -32,12 +34,14 @@ def restore_config():
     ac.set_num_threads(n)
 
 
-def close(x, ref, dtype, what="", floor=1.0):
-    """Normwise, with a floor for tiny references (rel_err: absolute
-    when ref is 0)."""
-    err = rel_err(x, ref)
+def close(x, ref, dtype, what="", bound=0.0):
+    """Normwise, within a few hundred roundoffs of long sums; with a noise
+    floor where the answer can be 0 in exact arithmetic (bound: the size
+    of its terms, see noise_floor)."""
     tol = TOL[np.dtype(dtype).type] * (50 if dtype == np.float32 else 1e3)
-    assert err <= tol * floor, f"{what}: {err:.3g} > {tol * floor:.3g}"
+    floor = noise_floor(bound, dtype, tol) if bound else 0.0
+    err = rel_err(x, ref, floor)
+    assert err <= tol, f"{what}: {err:.3g} > {tol:.3g}"
 
 
 def visible(Tq, T, window=None, causal=False, cu_q=None, cu_k=None):
@@ -132,9 +136,12 @@ def test_ranges_as_attn_mask(score, dtype, weights, case, rng):
                            causal=causal, saved=saved, **kw)
         gw = call_backward(score, g, q, k, v, want, W, attn_mask=m,
                            saved=saved)
+        bound = np.linalg.norm(g) * np.abs(v).max() * (
+            np.linalg.norm(q) + np.linalg.norm(k))
         for name in gw._fields:
             if getattr(gw, name) is not None:
-                close(getattr(gg, name), getattr(gw, name), dtype, name)
+                close(getattr(gg, name), getattr(gw, name), dtype, name,
+                      bound=bound)
 
 
 @pytest.mark.parametrize("weights", [True, False])
@@ -282,7 +289,10 @@ def test_threads_bitwise(score, weights, rng, restore_config):
     W = rng.standard_normal((32, 32)).astype(np.float32)
     bias = rng.standard_normal((Tq, T)).astype(np.float32)
     kw = dict(ALL, bias=bias, cu_seqlens_q=np.array([0, 120, 300]),
-              cu_seqlens_k=np.array([0, 200, 520]))
+              cu_seqlens_k=np.array([0, 200, 520]),
+              alibi_slopes=rng.uniform(0, 0.1, (4,)).astype(np.float32))
+    if not weights:      # (the backward from alpha refuses sinks)
+        kw["sinks"] = rng.standard_normal((4,)).astype(np.float32)
     g = rng.standard_normal((4, Tq, 32)).astype(np.float32)
     results = []
     for n in (1, 2, 3):
@@ -381,3 +391,243 @@ def test_window_none_sides_are_no_restriction(rng):
     a = ac.dot_attention(q, k, values=v, window=[np.int64(2), None])
     b = ac.dot_attention(q, k, values=v, window=(2, None))
     assert a[0].tobytes() == b[0].tobytes()
+
+
+# --------------------------------------------------------------------------
+# Against attention_c.reference: every variant, random combinations
+
+
+def combo(rng, Tq, T, several):
+    """Random keyword arguments of a combination of variants (and of the
+    existing arguments), for leading axes (2, 3) of the call."""
+    kw = {}
+    if rng.random() < 0.5:
+        kw["window"] = tuple(None if rng.random() < 0.3
+                             else int(rng.integers(0, 5)) for _ in range(2))
+    if rng.random() < 0.5:
+        kw["softcap"] = float(rng.uniform(0.5, 4))
+    if rng.random() < 0.5:      # per head, broadcast over the batch
+        kw["alibi_slopes"] = rng.uniform(0, 0.5, (3,) if rng.random() < .5
+                                         else (2, 1))
+    if rng.random() < 0.5:
+        kw["sinks"] = rng.standard_normal((2, 3) if rng.random() < .5
+                                          else ())
+    if several and rng.random() < 0.4:
+        n = int(rng.integers(1, 4))
+        kw["cu_seqlens_q"], kw["cu_seqlens_k"] = cuts(rng, n, Tq), cuts(
+            rng, n, T)
+    if several and rng.random() < 0.4:
+        kw["causal"] = True
+    if rng.random() < 0.3:
+        kw["mask"] = rng.random((2, 1, T)) > 0.2
+    if several and rng.random() < 0.3:
+        kw["attn_mask"] = rng.random((Tq, T)) > 0.2
+    if rng.random() < 0.4:
+        kw["bias"] = rng.standard_normal((3,) + ((Tq,) if several else ())
+                                         + (T,))
+    if rng.random() < 0.3:
+        kw["dropout"], kw["seed"] = 0.25, int(rng.integers(0, 2**63))
+    if not several:
+        kw.pop("window", None)
+    return kw
+
+
+def as64(kw):
+    return {n: (x.astype(np.float64) if isinstance(x, np.ndarray)
+                and x.dtype.kind == "f" else x) for n, x in kw.items()}
+
+
+def run_both(score, rng, dtype, Tq, T, several, weights):
+    lead_q, lead_k = (2, 3), (2, 1) if rng.random() < 0.5 else (2, 3)
+    H, Hv = 8, 5
+    q = rng.standard_normal(lead_q + ((Tq,) if several else ()) + (H,))
+    k = rng.standard_normal(lead_k + (T, H))
+    v = rng.standard_normal(lead_k + (T, Hv))
+    W = rng.standard_normal((H, H))
+    kw = combo(rng, Tq, T, several)
+    cast = {n: (x.astype(dtype) if isinstance(x, np.ndarray)
+                and x.dtype.kind == "f" else x) for n, x in kw.items()}
+    args = [q, k] if score == "dot" else [q, k, W]
+    fn = getattr(ac, score + "_attention")
+    rfn = getattr(ref, score + "_attention")
+    got = fn(*[a.astype(dtype) for a in args], values=v.astype(dtype),
+             return_weights=weights, **cast)
+    want = rfn(*args, values=v, return_weights=weights, **as64(kw))
+    return args, v, kw, cast, got, want
+
+
+@pytest.mark.parametrize("score", ["dot", "general"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weights", [True, False])
+@pytest.mark.parametrize("several", [True, False])
+def test_combinations_against_reference(score, dtype, weights, several, rng):
+    """Random combinations of every variant with mask, attn_mask, causal,
+    bias, dropout and broadcast (GQA-style) keys, over odd sizes, forward
+    and backward (alpha, or out= and lse=), against the reference."""
+    for trial in range(12):
+        Tq = int(rng.choice(SIZES)) if several else 1
+        T = int(rng.choice(SIZES))
+        args, v, kw, cast, got, want = run_both(score, rng, dtype, Tq, T,
+                                                several, weights)
+        what = f"{score} Tq={Tq} T={T} {sorted(kw)}"
+        close(got[0], want[0], dtype, "out " + what)
+        if weights:
+            close(got[1], want[1], dtype, "alpha " + what)
+        else:
+            fin = np.isfinite(want[1])
+            assert (np.isfinite(got[1]) == fin).all(), what
+            close(got[1][fin], want[1][fin], dtype, "lse " + what)
+        if weights and "sinks" in kw:
+            continue                      # the backward needs out and lse
+        g = rng.standard_normal(got[0].shape)
+        bfn = getattr(ac, score + "_attention_backward")
+        rbfn = getattr(ref, score + "_attention_backward")
+        saved_c = ({"out": got[0], "lse": got[1]} if not weights else {})
+        saved_r = ({"out": want[0], "lse": want[1]} if not weights else {})
+        gc = bfn(g.astype(dtype), *[a.astype(dtype) for a in args],
+                 got[1] if weights else None, values=v.astype(dtype),
+                 **saved_c, **cast)
+        gr = rbfn(g, *args, want[1] if weights else None, values=v,
+                  **saved_r, **as64(kw))
+        assert gc._fields[-2:] == ("alibi_slopes", "sinks")
+        # gradients cancel (one visible key: dquery = 0): their terms'
+        # size, |g| max|v| (|q| + |k|), is the floor
+        bound = np.linalg.norm(g) * np.abs(v).max() * (
+            np.linalg.norm(args[0]) + np.linalg.norm(args[1]))
+        for name, a, b in zip(gc._fields, gc, gr):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert a.shape == b.shape and a.dtype == dtype, name
+                close(a, b, dtype, f"d{name} {what}", bound=bound)
+
+
+@pytest.mark.parametrize("score", ["dot", "general"])
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+def test_slopes_and_sinks_gradients(score, simd, rng, restore_config):
+    """dslopes and dsinks (broadcast: summed back to their shapes) against
+    finite differences of sum(out * g), with softcap, a window and
+    segments, on every SIMD path."""
+    _core._set_simd(simd)
+    Tq, T = 7, 9
+    q = rng.standard_normal((2, 3, Tq, 4))
+    k = rng.standard_normal((2, 1, T, 4))
+    v = rng.standard_normal((2, 1, T, 3))
+    W = rng.standard_normal((4, 4))
+    slopes, sinks = rng.uniform(0, 0.5, (3,)), rng.standard_normal((2, 1))
+    kw = {"softcap": 2.0, "window": (4, 1), "alibi_slopes": slopes,
+          "sinks": sinks, "cu_seqlens_q": np.array([0, 2, 7]),
+          "cu_seqlens_k": np.array([0, 4, 9])}
+    args = [q, k] if score == "dot" else [q, k, W]
+    fn = getattr(ac, score + "_attention")
+    g = rng.standard_normal((2, 3, Tq, 3))
+    out, lse = fn(*args, values=v, return_weights=False, **kw)
+    grads = getattr(ac, score + "_attention_backward")(
+        g, *args, None, out=out, lse=lse, values=v, **kw)
+
+    def loss():
+        return float((fn(*args, values=v, **kw)[0] * g).sum())
+
+    for name, x in [("alibi_slopes", slopes), ("sinks", sinks),
+                    ("query", q), ("keys", k)]:
+        got = getattr(grads, name)
+        assert got.shape == x.shape
+        assert rel_err(got, numerical_grad(loss, x)) < 1e-6, name
+
+
+@pytest.mark.parametrize("weights", [True, False])
+def test_sinks_no_visible_key(weights, rng):
+    """A query that sees no key: out 0 and lse = its sink; the weights of
+    the others sum to less than 1."""
+    q, k, v = problem(rng, np.float64, (2,), (2,), 4, 6)
+    attn = np.ones((4, 6), bool)
+    attn[1] = False
+    sinks = np.array([0.5, -1.0])
+    out, w = ac.dot_attention(q, k, values=v, attn_mask=attn, sinks=sinks,
+                              return_weights=weights)
+    assert (out[:, 1] == 0).all()
+    if weights:
+        assert (w[:, 1] == 0).all()
+        assert (w.sum(-1)[:, [0, 2, 3]] < 1).all()
+    else:
+        assert (w[:, 1] == sinks).all()
+
+
+def test_variant_bad_input():
+    bad(ValueError, "alibi_slopes", alibi_slopes=np.zeros(3))
+    bad(ValueError, "sinks", sinks=np.zeros((2, 2)))
+    bad(TypeError, "alibi_slopes", alibi_slopes=np.zeros(2, bool))
+    q, k = np.zeros((2, 4, 8)), np.zeros((2, 6, 8))
+    with pytest.raises(ValueError, match="sinks.*alpha"):
+        ac.dot_attention_backward(np.zeros((2, 4, 8)), q, k,
+                                  np.full((2, 4, 6), 1 / 6),
+                                  sinks=np.zeros(2))
+
+
+def test_slopes_and_sinks_follow_the_dtype(rng):
+    """float64 slopes and sinks in a float32 call: computed in float32,
+    their gradients float32 in their own shapes."""
+    q, k, v = problem(rng, np.float32, (2,), (2,), 5, 7)
+    out, lse = ac.dot_attention(q, k, values=v, alibi_slopes=np.ones(1),
+                                sinks=np.zeros(2), return_weights=False)
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    g = ac.dot_attention_backward(out, q, k, out=out, lse=lse, values=v,
+                                  alibi_slopes=np.ones(1), sinks=np.zeros(2))
+    assert g.alibi_slopes.dtype == np.float32 and g.alibi_slopes.shape == (1,)
+    assert g.sinks.dtype == np.float32 and g.sinks.shape == (2,)
+
+
+# --------------------------------------------------------------------------
+# Allocation failures with every variant (the new allocation points: the
+# cu_seqlens' conversion, the views of the slopes and the sinks and of
+# their gradients)
+
+def test_every_allocation_point_with_the_variants(rng, restore_config):
+    import gc
+    import tracemalloc
+
+    from attention_c import _core_tests as hooks
+    q, k, v = problem(rng, np.float64, (2, 3), (2, 1), 7, 9)
+    kw = {"values": v, "window": (3, 1), "softcap": 2.0, "causal": True,
+          "alibi_slopes": np.full((3,), 0.25, np.float32),
+          "sinks": np.zeros((2, 1)), "cu_seqlens_q": [0, 3, 7],
+          "cu_seqlens_k": np.array([0, 4, 9], np.int32)}
+    out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
+    calls = [("dot_attention", (q, k), dict(kw, return_weights=False)),
+             ("dot_attention_backward", (out, q, k),
+              dict(kw, out=out, lse=lse))]
+    for fn, args, kws in calls:
+        func = getattr(hooks, fn)
+        base = func(*args, **kws)
+        hooks._fail_alloc_after(-1, trace=True)
+        func(*args, **kws)
+        names = hooks._alloc_trace()
+        for want in ("conversion of cu_seqlens_q", "offsets of sinks",
+                     "offsets of alibi_slopes"):
+            assert any(n.startswith(want) for n in names), (want, names)
+
+        def walk():
+            for n, name in enumerate(names):
+                hooks._fail_alloc_after(n)
+                try:
+                    if name == "thread pool":
+                        func(*args, **kws)
+                    else:
+                        with pytest.raises(MemoryError):
+                            func(*args, **kws)
+                finally:
+                    hooks._fail_alloc_after(-1)
+                for a, b in zip(func(*args, **kws), base):
+                    assert (a is None and b is None) or np.array_equal(a, b)
+
+        walk()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(3):
+                walk()
+            gc.collect()
+            grew = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert grew < 32 * 1024, (fn, grew)

@@ -523,7 +523,8 @@ def test_signatures_follow_the_argument_convention():
     what comes by position has none (docs/conventions.md)."""
     import inspect
     # The drop-ins keep PyTorch's signatures (test_drop_in_signatures).
-    ours = [n for n in act.__all__ if n not in DROP_INS and n != "KVCache"]
+    ours = [n for n in act.__all__ if n not in DROP_INS and n != "KVCache"
+            and not n.startswith("flash_attn")]     # FlashAttention-2's
     callables = [getattr(act, n) for n in ours if n[0].islower()]
     callables += [getattr(act, n).forward for n in ours if n[0].isupper()]
     for fn in callables:
@@ -542,7 +543,8 @@ DROP_INS = {"scaled_dot_product_attention": torch.nn.functional,
 
 def test_drop_in_signatures():
     """The drop-ins take PyTorch's arguments, in its order, with its
-    defaults; MultiheadAttention adds only the keyword-only ``cache``."""
+    defaults; they add only keyword-only ones at the end, None by default:
+    the variants (issue 25) and MultiheadAttention's ``cache``."""
     import inspect
     for name, where in DROP_INS.items():
         theirs, mine = getattr(where, name), getattr(act, name)
@@ -560,11 +562,12 @@ def test_drop_in_signatures():
             sig = inspect.signature(namespace[name])
         expect = [(p.name, p.kind, p.default)
                   for p in sig.parameters.values()]
+        extra = ["window", "softcap", "alibi_slopes", "sinks"]
         if name == "MultiheadAttention":
-            assert params[-1] == ("cache", inspect.Parameter.KEYWORD_ONLY,
-                                  None)
-            params = params[:-1]
-        assert params == expect, name
+            extra.insert(0, "cache")
+        kw = inspect.Parameter.KEYWORD_ONLY
+        assert params[-len(extra):] == [(n, kw, None) for n in extra], name
+        assert params[:-len(extra)] == expect, name
 
 
 def test_shape_errors_come_from_the_kernels():
