@@ -306,3 +306,79 @@ def test_refusals():
         act.attention_forward(attn, q, k, k, None, frobnicate=1.0)
     with pytest.raises(NotImplementedError, match="s_aux"):
         act.attention_forward(attn, q, k, k, None, s_aux=torch.zeros(3))
+
+
+def test_masks_stay_structured():
+    mu = transformers.masking_utils
+    full = torch.ones(2, 10, dtype=torch.bool)
+    m = act.mask_forward(2, 10, 10)
+    assert (m.causal, m.window, m.key_mask, m.dense) == (True, None, None,
+                                                         None)
+    # a decoding step against a cache of 9 keys: bottom-right causal
+    m = act.mask_forward(2, 1, 10, q_offset=9, attention_mask=full)
+    assert m.causal and m.kv_length == 10 and m.key_mask is None
+    # a static cache of 16 slots, 10 written: the rest is cut off
+    m = act.mask_forward(2, 3, 16, q_offset=7, attention_mask=full)
+    assert m.causal and m.kv_length == 10
+    # a sliding window of 4: kv > q - 4, i.e. 3 keys to the left
+    window = mu.sliding_window_causal_mask_function(4)
+    m = act.mask_forward(2, 10, 10, mask_function=window)
+    assert m.causal and m.window == (3, None) and m.dense is None
+    # padding: a (B, S) key mask
+    pad = full.clone()
+    pad[0, :3] = False
+    m = act.mask_forward(2, 10, 10, attention_mask=pad,
+                         mask_function=mu.bidirectional_mask_function)
+    assert not m.causal and torch.equal(m.key_mask, pad)
+    # a pattern it does not know: dense, and the same as sdpa's
+    odd = mu.or_masks(mu.causal_mask_function,
+                      lambda b, h, q, kv: kv == 0)
+    m = act.mask_forward(2, 10, 10, mask_function=odd)
+    ref = mu.sdpa_mask(2, 10, 10, mask_function=odd,
+                       allow_is_causal_skip=False)
+    assert m.dense is not None and torch.equal(m.dense, ref)
+
+
+def test_dropout_in_training_is_seeded():
+    cfg = _llama()
+    cfg.attention_dropout = 0.3
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(
+        cfg, attn_implementation=NAME).train()
+    ids = torch.randint(0, V, (2, 9), generator=_gen(11))
+    torch.manual_seed(1)
+    y1 = model(ids).logits
+    torch.manual_seed(1)
+    y2 = model(ids).logits
+    y3 = model(ids).logits
+    assert torch.equal(y1, y2) and not torch.equal(y1, y3)
+    y1.sum().backward()
+    q = model.model.layers[0].self_attn.q_proj.weight.grad
+    assert q is not None and bool(q.abs().sum() > 0)
+    model.eval()
+    assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_bart_padding_and_cross_attention():
+    def make():
+        return transformers.BartConfig(
+            vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=48, decoder_ffn_dim=48,
+            max_position_embeddings=64)
+    ours, theirs = _pair(make, transformers.BartForConditionalGeneration,
+                         torch.float32)
+    ids = torch.randint(3, V, (2, 10), generator=_gen(12))
+    am = torch.ones_like(ids)
+    am[1, 6:] = 0
+    dec = torch.randint(3, V, (2, 7), generator=_gen(13))
+    _compare(ours, theirs, lambda m: m(input_ids=ids, attention_mask=am,
+                                       decoder_input_ids=dec).logits, TOL32)
+
+
+def test_gemma2_sdpa_refuses_softcap_ours_runs():
+    ours, _ = _pair(*DECODERS["gemma2"], torch.float32)
+    ids = torch.randint(0, V, (1, 6), generator=_gen(14))
+    assert torch.isfinite(ours(ids).logits).all()
+    with pytest.raises(ValueError, match="scaled_dot_product_attention"):
+        ours.set_attn_implementation("sdpa")
