@@ -62,8 +62,8 @@ _IGNORED = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value",
     "use_cache", "layer_idx", "max_length_q", "max_length_k",
     "output_hidden_states", "return_dict", "token_type_ids",
-    "is_causal", "target_dtype", "implementation", "layer_head_mask",
-    "head_mask", "use_return_dict", "labels", "num_items_in_batch",
+    "is_causal", "target_dtype", "implementation",
+    "use_return_dict", "labels", "num_items_in_batch",
     "encoder_hidden_states", "encoder_attention_mask",
 })
 

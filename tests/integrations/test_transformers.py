@@ -304,6 +304,9 @@ def test_refusals():
     attn = ours.model.layers[0].self_attn
     with pytest.raises(NotImplementedError, match="frobnicate"):
         act.attention_forward(attn, q, k, k, None, frobnicate=1.0)
+    # a head mask (gone from transformers 5) would change the result
+    with pytest.raises(NotImplementedError, match="head_mask"):
+        act.attention_forward(attn, q, k, k, None, head_mask=torch.ones(4))
     with pytest.raises(NotImplementedError, match="s_aux"):
         act.attention_forward(attn, q, k, k, None, s_aux=torch.zeros(3))
 
