@@ -524,12 +524,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
         kw["cu_seqlens_q"] = kw["cu_seqlens_k"] = cu.numpy()
 
     want = _weights_wanted(kwargs)
+    if want and (cu is not None or "cu_seqlens_q" in kw):
+        _refuse("output_attentions with packed sequences", "is not supported")
     out, w = _DotAttention.apply(q5, k5, v5, bias, sinks, kw, want)
     if cu is not None:
         out = out.reshape(Hkv, G, B, Tq, -1).permute(2, 0, 1, 3, 4)
-        if want:
-            _refuse("output_attentions with packed sequences",
-                    "is not supported")
     out = out.reshape(B, H, Tq, -1).transpose(1, 2).contiguous()
     weights = w.reshape(B, H, Tq, T) if want else None
     if low is not None:
