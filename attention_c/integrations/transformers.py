@@ -50,6 +50,8 @@ def _import(name: str) -> Any:
 
 _mu = _import("transformers.masking_utils")
 _modeling = _import("transformers.modeling_utils")
+# What output_attentions=True (in the call or the config) collects.
+_capturing = _import("transformers.utils.output_capturing")
 
 __all__ = ["register", "attention_forward", "mask_forward",
            "StructuredMask", "NAME"]
@@ -358,9 +360,8 @@ def _weights_wanted(kwargs: dict[str, Any]) -> bool:
     if kwargs.get("output_attentions"):
         return True
     try:
-        from transformers.utils.output_capturing import _active_collector
-        active = _active_collector.get()
-    except (ImportError, LookupError):
+        active = _capturing._active_collector.get()
+    except (AttributeError, LookupError):
         return False
     return bool(active) and ("attentions" in active
                              or "cross_attentions" in active)
@@ -389,6 +390,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
     multiple of Hkv; returns ``(out (B, Tq, H, dv), weights (B, H, Tq, T)
     or None)`` as transformers' other backends.
     """
+    if kwargs.get("cache") is not None:
+        _refuse("a paged cache", "is not supported")
     for name in kwargs:
         if name in _IGNORED or name.startswith("output_"):
             continue
@@ -401,8 +404,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
         _refuse(f"a tensor on {query.device}", "is not supported (CPU only)")
     if s_aux is not None and not isinstance(s_aux, torch.Tensor):
         s_aux = torch.as_tensor(s_aux)
-    if kwargs.get("cache") is not None:
-        _refuse("a paged cache", "is not supported")
 
     B, H, Tq, d = query.shape
     Hkv, T = key.shape[1], key.shape[2]
