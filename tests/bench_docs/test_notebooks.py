@@ -35,17 +35,22 @@ ROOT = Path(attention_c.__file__).resolve().parent.parent
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
          "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb",
-         "06_transformer.ipynb", "07_today.ipynb"]
+         "06_transformer.ipynb", "07_transformers.ipynb",
+         "08_today.ipynb"]
 
 # Notebooks that train a PyTorch model: skipped (not failed) where torch is
 # not installed, as the other PyTorch tests are.
-NEEDS_TORCH = {"04_seq2seq.ipynb", "06_transformer.ipynb"}
+NEEDS_TORCH = {"04_seq2seq.ipynb", "06_transformer.ipynb",
+               "07_transformers.ipynb"}
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH,
                                  reason="the notebook trains a torch model")
 # Likewise without Dask (attention_c[dask]).
 NEEDS_DASK = {"05_dask.ipynb"}
 HAVE_DASK = importlib.util.find_spec("dask") is not None
+# And without transformers (attention_c[transformers]).
+NEEDS_TRANSFORMERS = {"07_transformers.ipynb"}
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 # Figures each notebook draws, at least: 3 unless said here (the Dask
 # notebook draws one, its timings).
@@ -145,6 +150,8 @@ def test_notebook_runs_from_scratch(executed, name):
         pytest.skip("the notebook trains a torch model")
     if name in NEEDS_DASK and not HAVE_DASK:
         pytest.skip("the notebook needs dask")
+    if name in NEEDS_TRANSFORMERS and not HAVE_TRANSFORMERS:
+        pytest.skip("the notebook needs transformers")
     nb = executed(name)
     probe = nb.cells[0].outputs[0].text.split("\n")
     assert Path(probe[0]).resolve() == Path(sys.executable).resolve(), (
@@ -461,3 +468,18 @@ def test_committed_transformer_numbers_are_current(executed):
         assert abs(committed[key] - fresh[key]) <= 0.03, (
             key, committed, fresh,
             "re-run python notebooks/run_notebooks.py 06_transformer.ipynb")
+
+
+@pytest.mark.skipif(not (HAVE_TORCH and HAVE_TRANSFORMERS),
+                    reason="the notebook needs torch and transformers")
+def test_transformers_notebook_matches_the_references(executed):
+    """07_transformers: on attention_c the Llama-style model follows sdpa's
+    loss curve and the Gemma-2-style one eager's, the sliding layer's
+    weights stay within its window, and generation gives sdpa's tokens."""
+    out = text(executed("07_transformers.ipynb"))
+    diffs = re.findall(r"^largest difference between the loss curves: "
+                       r"([0-9.e+-]+)$", out, flags=re.M)
+    assert len(diffs) == 2 and all(float(d) < 1e-3 for d in diffs), out
+    assert re.search(r"sliding layer: [1-8] \|", out), out
+    assert "same tokens on both backends: True" in out, out
+    assert "sdpa: ValueError" in out, out
