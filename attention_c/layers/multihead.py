@@ -813,6 +813,7 @@ class MultiHeadAttention:
         if self.in_proj_bias is not None:
             grads["in_proj_bias"] = np.concatenate([db[0], db[1], db[2]])
         if self.sinks is not None:
+            assert dg.sinks is not None          # sinks given: their grad
             grads["sinks"] = dg.sinks
         self._grads = grads
         dq = dx[0]
