@@ -234,13 +234,14 @@ def test_causal_is_the_explicit_mask():
 
 
 def test_grad_dict_names_every_score_s_fields():
-    g = (1, 2, None, 4, 5)                 # general: (q, k, vals, W, bias)
+    # general: (q, k, vals, W, bias, alibi_slopes, sinks)
+    g = (1, 2, None, 4, 5, None, 7)
     assert bf.grad_dict(g, "general") == {"dquery": 1, "dkeys": 2,
-                                          "dW": 4, "dbias": 5}
-    assert bf.grad_dict((1, 2, 3, None), "dot") == {
+                                          "dW": 4, "dbias": 5, "dsinks": 7}
+    assert bf.grad_dict((1, 2, 3, None, None, None), "dot") == {
         "dquery": 1, "dkeys": 2, "dvalues": 3}
     with pytest.raises(AssertionError):
-        bf.grad_dict((1, 2, 3), "dot")
+        bf.grad_dict((1, 2, 3, None), "dot")
 
 
 def test_errors_catch_a_wrong_result():
