@@ -47,11 +47,13 @@
  *                        e = delta_t v (1 - u^2): dv += delta_t u,
  *                        eq = sum_t e, ek_t += e (ek_t = e, and 0 for
  *                        masked t, when `first`).
- *   softmax, softmax_backward  one row, as seq_softmax and
- *                        seq_softmax_backward of ref/scalar.inc.
+ *   softmax, softmax_backward  one row, as family_softmax and
+ *                        seq_softmax_backward of ref/scalar.inc (weights
+ *                        below the least normal number are 0).
  *   exp_shift            the streamed softmax's step: s_t = exp(s_t - M)
  *                        for the visible t (vis NULL: all), 0 for the
- *                        others; returns their sum (in double).
+ *                        others and below the least normal number;
+ *                        returns their sum (in double).
  *   max_row              the max of a row (-inf when empty).
  *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
  *   dot_keys             s_t = alpha q . K_t for t < n, K_t = K + t ldk
