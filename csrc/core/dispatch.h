@@ -26,6 +26,12 @@
 #define ATT_HAVE_NEON 0
 #endif
 
+/* The SIMD gemm sums along K in blocks of ATT_GEMM_KC from k = 0 (the
+ * scalar one in one run), so a product over keys [lo, T) with lo a
+ * multiple of it, the weights before lo being 0, gives the bits of the
+ * product over all T keys (family/stream.inc's stored_range). */
+#define ATT_GEMM_KC 256
+
 /*
  * THE one SIMD dispatch: a table of kernels per type and instruction set
  * (the scalar one in ref/ops.c, the SIMD ones in simd/), picked by
