@@ -26,6 +26,12 @@
 #define ATT_HAVE_NEON 0
 #endif
 
+/* The SIMD gemm sums along K in blocks of ATT_GEMM_KC from k = 0 (the
+ * scalar one in one run), so a product over keys [lo, T) with lo a
+ * multiple of it, the weights before lo being 0, gives the bits of the
+ * product over all T keys (family/stream.inc's stored_range). */
+#define ATT_GEMM_KC 256
+
 /*
  * THE one SIMD dispatch: a table of kernels per type and instruction set
  * (the scalar one in ref/ops.c, the SIMD ones in simd/), picked by
@@ -47,11 +53,13 @@
  *                        e = delta_t v (1 - u^2): dv += delta_t u,
  *                        eq = sum_t e, ek_t += e (ek_t = e, and 0 for
  *                        masked t, when `first`).
- *   softmax, softmax_backward  one row, as seq_softmax and
- *                        seq_softmax_backward of ref/scalar.inc.
+ *   softmax, softmax_backward  one row, as family_softmax and
+ *                        seq_softmax_backward of ref/scalar.inc (weights
+ *                        below the least normal number are 0).
  *   exp_shift            the streamed softmax's step: s_t = exp(s_t - M)
  *                        for the visible t (vis NULL: all), 0 for the
- *                        others; returns their sum (in double).
+ *                        others and below the least normal number;
+ *                        returns their sum (in double).
  *   max_row              the max of a row (-inf when empty).
  *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
  *   dot_keys             s_t = alpha q . K_t for t < n, K_t = K + t ldk

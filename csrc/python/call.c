@@ -286,25 +286,29 @@ static int bad_alpha(const Call *c, npy_intp k, int zero, int valid,
     PyErr_Format(PyExc_ValueError,
                  "%s: alpha at %s is %s but %s; alpha must be the "
                  "forward's output for the same masks (its weights are "
-                 "exactly 0 where, and only where, a key is not "
-                 "visible)%s",
+                 "exactly 0 where%s a key is not visible)%s",
                  c->fn->name, at, zero ? "0" : "nonzero",
                  !masks ? "no mask was given"
                  : valid ? "the masks make that key visible"
                  : "the masks hide that key",
+                 c->fn->family ? "ver" : ", and only where,",
                  !masks ? ": pass the masks the forward used" : "");
     return -1;
 }
 
 /* Step 4b, for a backward given alpha and masks: alpha must be the
  * forward's for these masks.  The forward's alpha is exactly 0 where a key
- * is not visible (and on rows with no visible key) and never 0 where one
- * is (ref/formulas.h WEIGHT_FLOOR), so a backward called without the masks the
- * forward had, or with others, is caught here instead of returning
- * gradients that are silently wrong.  Runs on every backward: loops over
- * (b, i, t) rather than dividing a flat index (three divisions an element
- * were a third of a tiny backward's fixed cost), and without masks only
- * looks for a zero. */
+ * is not visible (and on rows with no visible key).  The pooled layer's is
+ * also never 0 where one is (ref/formulas.h WEIGHT_FLOOR); the family's
+ * may be, where a weight is below the least normal number (WEIGHT_FLUSH:
+ * no denormal, ever), so for the family alpha need only be nonzero ONLY
+ * where visible.  So a backward called with masks its forward lacked, or
+ * (the pooled layer) without the masks it had, is caught here instead of
+ * returning gradients that are silently wrong.  Runs on every backward:
+ * loops over (b, i, t) rather than dividing a flat index (three divisions
+ * an element were a third of a tiny backward's fixed cost), and without
+ * masks only looks for a zero (the pooled layer) or nothing (the
+ * family). */
 static int check_alpha(const Call *c)
 {
     int ia = c->fn->pos[X_ALPHA];
@@ -319,6 +323,9 @@ static int check_alpha(const Call *c)
                 given(c, X_WINDOW) || given(c, X_CU_SEQLENS_Q);
     npy_intp Tq = c->several ? c->sym[S_TQ] : 1, T = c->sym[S_T];
     npy_intp n = PyArray_SIZE(alpha);
+    if (!masks && c->fn->family) {     /* every key visible: any alpha */
+        return 0;
+    }
     if (!masks) {
         npy_intp k = first_zero(c, a, 0, n);
         return k < n ? bad_alpha(c, k, 1, 1, 0) : 0;
@@ -331,7 +338,7 @@ static int check_alpha(const Call *c)
             for (npy_intp t = 0; t < T; t++, k++) {
                 int zero = alpha_zero(c, a, k);
                 int valid = visible(c, b, i, t);
-                if (zero != !valid) {
+                if (zero != !valid && (!valid || !c->fn->family)) {
                     return bad_alpha(c, k, zero, valid, masks);
                 }
             }

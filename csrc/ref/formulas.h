@@ -26,6 +26,16 @@
                                                           : DBL_MIN))
 #define WEIGHT_FLOOR(w) ((w) < LEAST_NORMAL ? LEAST_NORMAL : (w))
 
+/* The attention family flushes instead (docs/contract.md section 8, "no
+ * denormal, ever"): a weight exp(x) with x below LOG_LEAST_NORMAL, the
+ * least x of REAL whose exp is normal (float: log(FLT_MIN) rounded up),
+ * is exactly 0, and so is a weight below LEAST_NORMAL; a NaN stays NaN.
+ * Then a score of finfo.min (T5's masks) costs what -inf costs instead
+ * of running the products on denormals. */
+#define LOG_LEAST_NORMAL ((REAL)(sizeof(REAL) == sizeof(float)           \
+                                 ? -87.33654f : -708.3964185322641))
+#define WEIGHT_FLUSH(w) ((w) < LEAST_NORMAL ? (REAL)0 : (w))
+
 #define REAL float
 #define FML(x) x##_f32
 #include "ref/formulas.inc"

@@ -16,7 +16,7 @@
         .gemv = gemv_##SFX,                                                  \
         .add_scores = add_scores_##SFX,                                      \
         .add_scores_backward = add_scores_backward_##SFX,                    \
-        .softmax = seq_softmax_##SFX,                                        \
+        .softmax = family_softmax_##SFX,                                     \
         .softmax_backward = seq_softmax_backward_##SFX,                      \
         .exp_shift = exp_shift_##SFX,                                        \
         .max_row = max_row_##SFX,                                            \

@@ -78,6 +78,9 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VFMA _mm256_fmadd_ps
 #define VMAX _mm256_max_ps
 #define VAND _mm256_and_ps
+/* x, or 0 in the lanes where y < t (a NaN y keeps x) */
+#define VFLUSH_BELOW(x, y, t) \
+    _mm256_and_ps(x, _mm256_cmp_ps(y, t, _CMP_NLT_UQ))
 #define VREDUCE hsum_ps
 #define REAL_DIGITS 24
 #define VSCALE scale_ps
@@ -108,6 +111,8 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VFMA _mm256_fmadd_pd
 #define VMAX _mm256_max_pd
 #define VAND _mm256_and_pd
+#define VFLUSH_BELOW(x, y, t) \
+    _mm256_and_pd(x, _mm256_cmp_pd(y, t, _CMP_NLT_UQ))
 #define VREDUCE hsum_pd
 #define REAL_DIGITS 53
 #define VSCALE scale_pd

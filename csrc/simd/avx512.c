@@ -52,6 +52,9 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VFMA _mm512_fmadd_ps
 #define VMAX _mm512_max_ps
 #define VAND _mm512_and_ps
+/* x, or 0 in the lanes where y < t (a NaN y keeps x) */
+#define VFLUSH_BELOW(x, y, t) \
+    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, t, _CMP_NLT_UQ), x)
 #define VREDUCE _mm512_reduce_add_ps
 #define REAL_DIGITS 24
 #define VSCALE _mm512_scalef_ps
@@ -90,6 +93,8 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VFMA _mm512_fmadd_pd
 #define VMAX _mm512_max_pd
 #define VAND _mm512_and_pd
+#define VFLUSH_BELOW(x, y, t) \
+    _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(y, t, _CMP_NLT_UQ), x)
 #define VREDUCE _mm512_reduce_add_pd
 #define REAL_DIGITS 53
 #define VSCALE _mm512_scalef_pd

@@ -96,6 +96,9 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VFMA(a, b, c) vfmaq_f32(c, a, b)
 #define VMAX max_f32
 #define VAND and_f32
+/* x, or 0 in the lanes where y < t (a NaN y keeps x: y < t is false) */
+#define VFLUSH_BELOW(x, y, t) vreinterpretq_f32_u32(vbicq_u32( \
+    vreinterpretq_u32_f32(x), vcltq_f32(y, t)))
 #define VREDUCE vaddvq_f32
 #define REAL_DIGITS 24
 #define VSCALE scale_f32
@@ -125,6 +128,8 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VFMA(a, b, c) vfmaq_f64(c, a, b)
 #define VMAX max_f64
 #define VAND and_f64
+#define VFLUSH_BELOW(x, y, t) vreinterpretq_f64_u64(vbicq_u64( \
+    vreinterpretq_u64_f64(x), vcltq_f64(y, t)))
 #define VREDUCE vaddvq_f64
 #define REAL_DIGITS 53
 #define VSCALE scale_f64
