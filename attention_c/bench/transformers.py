@@ -144,8 +144,8 @@ def make_config(transformers, model, sizes):
         intermediate_size=s["hidden"], head_dim=head_dim,
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
         num_key_value_heads=s["kv_heads"], num_local_experts=s["experts"],
-        num_experts_per_tok=2, max_position_embeddings=longest,
-        sliding_window=s["window"], attention_dropout=0.0)
+        num_experts_per_tok=2, sliding_window=s["window"],
+        attention_dropout=0.0)     # its default positions cover them all
 
 
 def model_class(transformers, model):
