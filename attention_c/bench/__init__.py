@@ -43,7 +43,9 @@ PyTorch, matplotlib and threadpoolctl are optional and imported lazily.
 ``python -m attention_c.bench --family`` (or ``python -m
 attention_c.bench.family``) benchmarks the attention family instead;
 ``--variants`` (``attention_c.bench.variants``) today's variants of
-issue 25 (window, packed sequences, softcap, ALiBi slopes, sinks).
+issue 25 (window, packed sequences, softcap, ALiBi slopes, sinks);
+``--transformers`` (``attention_c.bench.transformers``) transformers
+models with attention_c as their backend against sdpa or eager (issue 27).
 
 The modules, by role: ``harness`` (the machine's facts and FMA peak,
 threads, timing, peak memory, the accuracy check), ``run`` (the layer's

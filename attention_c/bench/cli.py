@@ -77,6 +77,12 @@ def parse_args(argv):
                              "sequences, softcap, ALiBi slopes, sinks) "
                              "instead (attention_c.bench.variants; takes its "
                              "options)")
+    parser.add_argument("--transformers", action="store_true",
+                        help="benchmark attention_c as the attention backend "
+                             "of transformers models (training steps, "
+                             "generation, peak memory) against sdpa or eager "
+                             "instead (attention_c.bench.transformers; takes "
+                             "its options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -119,6 +125,10 @@ def main(argv=None):
     if "--variants" in argv:
         from attention_c.bench import variants
         return variants.main([a for a in argv if a != "--variants"])
+    if "--transformers" in argv:
+        from attention_c.bench import transformers
+        return transformers.main([a for a in argv
+                                  if a != "--transformers"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)

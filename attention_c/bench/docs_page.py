@@ -14,7 +14,8 @@ produces, leaving everything else as it is.  ``python -m
 attention_c.bench`` writes the ``layer-*`` sections, ``python -m
 attention_c.bench.family`` the ``family-*`` ones, ``python -m
 attention_c.bench --selfattn`` the ``selfattn`` one, ``--variants`` the
-``variants`` one (attention_c.bench.variants).  A page that does not
+``variants`` one (attention_c.bench.variants), ``--transformers`` the
+``transformers`` one (attention_c.bench.transformers).  A page that does not
 exist yet is created with the sections alone.
 """
 
