@@ -396,3 +396,32 @@ def setup(options):
            "seed": options.seed, "target": options.target,
            "min_repeats": options.min_repeats}
     return ctx, meta
+
+
+# --------------------------------------------------------------------------
+# Reports of targets (the issue benchmarks: variants, transformers)
+
+def per_threads(by_threads, fmt="{:.2f}"):
+    """A table cell with a value per thread count: "0.42 / 0.40"."""
+    return " / ".join(fmt.format(by_threads[n]) for n in sorted(by_threads))
+
+
+def targets_line(targets, issue, with_case=True):
+    """The page's line of how many targets pass and which missed; each
+    target a dict with "target", "limit", "case" and "status"."""
+    missed = [t for t in targets if t["status"] == "MISS"]
+    text = (f"- **Targets of issue {issue}:** {len(targets) - len(missed)} "
+            f"of {len(targets)} checks pass")
+    if missed:
+        text += "; missed: " + "; ".join(dict.fromkeys(
+            f"{t['target']} ≤ {t['limit']}"
+            + ("" if not with_case or t["case"] == t["target"]
+               else f" ({t['case']})")
+            for t in missed))
+    return text + "."
+
+
+def targets_count(targets):
+    """The report's last line: "Targets: N PASS, M MISS"."""
+    passed = sum(t["status"] == "PASS" for t in targets)
+    return f"Targets: {passed} PASS, {len(targets) - passed} MISS"

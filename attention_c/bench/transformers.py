@@ -48,6 +48,8 @@ from attention_c.bench import harness
 from attention_c.bench.docs_page import markdown_table, write_page
 from attention_c.bench.report import format_load
 
+_cell = harness.per_threads          # a value per thread count
+
 OURS = "attention_c"
 TOLERANCE = 1e-4         # float32 logits, normwise against the baseline
 MiB = 2.0 ** 20
@@ -334,9 +336,6 @@ def evaluate(rows, memory):
     return verdicts
 
 
-def _cell(by_threads, fmt="{:.2f}"):
-    return " / ".join(fmt.format(by_threads[n]) for n in sorted(by_threads))
-
 
 def time_table(rows, targets):
     """A line per case: the times at the fewest threads, the ratio at each
@@ -402,15 +401,6 @@ def checks_line(checks):
             f"normwise error {worst:.1e} (tolerance {TOLERANCE:g}).")
 
 
-def targets_line(targets):
-    missed = [t for t in targets if t["status"] == "MISS"]
-    text = (f"- **Targets of issue 27:** {len(targets) - len(missed)} of "
-            f"{len(targets)} checks pass")
-    if missed:
-        text += "; missed: " + "; ".join(dict.fromkeys(
-            f"{t['target']} ≤ {t['limit']} ({t['case']})" for t in missed))
-    return text + "."
-
 
 def sections(meta, checks, rows, memory, targets):
     """{section name: text} of the page."""
@@ -420,7 +410,8 @@ def sections(meta, checks, rows, memory, targets):
                   "training step (after a warm-up step), each side in a "
                   "fresh process, at the largest thread count:",
                   memory_table(memory, targets)]
-    parts.append(checks_line(checks) + "\n" + targets_line(targets))
+    parts.append(checks_line(checks) + "\n"
+                 + harness.targets_line(targets, 27))
     return {"transformers": "\n\n".join(parts)}
 
 
@@ -441,10 +432,8 @@ def report(meta, checks, rows, memory, targets):
     lines += ["", time_table(rows, targets), ""]
     if memory:
         lines += [memory_table(memory, targets), ""]
-    lines += [checks_line(checks), targets_line(targets),
-              "Targets: {} PASS, {} MISS".format(
-                  sum(t["status"] == "PASS" for t in targets),
-                  sum(t["status"] == "MISS" for t in targets))]
+    lines += [checks_line(checks), harness.targets_line(targets, 27),
+              harness.targets_count(targets)]
     return "\n".join(lines)
 
 

@@ -52,6 +52,8 @@ from attention_c.bench import harness
 from attention_c.bench.docs_page import markdown_table, write_page
 from attention_c.bench.report import format_load
 
+_cell = harness.per_threads          # a value per thread count
+
 HEADS = 8
 SIZES = {"d": 64, "window_T": 8192, "window": 256, "packed": (8, 1024),
          "extras_T": 2048, "torch_T": 4096, "threads_T": 1024,
@@ -489,9 +491,6 @@ def _pairs(rows, key, value):
     return out
 
 
-def _cell(by_threads, fmt="{:.2f}"):
-    return " / ".join(fmt.format(by_threads[n]) for n in sorted(by_threads))
-
 
 def ratio_table(found, targets):
     """Ours' ratios: a line per ratio, values at each thread count."""
@@ -564,17 +563,6 @@ def bitwise_line(bits):
             f"gradient).")
 
 
-def targets_line(targets):
-    missed = [t for t in targets if t["status"] == "MISS"]
-    text = (f"- **Targets of issue 25:** {len(targets) - len(missed)} of "
-            f"{len(targets)} checks pass")
-    if missed:
-        text += "; missed: " + "; ".join(dict.fromkeys(
-            f"{t['target']} ≤ {t['limit']}"
-            + ("" if t["case"] == t["target"] else f" ({t['case']})")
-            for t in missed))
-    return text + "."
-
 
 def sections(meta, found, torch_rows, memory, bits, targets):
     """{section name: text} of the page."""
@@ -585,7 +573,7 @@ def sections(meta, found, torch_rows, memory, bits, targets):
              "the growth of the peak RSS of one forward + backward, each "
              "side in a fresh process, at the largest thread count:",
              torch_table(torch_rows, memory),
-             bitwise_line(bits) + "\n" + targets_line(targets)]
+             bitwise_line(bits) + "\n" + harness.targets_line(targets, 25)]
     return {"variants": "\n\n".join(parts)}
 
 
@@ -612,10 +600,8 @@ def report(meta, found, torch_rows, memory, bits, targets, checks):
         f"over {len(checks)} functions.", "",
         ratio_table(found, targets), "",
         torch_table(torch_rows, memory), "",
-        bitwise_line(bits), targets_line(targets),
-        "Targets: {} PASS, {} MISS".format(
-            sum(t["status"] == "PASS" for t in targets),
-            sum(t["status"] == "MISS" for t in targets)),
+        bitwise_line(bits), harness.targets_line(targets, 25),
+        harness.targets_count(targets),
     ]
     return "\n".join(lines)
 
