@@ -158,7 +158,7 @@ def dot_attention(query, keys, *, mask=None, attn_mask=None, causal=False,
                   return_weights=True, window=None, softcap=None,
                   alibi_slopes=None, sinks=None, cu_seqlens_q=None,
                   cu_seqlens_k=None):
-    """s_it = softcap(scale q_i . k_t) + bias_it - slope |i' - t|, scale
+    """s_it = softcap(scale q_i . k_t) + bias_it - slope abs(i' - t), scale
     None = 1/sqrt(H).
 
     Returns (out, alpha), or (out, lse) with return_weights=False, lse_i =

@@ -14,7 +14,7 @@ sequence): the key's offset from the query's own position.
     causal         visible iff rel_it <= 0
     window (l, r)  visible iff -l <= rel_it <= r     (None: unbounded)
     softcap c      s <- c tanh(s / c)                 on the scaled score
-    alibi_slopes m s <- s - m |rel_it|                one slope a sequence
+    alibi_slopes m s <- s - m abs(rel_it)             one slope a sequence
     sinks z        lse_i = log(exp(z) + sum_t exp(s_it))   no value
 
 So causal, window and packing each give every query a contiguous range of
@@ -151,7 +151,7 @@ def per_sequence(name, x, lead):
 
 
 def alibi_term(slopes, rel):
-    """-m |rel_it|, (lead, Tq, T): a penalty that grows with the distance
+    """-m abs(rel_it), (lead, Tq, T): a penalty that grows with the distance
     between the query's position and the key's (Press et al. 2022, with
     FlashAttention's sign and symmetric distance)."""
     return -slopes[..., None, None] * np.abs(rel)
