@@ -35,8 +35,10 @@ LANES = {("avx2", "f32"): 8, ("avx2", "f64"): 4,
 # the functions that hold the micro-kernel's k-loop, inlined or not
 KERNEL_FUNCS = ("micro_kernel_rows", "micro_kernel_packed", "tile_rows",
                 "tile_packed", "gemm_macro")
-# the streamed forward's other hot loops (simd/ops.inc)
-ROW_FUNCS = ("exp_shift_row", "max_row")
+# the streamed forward's other hot loops (simd/ops.inc), each found as
+# the loop with the most instructions of its kind on the path's vectors
+# (exp's polynomial FMAs; the max), not the masking or the tail
+ROW_FUNCS = {"exp_shift_row": "vfmadd", "max_row": "vmaxp"}
 
 _FUNC = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
 _INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
@@ -137,14 +139,17 @@ def kernel_loops(funcs, isa, dtype):
 
 def row_loops(funcs, isa, dtype):
     """[(symbol, loop)]: the vector loop of each of ROW_FUNCS (the
-    innermost loop with the most instructions on the path's vectors)."""
+    innermost loop with the most of its instructions on the path's
+    vectors; none if no loop has one)."""
     found, reg = [], f"%{ISAS[isa]}"
-    for base in ROW_FUNCS:
+    for base, kind in ROW_FUNCS.items():
         for sym in symbols(funcs, base, isa, dtype):
-            loops = innermost_loops(funcs[sym])
-            if loops:
-                found.append((sym, max(loops, key=lambda lp: sum(
-                    reg in i[2] for i in lp))))
+            scored = [(sum(m.startswith(kind) and reg in o
+                           for _a, m, o in lp), lp)
+                      for lp in innermost_loops(funcs[sym])]
+            best = max(scored, key=lambda x: x[0], default=(0, None))
+            if best[0]:
+                found.append((sym, best[1]))
     return found
 
 

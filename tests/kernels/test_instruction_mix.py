@@ -70,12 +70,9 @@ def test_micro_kernel_loop(funcs, isa, dtype):
 def test_row_loops_found(funcs, isa, dtype):
     """.ci/mca's other loops: exp_shift_row and max_row, vectorised."""
     loops = dict(il.row_loops(funcs, isa, dtype))
-    reg = f"%{il.ISAS[isa]}"
-    for base in il.ROW_FUNCS:
+    for base, kind in il.ROW_FUNCS.items():
         sym = f"{base}_{dtype}_{isa}"
-        assert sym in loops, f"no loop in {sym}"
-        assert any(reg in ops for _a, _m, ops in loops[sym]), (
-            f"{sym}'s loop is not on {reg}")
+        assert sym in loops, f"no {kind} loop on {il.ISAS[isa]} in {sym}"
 
 
 # ---- the checker itself, on loops written here ---------------------------
