@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (path, dtype) -> vector register, FMA suffix, broadcast, lanes
+# path -> its vector register; dtype -> FMA suffix, broadcast, bytes;
+# (path, dtype) -> lanes
 ISAS = {"avx2": "ymm", "avx512": "zmm"}
 DTYPES = {"f32": ("ps", "vbroadcastss", 4), "f64": ("pd", "vbroadcastsd", 8)}
 LANES = {("avx2", "f32"): 8, ("avx2", "f64"): 4,
@@ -43,7 +44,7 @@ ROW_FUNCS = {"exp_shift_row": "vfmadd", "max_row": "vmaxp"}
 _FUNC = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
 _INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
 _TARGET = re.compile(r"^([0-9a-f]+) <")
-_VREG = re.compile(r"%([xyz]mm)(\d+)")
+_VREG = re.compile(r"%[xyz]mm\d+")
 _MEM = re.compile(r"(?:[-\w]*)\((%\w+)?(?:,%\w+)?(?:,\d)?\)(\{1to\d+\})?")
 
 
