@@ -1,0 +1,252 @@
+"""The instruction mix of the built extension's micro-kernel, on every x86
+SIMD path and dtype, read from its disassembly (objdump): so that a
+regression on a CPU we don't have (AVX-512 on an AVX2 host) shows here.
+
+The register-tiled micro-kernel (csrc/simd/tile.inc, TILE_ACCUMULATE) is
+where the attention products spend their time.  Its k-loop must be
+2 MR FMAs per k step on the path's full vectors (ymm: AVX2, zmm:
+AVX-512), each FMA taking a broadcast of A (a vbroadcastss/sd load, or
+an embedded {1toN} memory broadcast) and one of the two B vectors loaded
+in the loop, into 2 MR distinct accumulator registers, with no other
+vector instruction and no spill to the stack (docs/isa.md has the
+llvm-mca argument for what that buys on each CPU).  The loops are found
+by tests/kernels/isa_loops.py, which .ci/mca shares.
+
+Runs where the build is an x86-64 ELF and objdump is installed (CI:
+x86-64 with binutils); not on a sanitizer build, whose instrumented
+loads are other instructions on purpose.
+"""
+
+import platform
+import shutil
+import sys
+
+import pytest
+
+from attention_c import _core
+
+import isa_loops as il
+
+X86_LINUX = (sys.platform.startswith("linux")
+             and platform.machine().lower() in ("x86_64", "amd64"))
+needs_objdump = pytest.mark.skipif(
+    not X86_LINUX or shutil.which("objdump") is None,
+    reason="needs an x86-64 Linux build and objdump (binutils)")
+PATHS = [(isa, dtype) for isa in il.ISAS for dtype in il.DTYPES]
+
+
+@pytest.fixture(scope="module")
+def funcs():
+    funcs = il.disassemble(_core.__file__)
+    if any("__asan_" in name or "__ubsan_" in name for name in funcs):
+        pytest.skip("a sanitizer build: its loads are instrumented")
+    return funcs
+
+
+@needs_objdump
+@pytest.mark.parametrize("isa, dtype", PATHS)
+def test_micro_kernel_loop(funcs, isa, dtype):
+    mr = il.mr_of(isa)
+    loops = il.kernel_loops(funcs, isa, dtype)
+    where = {sym.split(".")[0] for sym, _ in loops}
+    # the two out-of-line kernels (called from simd/ops.inc, fused.inc
+    # and fused_backward.inc) and tile_rows / tile_packed, on their own
+    # or inlined into gemm_macro: four loops at least
+    for base in ("micro_kernel_rows", "micro_kernel_packed"):
+        assert f"{base}_{dtype}_{isa}" in where, (
+            f"no k-loop of {base}_{dtype}_{isa} in {_core.__file__}: "
+            f"found {sorted(where)}")
+    assert len(loops) >= 4, f"{len(loops)} k-loops in {sorted(where)}"
+    for sym, loop in loops:
+        problems = il.check_kernel_loop(loop, isa, dtype, mr,
+                                        il.stack_regs(funcs[sym]))
+        listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
+        assert not problems, (f"{sym}, loop at {loop[0][0]:x}:\n  "
+                              + "\n  ".join(problems) + "\n" + listing)
+
+
+@needs_objdump
+@pytest.mark.parametrize("isa, dtype", PATHS)
+def test_row_loops_found(funcs, isa, dtype):
+    """.ci/mca's other loops: exp_shift_row and max_row, vectorised."""
+    loops = dict(il.row_loops(funcs, isa, dtype))
+    for base, kind in il.ROW_FUNCS.items():
+        sym = f"{base}_{dtype}_{isa}"
+        assert sym in loops, f"no {kind} loop on {il.ISAS[isa]} in {sym}"
+
+
+# ---- the checker itself, on loops written here ---------------------------
+
+def _loop(text):
+    """[(address, mnemonic, operands)] of AT&T lines."""
+    out = []
+    for n, line in enumerate(text.strip().splitlines()):
+        mnem, _, ops = line.strip().partition(" ")
+        out.append((0x100 + 4 * n, mnem, ops.strip()))
+    return out
+
+
+def _tile(mr, spill=None, extra=None, embedded=False):
+    src = il.tile_source(mr, 2, "zmm", "f32", embedded)
+    lines = [ln.replace("\t", " ", 1).replace("\t", " ").strip()
+             for ln in src.splitlines()[1:-1]]       # without 1: and jne
+    if spill:
+        lines.insert(len(lines) // 2, spill)
+    if extra:
+        lines.insert(3, extra)
+    lines.append(f"jne {0x100:x} <k>")
+    return _loop("\n".join(lines))
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_checker_accepts_a_register_tile(embedded):
+    assert il.check_kernel_loop(_tile(12, embedded=embedded), "avx512",
+                                "f32", 12) == []
+
+
+@pytest.mark.parametrize("bad, what", [
+    ("vmovups %zmm7,0x40(%rsp)", "vector spill"),
+    ("vmovups 0x80(%rbp),%zmm7", "vector spill"),
+    ("mov %rax,0x8(%rsp)", "store to the stack"),
+    ("vaddps %zmm3,%zmm4,%zmm4", "other than FMA"),
+])
+def test_checker_rejects(bad, what):
+    problems = il.check_kernel_loop(_tile(12, spill=bad), "avx512", "f32",
+                                    12)
+    assert any(what in p for p in problems), problems
+
+
+def test_checker_rejects_wrong_counts():
+    # a tile of 8 rows where 12 are expected; a ymm tile on the zmm path
+    assert any("multiple of 2 MR" in p for p in il.check_kernel_loop(
+        _tile(8), "avx512", "f32", 12))
+    ymm = il.tile_source(6, 2, "ymm", "f32")
+    lines = [ln.strip().replace("\t", " ") for ln in ymm.splitlines()[1:-1]]
+    problems = il.check_kernel_loop(_loop("\n".join(lines)), "avx512",
+                                    "f32", 6)
+    assert any("not a zmm ps FMA" in p for p in problems), problems
+
+
+def test_checker_stack_registers():
+    """%rbp is the stack only in a function that makes it its frame
+    pointer; otherwise GCC may hold a row pointer in it."""
+    loop = _tile(12, spill="vbroadcastss (%rbp,%rax,4),%zmm31")
+    assert any("vector spill" in p for p in il.check_kernel_loop(
+        loop, "avx512", "f32", 12))
+    assert not any("spill" in p for p in il.check_kernel_loop(
+        loop, "avx512", "f32", 12, stack=("rsp",)))
+    assert il.stack_regs(_loop("push %rbp\nmov %rsp,%rbp")) == ("rsp",
+                                                                "rbp")
+    assert il.stack_regs(_loop("push %rbp\nmov %rdi,%rbp")) == ("rsp",)
+
+
+def test_checker_rejects_two_stack_loads():
+    loop = _tile(12, spill="cmp %rax,-0x60(%rsp)")
+    assert il.check_kernel_loop(loop, "avx512", "f32", 12) == []
+    loop = _tile(12, spill="cmp %rax,-0x60(%rsp)",
+                 extra="mov -0x58(%rsp),%r15")
+    assert any("scalar stack" in p
+               for p in il.check_kernel_loop(loop, "avx512", "f32", 12))
+
+
+def test_loops_and_exits():
+    """A backward jump to a shared exit is no loop; nested loops give the
+    inner one."""
+    insns = _loop("""
+        add $0x1,%rax
+        cmp %rax,%rdx
+        jne 10c <f>
+        ret
+        vzeroupper
+        jmp 110 <f>
+    """)
+    # 0x100 add, 0x104 cmp, 0x108 jne 10c (forward), 0x10c ret,
+    # 0x110 vzeroupper, 0x114 jmp 110: a loop of itself
+    assert il.innermost_loops(insns) == [insns[4:6]]
+    exit_jump = _loop("""
+        ret
+        add $0x1,%rax
+        jmp 100 <f>
+    """)
+    assert il.innermost_loops(exit_jump) == []
+    nested = _loop("""
+        add $0x1,%rax
+        add $0x1,%rcx
+        cmp %rcx,%rdx
+        jne 104 <f>
+        cmp %rax,%rsi
+        jne 100 <f>
+    """)
+    assert il.innermost_loops(nested) == [nested[1:4]]
+
+
+# ---- llvm-mca's report (.ci/mca) -----------------------------------------
+
+# the parts of an llvm-mca 19 report on the 12 x 2 zmm tile that
+# parse_mca reads (-mcpu=cascadelake, 200 iterations)
+MCA_REPORT = """\
+Iterations:        200
+Instructions:      8400
+Total Cycles:      2613
+Total uOps:        11200
+
+Dispatch Width:    6
+uOps Per Cycle:    4.29
+IPC:               3.21
+Block RThroughput: 12.0
+
+Resources:
+[0]   - SKXDivider
+[1]   - SKXFPDivider
+[2]   - SKXPort0
+[3]   - SKXPort1
+[4]   - SKXPort2
+[5]   - SKXPort3
+[6]   - SKXPort4
+[7]   - SKXPort5
+[8]   - SKXPort6
+[9]   - SKXPort7
+
+
+Resource pressure per iteration:
+[0]    [1]    [2]    [3]    [4]    [5]    [6]    [7]    [8]    [9]
+ -      -     12.69  12.64  7.00   7.00    -     12.70  3.99    -
+"""
+
+
+def test_parse_mca():
+    rep = il.parse_mca(MCA_REPORT)
+    assert rep["iterations"] == 200 and rep["cycles"] == 2613
+    assert rep["block_rthroughput"] == 12.0
+    assert rep["pressure"]["SKXPort2"] == 7.0
+    assert rep["pressure"]["SKXDivider"] == 0.0
+    cpi, share, neck = il.mca_row(MCA_REPORT, 24)
+    assert cpi == pytest.approx(13.065)
+    assert share == pytest.approx(24 / (2 * 13.065))
+    assert neck == "SKXPort5 12.70"
+    with pytest.raises(ValueError):
+        il.parse_mca("Iterations: 100\n")
+
+
+LLVM_MCA = il.find_llvm_mca()
+
+
+@pytest.mark.skipif(LLVM_MCA is None, reason="llvm-mca is not installed")
+def test_mca_on_a_tile():
+    """llvm-mca on the ymm 6 x 2 tile (the AVX2 path's), read by
+    mca_row: FMA-bound under every model, so its cycles per iteration
+    are its 12 FMAs over the model's own FMA peak (2 a cycle, or 1 where
+    a model has a single ymm FMA pipe, as llvm-mca 14's znver3)."""
+    src = il.tile_source(6, 2, "ymm", "f32")
+    ran = 0
+    for cpu in ("haswell", "skylake", "cascadelake", "znver3"):
+        rep = il.run_mca(LLVM_MCA, cpu, src)
+        if rep is None:
+            continue
+        cpi, share, neck = il.mca_row(rep, 12)
+        peak = il.model_peak(LLVM_MCA, cpu, "ymm")
+        assert cpi == pytest.approx(12 / peak, rel=0.05), (cpu, cpi, peak)
+        assert share == pytest.approx(12 / (2 * cpi))
+        assert float(neck.split()[-1]) == pytest.approx(12 / peak, rel=0.05)
+        ran += 1
+    assert ran, f"{LLVM_MCA} knows none of haswell, skylake, znver3"
