@@ -373,7 +373,8 @@ static PyObject *py_fma_loop(PyObject *self, PyObject *args)
         (level = simd_from_name(name)) < 0) {
         return NULL;
     }
-    if (!PyArray_DescrConverter(dtype_obj, &dtype)) {
+    /* NumPy reads None as float64: not here */
+    if (dtype_obj != Py_None && !PyArray_DescrConverter(dtype_obj, &dtype)) {
         PyErr_Clear();
     }
     int tn = dtype == NULL ? NPY_NOTYPE : dtype->type_num;
