@@ -81,14 +81,15 @@
  * And every table's
  *   tanh                 y = tanh(x) elementwise, the path's tanh (tests)
  *   fma_loop, fma_accs   the path's FMA peak (the bench times it):
- *                        fma_accs independent chains a = a x + y, each a
- *                        register of vlen lanes, iters steps, registers
- *                        only; 2 vlen fma_accs iters flops (the scalar
- *                        path's step is a multiply and an add, as its
- *                        kernels write it).  Enough chains to cover the
- *                        FMA latency times the FMA ports of every CPU the
- *                        path runs on.  Returns the sum of the chains
- *                        (fma_accs once they settle), so none is dropped.
+ *                        fma_accs independent chains, each a register of
+ *                        vlen lanes, one FMA a step (the scalar path: a
+ *                        multiply and an add, as its kernels write it),
+ *                        iters steps, registers only: 2 vlen fma_accs
+ *                        iters flops.  Enough chains to cover the FMA
+ *                        latency times the FMA ports of every CPU the
+ *                        path runs on.  Returns the sum of the chains'
+ *                        lanes, each in [1, 3) (so none is dropped, and
+ *                        core/peak.c checks it).
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \

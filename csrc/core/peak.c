@@ -14,7 +14,7 @@ typedef struct {
     double (*loop)(ptrdiff_t iters);
     ptrdiff_t iters;
     int threads;
-    double expect;              /* a loop's result: fma_accs x vlen */
+    double lanes;               /* fma_accs x vlen */
     atomic_int started;         /* tasks that have begun */
     atomic_int together;        /* least count of started threads seen */
     atomic_int wrong;           /* a loop returned another result */
@@ -43,9 +43,10 @@ static void peak_task(void *arg, ptrdiff_t task, int thread)
     while (seen < least &&
            !atomic_compare_exchange_weak(&j->together, &least, seen)) {
     }
-    /* every chain settles at 1 exactly within about 60 steps */
+    /* every lane of every chain ends in [1, 3) (the scalar ones settle
+     * at 1 from below within about 60 steps) */
     double r = j->loop(j->iters);
-    if (j->iters >= 1000 && r != j->expect) {
+    if (j->iters >= 100 && !(r >= j->lanes && r < 3 * j->lanes)) {
         atomic_store(&j->wrong, 1);
     }
 }
@@ -73,7 +74,7 @@ int att_fma_loop(int simd, int f64, ptrdiff_t iters, att_pool *pool,
     }
     j.iters = iters;
     j.threads = threads;
-    j.expect = (double)accs * (double)vlen;
+    j.lanes = (double)accs * (double)vlen;
     atomic_init(&j.started, 0);
     atomic_init(&j.together, threads);
     atomic_init(&j.wrong, 0);

@@ -24,7 +24,8 @@
  * number of threads that ran the loop together: `threads` unless the
  * pool has fewer or another caller held its workers (then some loops ran
  * one after another and a timing of the call is not the peak), or -2
- * when a loop's result is not what its chains give (a miscompiled loop).
+ * when a loop's sum is outside what its chains can give (a miscompiled
+ * loop).
  */
 int att_fma_loop(int simd, int f64, ptrdiff_t iters, att_pool *pool,
                  int threads, double *flops);
