@@ -148,8 +148,11 @@ def fma_peak_record(simd, dtype, threads, seconds=PEAK_SECONDS,
     ``simd`` for ``dtype``, as a dict: ``gflops`` (the best of ``repeats``
     calls of the path's FMA loop, each calibrated to about ``seconds``),
     ``iters``, ``call_s`` (the best call's seconds), ``others`` (the
-    share of all CPUs other processes used meanwhile, None where unknown)
-    and the key.  Measured once per key,
+    share of all CPUs other processes used meanwhile, None where unknown),
+    ``busy_gflops`` (flops per CPU second of this process x threads: the
+    rate while the threads ran, what a machine without other processes
+    would give; for information, as the peak is the wall-clock one) and
+    the key.  Measured once per key,
     then cached."""
     dtype = np.dtype(dtype).name
     key = (simd, dtype, int(threads), float(seconds), int(repeats))
@@ -172,9 +175,9 @@ def _measure_peak(simd, dtype, threads, seconds, repeats):
     clock = time.perf_counter
 
     def timed(iters):
-        start = clock()
+        cpu, start = time.process_time(), clock()
         flops = _core._fma_loop(dtype, simd, iters, threads)
-        return flops, clock() - start
+        return flops, clock() - start, time.process_time() - cpu
 
     iters = 1024
     while True:             # calibrate on at least a tenth of the target
@@ -183,15 +186,18 @@ def _measure_peak(simd, dtype, threads, seconds, repeats):
             break
         iters *= 8 if took < seconds / 100 else 2
     iters = max(1, round(iters * seconds / took))
-    best, call = 0.0, None
+    best, call, busy = 0.0, None, 0.0
     before, begin = cpu_seconds(), clock()
     for _ in range(repeats):
-        flops, took = timed(iters)
+        flops, took, cpu = timed(iters)
         if flops / took / 1e9 > best:
             best, call = flops / took / 1e9, took
+        if cpu > 0:
+            busy = max(busy, flops / cpu * threads / 1e9)
     return {"simd": simd, "dtype": dtype, "threads": threads,
             "gflops": best, "iters": iters, "seconds": seconds,
             "call_s": call, "repeats": repeats,
+            "busy_gflops": busy or None,
             "others": others_load(before, clock() - begin)}
 
 

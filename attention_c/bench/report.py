@@ -110,7 +110,10 @@ def peak_lines(peak):
         f"(others: other processes' share of all CPUs meanwhile):",
     ] + [f"  {p['simd']} {p['dtype']} {p['threads']} thr: "
          f"{p['gflops']:.1f} GF/s (others "
-         f"{'?' if p['others'] is None else format(p['others'], '.0%')})"
+         f"{'?' if p['others'] is None else format(p['others'], '.0%')}"
+         + (f"; {p['busy_gflops']:.1f} GF/s per CPU time while running"
+            if p.get("busy_gflops") and (p["others"] or 0) > DISTURBED
+            else "") + ")"
          for p in peak["peaks"]]
 
 

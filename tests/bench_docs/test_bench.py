@@ -369,6 +369,9 @@ def test_the_fma_peak_is_measured_and_cached():
                                              repeats=2)
             assert np.isfinite(record["gflops"]) and record["gflops"] > 0
             assert record["iters"] >= 1 and record["call_s"] > 0
+            # CPU time <= wall time x threads: the rate per CPU time is
+            # at least the wall-clock one
+            assert record["busy_gflops"] >= 0.9 * record["gflops"]
             assert (record["simd"], record["dtype"], record["threads"]) == (
                 simd, dtype, 1)
             # measured once per key, then the same figure
