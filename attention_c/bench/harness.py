@@ -29,9 +29,9 @@ MAX_BLOCK = 5000        # most timed calls in a row
 # are marked as disturbed.
 DISTURBED = 0.1
 
-# The FMA peak is measured (measure_fma_peak): each SIMD path's register-only
-# FMA loop (attention_c._core._fma_loop) calibrated to PEAK_SECONDS a call,
-# the best of PEAK_REPEATS calls.
+# The FMA peak is measured (measure_fma_peak): each SIMD path's
+# register-only FMA loop (attention_c._core._fma_loop) calibrated to
+# PEAK_SECONDS a call, the best of PEAK_REPEATS calls.
 PEAK_SECONDS = 0.2
 PEAK_REPEATS = 5
 QUICK_PEAK_SECONDS = 0.05      # with --quick
@@ -152,8 +152,7 @@ def fma_peak_record(simd, dtype, threads, seconds=PEAK_SECONDS,
     ``busy_gflops`` (flops per CPU second of this process x threads: the
     rate while the threads ran, what a machine without other processes
     would give; for information, as the peak is the wall-clock one) and
-    the key.  Measured once per key,
-    then cached."""
+    the key.  Measured once per key, then cached."""
     dtype = np.dtype(dtype).name
     key = (simd, dtype, int(threads), float(seconds), int(repeats))
     if key not in _PEAKS:

@@ -88,8 +88,8 @@
  *                        iters flops.  Enough chains to cover the FMA
  *                        latency times the FMA ports of every CPU the
  *                        path runs on.  Returns the sum of the chains'
- *                        lanes, each in [1, 3) (so none is dropped, and
- *                        core/peak.c checks it).
+ *                        lanes, each in [1, 3) once settled (so none is
+ *                        dropped, and core/peak.c checks it).
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \

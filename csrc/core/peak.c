@@ -17,7 +17,7 @@ typedef struct {
     double lanes;               /* fma_accs x vlen */
     atomic_int started;         /* tasks that have begun */
     atomic_int together;        /* least count of started threads seen */
-    atomic_int wrong;           /* a loop returned another result */
+    atomic_int wrong;           /* a loop's sum out of its range */
 } peak_job;
 
 static double now(void)
