@@ -26,8 +26,9 @@ items; ``--quick`` runs them all, the large ones with 8 times fewer rows.
 
 Beside them: our product core alone (``attention_c.project_keys``)
 against NumPy's BLAS on the layer's main product, in GFLOP/s next to the
-machine's FMA peak (cores x clock x FMA units x 2 x SIMD lanes), and the
-fixed cost of a call (shape (1, 1, 1, 1)) in microseconds.
+machine's measured FMA peak (the SIMD path's FMA loop timed on the
+threads used, ``harness.measure_fma_peak``), and the fixed cost of a call
+(shape (1, 1, 1, 1)) in microseconds.
 
 Ours, NumPy's BLAS (through threadpoolctl) and PyTorch all get the same
 thread count.  Before timing, the results of every implementation, ours
@@ -47,7 +48,7 @@ issue 25 (window, packed sequences, softcap, ALiBi slopes, sinks);
 ``--transformers`` (``attention_c.bench.transformers``) transformers
 models with attention_c as their backend against sdpa or eager (issue 27).
 
-The modules, by role: ``harness`` (the machine's facts and FMA peak,
+The modules, by role: ``harness`` (the machine's facts and measured FMA peak,
 threads, timing, peak memory, the accuracy check), ``run`` (the layer's
 problem and implementations, one configuration at a time), ``core`` (the
 product core against BLAS, the cost of a call), ``torch_forms`` (the

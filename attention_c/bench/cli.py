@@ -137,7 +137,8 @@ def main(argv=None):
                if options.quick else EXTRA_SHAPES)
     meta.update(quick=options.quick, masks=options.masks,
                 shape_sizes={s: sizes[s] for s in options.shapes},
-                peak=harness.peak_facts(meta["config"]["simd"]))
+                peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
+                                       options.threads, options.quick))
     for note in meta["notes"]:
         print(f"NOTE: {note}", file=sys.stderr)
     rows = run_all(options, ctx)

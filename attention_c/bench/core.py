@@ -1,6 +1,6 @@
 """Two measurements beside the layer's rows: our product core alone
-against NumPy's BLAS, in GFLOP/s next to the machine's FMA peak, and the
-fixed cost of a call.
+against NumPy's BLAS, in GFLOP/s next to the machine's measured FMA peak,
+and the fixed cost of a call.
 
 The product core: ``attention_c.project_keys(keys, W)``, a plain
 ``(rows, H) x (A, H)^T`` product through the blocked product (packing and

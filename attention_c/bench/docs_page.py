@@ -68,6 +68,22 @@ def _most_threads(threads):
     return max(many) if many else None
 
 
+def peak_sentence(peak):
+    """The measured FMA peak of a run (harness.peak_facts), in a sentence
+    for the page."""
+    by = {}
+    for p in peak["peaks"]:
+        by.setdefault((p["simd"], p["dtype"]), []).append(
+            f"{p['gflops']:.0f} GF/s on {p['threads']} "
+            f"thread{'s' * (p['threads'] > 1)}")
+    flags = ", ".join(peak["flags"]) or "unknown"
+    return ("The FMA peak is measured on this CPU (flags: " + flags
+            + "), each path's register-only FMA loop on every thread at "
+            "once: " + "; ".join(f"{simd} {dtype} " + ", ".join(cells)
+                                 for (simd, dtype), cells in by.items())
+            + ".")
+
+
 # --------------------------------------------------------------------------
 # The layer's benchmark (python -m attention_c.bench)
 
@@ -89,6 +105,8 @@ def layer_setup(meta):
         f"{meta.get('wall_seconds', 0):.0f} s in which {busy}.  Medians "
         f"of interleaved rounds; ratios below 1 mean attention_c is "
         f"faster.")
+    if "peak" in meta:
+        text += "  " + peak_sentence(meta["peak"])
     if meta.get("quick"):
         text += ("  This was a `--quick` run (the large shapes with 8 times "
                  "fewer rows): indicative only.")
@@ -289,6 +307,8 @@ def selfattn_setup(meta):
         f"processes used while a row was timed: above "
         f"{DISTURBED:.0%} the row is disturbed (on 2 cores, another busy "
         f"process leaves a 2-thread row one core).")
+    if "peak" in meta:
+        text += "  " + peak_sentence(meta["peak"])
     if meta.get("quick"):
         text += "  A `--quick` run (tiny sizes): indicative only."
     return text

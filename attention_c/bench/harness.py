@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import attention_c as ac
+from attention_c import _core
 from attention_c.testing import rel_err
 
 ROUNDS = 3              # interleaved rounds per measurement
@@ -28,11 +29,20 @@ MAX_BLOCK = 5000        # most timed calls in a row
 # are marked as disturbed.
 DISTURBED = 0.1
 
-# The FMA peak's assumptions: the register width of each SIMD path of
-# attention_c.show_config()["simd"], and 2 FMA units a core (the usual
-# for the server CPUs this runs on: Intel since Haswell, AMD since Zen 2).
-SIMD_BITS = {"scalar": 0, "avx2": 256, "avx512": 512, "neon": 128}
-FMA_UNITS = 2
+# The FMA peak is measured (measure_fma_peak): each SIMD path's
+# register-only FMA loop (attention_c._core._fma_loop) calibrated to
+# PEAK_SECONDS a call, the best of PEAK_REPEATS calls.
+PEAK_SECONDS = 0.2
+PEAK_REPEATS = 5
+QUICK_PEAK_SECONDS = 0.05      # with --quick
+
+# The /proc/cpuinfo flags the report names (x86 "flags", ARM "Features"):
+# the instruction sets the kernels or the peers may use.
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
+              "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+              "amx_int8", "asimd", "asimdhp", "asimddp", "sve", "sve2",
+              "bf16", "i8mm", "sme")
 
 
 # --------------------------------------------------------------------------
@@ -98,10 +108,19 @@ def others_load(before, wall):
     return max(0.0, others / (wall * (os.cpu_count() or 1)))
 
 
+def cpu_flags():
+    """The SIMD_FLAGS this CPU reports in /proc/cpuinfo, in that order
+    (empty where there is no /proc/cpuinfo)."""
+    line = _cpuinfo("flags") or _cpuinfo("Features") or ""
+    have = set(line.split())
+    return [f for f in SIMD_FLAGS if f in have]
+
+
 def cpu_clock():
-    """(MHz, what it is) of a core: lscpu's "CPU max MHz" where it reports
-    one, else the "cpu MHz" of /proc/cpuinfo (the clock now; on a virtual
-    machine the nominal one), else (None, 'unknown')."""
+    """(MHz, what it is) of a core, for information only (the peak is
+    measured): lscpu's "CPU max MHz" where it reports one, else the "cpu
+    MHz" of /proc/cpuinfo (the clock now; on a virtual machine the
+    nominal one), else (None, 'unknown')."""
     try:
         lines = subprocess.run(["lscpu"], capture_output=True, text=True,
                                env=dict(os.environ, LC_ALL="C"),
@@ -119,28 +138,96 @@ def cpu_clock():
         return None, "unknown"
 
 
-def peak_facts(simd):
-    """What the FMA peak is computed from, for the report and JSON."""
+# measure_fma_peak's results by (simd, dtype, threads, seconds, repeats)
+_PEAKS = {}
+
+
+def fma_peak_record(simd, dtype, threads, seconds=PEAK_SECONDS,
+                    repeats=PEAK_REPEATS):
+    """The measured FMA peak of ``threads`` threads on the SIMD path
+    ``simd`` for ``dtype``, as a dict: ``gflops`` (the best of ``repeats``
+    calls of the path's FMA loop, each calibrated to about ``seconds``),
+    ``iters``, ``call_s`` (the best call's seconds), ``others`` (the
+    share of all CPUs other processes used meanwhile, None where unknown),
+    ``busy_gflops`` (flops per CPU second of this process x threads: the
+    rate while the threads ran, what a machine without other processes
+    would give; for information, as the peak is the wall-clock one) and
+    the key.  Measured once per key, then cached."""
+    dtype = np.dtype(dtype).name
+    key = (simd, dtype, int(threads), float(seconds), int(repeats))
+    if key not in _PEAKS:
+        _PEAKS[key] = _measure_peak(simd, dtype, int(threads), seconds,
+                                    repeats)
+    return dict(_PEAKS[key])
+
+
+def measure_fma_peak(simd, dtype, threads, seconds=PEAK_SECONDS,
+                     repeats=PEAK_REPEATS):
+    """GF/s of ``threads`` threads running the FMA loop of the SIMD path
+    ``simd`` for ``dtype`` at once: the machine's measured peak (see
+    :func:`fma_peak_record`)."""
+    return fma_peak_record(simd, dtype, threads, seconds, repeats)["gflops"]
+
+
+def _measure_peak(simd, dtype, threads, seconds, repeats):
+    """One measurement of fma_peak_record."""
+    clock = time.perf_counter
+
+    def timed(iters):
+        cpu, start = time.process_time(), clock()
+        flops = _core._fma_loop(dtype, simd, iters, threads)
+        return flops, clock() - start, time.process_time() - cpu
+
+    iters = 1024
+    while True:             # calibrate on at least a tenth of the target
+        took = min(timed(iters)[1] for _ in range(3))
+        if took >= seconds / 10:
+            break
+        iters *= 8 if took < seconds / 100 else 2
+    iters = max(1, round(iters * seconds / took))
+    best, call, busy = 0.0, None, 0.0
+    before, begin = cpu_seconds(), clock()
+    for _ in range(repeats):
+        flops, took, cpu = timed(iters)
+        if flops / took / 1e9 > best:
+            best, call = flops / took / 1e9, took
+        if cpu > 0:
+            busy = max(busy, flops / cpu * threads / 1e9)
+    return {"simd": simd, "dtype": dtype, "threads": threads,
+            "gflops": best, "iters": iters, "seconds": seconds,
+            "call_s": call, "repeats": repeats,
+            "busy_gflops": busy or None,
+            "others": others_load(before, clock() - begin)}
+
+
+def peak_facts(simd, dtypes, threads, quick=False):
+    """The machine's facts for the report and JSON: CPU model, SIMD flags,
+    clock (information only) and the measured FMA peak of the path
+    ``simd`` for each of ``dtypes`` and ``threads`` (list of
+    fma_peak_record dicts, under "peaks"); ``quick``: calls of
+    QUICK_PEAK_SECONDS."""
+    seconds = QUICK_PEAK_SECONDS if quick else PEAK_SECONDS
     mhz, source = cpu_clock()
-    return {"mhz": mhz, "clock": source, "simd": simd,
-            "fma_units": FMA_UNITS,
-            "lanes": {d: simd_lanes(simd, d) for d in ("float32", "float64")}}
+    peaks = [fma_peak_record(simd, d, n, seconds)
+             for d in dict.fromkeys(np.dtype(d).name for d in dtypes)
+             for n in sorted(set(threads))]
+    return {"cpu": cpu_model(), "flags": cpu_flags(), "mhz": mhz,
+            "clock": source, "simd": simd, "seconds": seconds,
+            "peaks": peaks}
 
 
-def simd_lanes(simd, dtype):
-    """Numbers of ``dtype`` in one register of the SIMD path ``simd``."""
-    bits = SIMD_BITS.get(simd, 0)
-    return max(1, bits // (8 * np.dtype(dtype).itemsize))
-
-
-def fma_peak(facts, cores, dtype):
-    """GFLOP/s of ``cores`` cores that issue an FMA (2 flops a lane) on
-    every FMA unit each cycle: cores x GHz x units x 2 x lanes; None when
-    the clock is unknown."""
-    if not facts["mhz"]:
-        return None
-    return (cores * facts["mhz"] / 1e3 * facts["fma_units"] * 2
-            * facts["lanes"][dtype])
+def fma_peak(facts, threads, dtype, simd=None):
+    """The measured GF/s of ``threads`` threads on the path ``simd`` (the
+    one of the ``facts``, by default) for ``dtype``: from the facts of
+    :func:`peak_facts`, measured (and added to them) when missing."""
+    simd = facts["simd"] if simd is None else simd
+    dtype = np.dtype(dtype).name
+    for p in facts["peaks"]:
+        if (p["simd"], p["dtype"], p["threads"]) == (simd, dtype, threads):
+            return p["gflops"]
+    record = fma_peak_record(simd, dtype, threads, facts["seconds"])
+    facts["peaks"].append(record)
+    return record["gflops"]
 
 
 def optional_import(name):

@@ -95,19 +95,26 @@ def targets_table(targets, shapes):
 
 
 def peak_lines(peak):
-    """How the FMA peak is computed, with the facts it rests on."""
-    lanes = ", ".join(f"{n} {d}" for d, n in peak["lanes"].items())
-    clock = ("unknown: no peak" if not peak["mhz"] else
+    """The machine's measured FMA peak (harness.peak_facts): the CPU's
+    SIMD flags and one line per path, dtype and thread count."""
+    seconds = {p["seconds"] for p in peak["peaks"]}
+    repeats = {p["repeats"] for p in peak["peaks"]}
+    clock = ("unknown" if not peak["mhz"] else
              f"{peak['mhz']:.0f} MHz ({peak['clock']})")
     return [
-        f"FMA peak = cores used x clock x FMA units x 2 flops x lanes; "
-        f"clock {clock};",
-        f"FMA units per core: {peak['fma_units']} (assumed: the usual for "
-        f"server CPUs, not measured); lanes of the {peak['simd']} path: "
-        f"{lanes}.",
-        "The tanh/epilogue flops are ignored.  Above 100% (as BLAS may "
-        "show): the cores run faster than this clock (turbo).",
-    ]
+        f"CPU flags: {' '.join(peak['flags']) or 'unknown'}; clock "
+        f"{clock}, for information only",
+        f"FMA peak, measured: the path's register-only FMA loop on every "
+        f"thread at once, best of {'/'.join(map(str, sorted(repeats)))} "
+        f"calls of ~{'/'.join(f'{s:g}' for s in sorted(seconds))} s "
+        f"(others: other processes' share of all CPUs meanwhile):",
+    ] + [f"  {p['simd']} {p['dtype']} {p['threads']} thr: "
+         f"{p['gflops']:.1f} GF/s (others "
+         f"{'?' if p['others'] is None else format(p['others'], '.0%')}"
+         + (f"; {p['busy_gflops']:.1f} GF/s per CPU time while running"
+            if p.get("busy_gflops") and (p["others"] or 0) > DISTURBED
+            else "") + ")"
+         for p in peak["peaks"]]
 
 
 def gemm_table(rows):
@@ -155,7 +162,8 @@ def header_lines(meta):
         f"{meta['target_s']:g} s each) in {ROUNDS} interleaved rounds, "
         f"after warm-up; threads measured: "
         f"{', '.join(map(str, meta['threads']))}",
-    ] + [f"NOTE: {note}" for note in meta["notes"]]
+    ] + (peak_lines(meta["peak"]) if "peak" in meta else []) + [
+        f"NOTE: {note}" for note in meta["notes"]]
 
 
 def accuracy_lines(rows):
@@ -256,11 +264,10 @@ def report(meta, rows, targets, gemm=(), calls=()):
         "np_bwd.  N/1: ours at N threads / 1 thread.",
         "fwd GF/s: 2 rows H A / fwd time (the main product only; the "
         "context product, tanh, scores, softmax and",
-        "weighted sum are not counted); fwd %peak: that / the FMA peak of "
-        "the threads used (see below).",
+        "weighted sum are not counted); fwd %peak: that / the measured "
+        "FMA peak of the path, dtype and threads (header).",
         row_table(rows, ratios, ratio_cell),
-        "",
-    ] + peak_lines(meta["peak"])
+    ]
     if gemm:
         parts += [
             "",
@@ -463,10 +470,10 @@ def selfattn_report(meta, rows, targets, memory=None, long=None):
         "Median ms; ratios ours / SDPA (< 1: ours faster); causal/full and "
         "f+b N/1: ours f+b;",
         "fwd GF/s: 4 B T T d / fwd time (halved for causal); fwd %peak: "
-        "that / the FMA peak of the threads used.",
+        "that / the measured FMA peak of the threads used (header).",
         selfattn_table(rows),
         "",
-    ] + peak_lines(meta["peak"]) + [""]
+    ]
     if memory:
         parts.append(selfattn_memory_line(memory))
     if long:

@@ -21,8 +21,8 @@ of ``harness.measure`` (interleaved rounds after warm-up).
   (B * heads, T, d) in SHAPES; ratios ours / SDPA (forward, and forward +
   backward), causal / full (ours, forward + backward), N threads / 1
   thread (ours), and the forward's GFLOP/s (4 B Tq T d flops, halved for
-  causal) as a share of the FMA peak of the threads used
-  (``harness.fma_peak``);
+  causal) as a share of the measured FMA peak of the SIMD path and the
+  threads used (``harness.fma_peak``);
 * dropout 0.1 (ours with a seed, SDPA with ``dropout_p=0.1``) and a float
   bias (1, 1, T, T) (SDPA: the same tensor as ``attn_mask``, requiring
   grad, since ours returns its gradient) on DROPOUT_BIAS_SHAPES;
@@ -394,7 +394,8 @@ def setup(options, torch):
     ctx.update(torch=torch, shapes=shapes,
                long_shape=QUICK_LONG_SHAPE if options.quick else LONG_SHAPE)
     meta.update(quick=options.quick, torch=torch.__version__,
-                peak=harness.peak_facts(meta["config"]["simd"]),
+                peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
+                                       options.threads, options.quick),
                 shape_sizes=[list(s) for s in shapes],
                 heads=HEADS, dropout=DROPOUT)
     ctx["peak"] = meta["peak"]

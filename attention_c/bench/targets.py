@@ -34,7 +34,8 @@ SCALING = (
     ("f+b N/1", "ours_fwdbwd"),
     ("f+b_sv N/1", "ours_fwdbwd_saved"),
 )
-# Our forward's GFLOP/s as a share of the FMA peak of the cores used.
+# Our forward's GFLOP/s as a share of the measured FMA peak of the SIMD
+# path, dtype and threads used (harness.fma_peak).
 PEAK = "fwd %peak"
 
 

@@ -50,7 +50,7 @@ import attention_c as ac
 from attention_c import reference as ref
 from attention_c.bench import harness
 from attention_c.bench.docs_page import markdown_table, write_page
-from attention_c.bench.report import format_load
+from attention_c.bench.report import format_load, peak_lines
 
 _cell = harness.per_threads          # a value per thread count
 
@@ -582,9 +582,8 @@ def report(meta, found, torch_rows, memory, bits, targets, checks):
     worst = max((max(e.values()) for e in checks.values() if e),
                 default=0.0)
     lines = [
-        f"CPU: {meta['cpu']} ({meta['cpus']} CPUs available); "
-        f"lscpu/cpuinfo clock {meta['peak']['mhz']} MHz "
-        f"({meta['peak']['clock']})",
+        f"CPU: {meta['cpu']} ({meta['cpus']} CPUs available)",
+        *peak_lines(meta["peak"]),
         f"attention_c {meta['config']['version']}, SIMD path "
         f"{meta['config']['simd']}; NumPy {meta['numpy']}; PyTorch "
         f"{meta['torch']}; load average at start "
@@ -646,7 +645,8 @@ def main(argv=None):
     ctx.update(torch=torch, sizes=sizes, quick=options.quick)
     meta.update(quick=options.quick, torch=torch.__version__, sizes=sizes,
                 heads=HEADS, softcap=SOFTCAP,
-                peak=harness.peak_facts(meta["config"]["simd"]))
+                peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
+                                       options.threads, options.quick))
     print(f"CPU: {meta['cpu']}", file=sys.stderr)
     checks = check_all(ctx)
     rows = [run_group(group, n, ctx) for group in GROUPS

@@ -80,6 +80,16 @@
  *                        same `threads` as the workspace)
  * And every table's
  *   tanh                 y = tanh(x) elementwise, the path's tanh (tests)
+ *   fma_loop, fma_accs   the path's FMA peak (the bench times it):
+ *                        fma_accs independent chains, each a register of
+ *                        vlen lanes, one FMA a step (the scalar path: a
+ *                        multiply and an add, as its kernels write it),
+ *                        iters steps, registers only: 2 vlen fma_accs
+ *                        iters flops.  Enough chains to cover the FMA
+ *                        latency times the FMA ports of every CPU the
+ *                        path runs on.  Returns the sum of the chains'
+ *                        lanes, each in [1, 3) once settled (so none is
+ *                        dropped, and core/peak.c checks it).
  */
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \
@@ -126,12 +136,22 @@
             const unsigned char *mask, const R *grad_alpha, const R *act,    \
             R *dh, R *dW, R *dv, R *db, void *work);                         \
         void (*tanh)(ptrdiff_t n, const R *x, R *y);                         \
+        double (*fma_loop)(ptrdiff_t iters);                                 \
+        int fma_accs;                                                        \
     } att_ops_##SFX;
 
 ATT_OPS_DECLARE(float, f32)
 ATT_OPS_DECLARE(double, f64)
 
 #undef ATT_OPS_DECLARE
+
+/* X(0) ... X(n - 1): the chains of an fma_loop, as named registers (an
+ * array of 24 vectors is not always kept in registers). */
+#define ATT_FMA_LIST_12(X)                                                   \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define ATT_FMA_LIST_24(X)                                                   \
+    ATT_FMA_LIST_12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)      \
+    X(20) X(21) X(22) X(23)
 
 /* The table of the path simd for each type: the scalar one for
  * ATT_SIMD_SCALAR; simd must be supported (att_simd_supported). */

@@ -325,6 +325,11 @@ extern int num_threads;
 extern att_pool *pool;
 extern int pool_users;
 void release_exec_state(void);
+/* The pool with at least `threads` threads (made, or remade when no call
+ * holds a smaller one), held until drop_pool; NULL when no threads could
+ * be started (then a job runs on the calling thread). */
+att_pool *take_pool(int threads);
+void drop_pool(att_pool *p);
 
 /* table.c: the rows of the table. */
 extern FuncSpec funcs[];

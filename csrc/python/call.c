@@ -114,42 +114,59 @@ int num_threads = 1;
 att_pool *pool = NULL;
 int pool_users = 0;
 
-/* The att_exec of one fused call: takes the pool (or NULL with one
- * thread); every begin_exec is paired with one end_exec. */
-static att_exec begin_exec(void)
+/* The pool, dropped if it was inherited through fork(). */
+static void check_pool_owner(void)
 {
-    att_exec ex = {simd_level, num_threads, NULL};
     if (pool != NULL && !att_pool_owned(pool)) {
         att_pool_abandon(pool);     /* inherited through fork() */
         pool = NULL;
         pool_users = 0;
     }
+}
+
+att_pool *take_pool(int threads)
+{
+    check_pool_owner();
+    if (pool != NULL && pool_users == 0 &&
+        att_pool_threads(pool) < threads) {
+        att_pool_free(pool);
+        pool = NULL;
+    }
+    if (pool == NULL) {
+        /* NULL (no memory, no threads): run on the calling thread */
+        if (ALLOC_POINT("thread", "pool", 0) < 0) {
+            PyErr_Clear();
+        }
+        else {
+            pool = att_pool_new(threads);
+        }
+    }
+    pool_users += pool != NULL;
+    return pool;
+}
+
+void drop_pool(att_pool *p)
+{
+    if (p != NULL && p == pool) {
+        pool_users--;
+    }
+}
+
+/* The att_exec of one fused call: takes the pool (or NULL with one
+ * thread); every begin_exec is paired with one end_exec. */
+static att_exec begin_exec(void)
+{
+    att_exec ex = {simd_level, num_threads, NULL};
+    check_pool_owner();
     if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
-        if (pool != NULL && pool_users == 0 &&
-            att_pool_threads(pool) < num_threads) {
-            att_pool_free(pool);
-            pool = NULL;
-        }
-        if (pool == NULL) {
-            /* NULL (no memory, no threads): run on the calling thread */
-            if (ALLOC_POINT("thread", "pool", 0) < 0) {
-                PyErr_Clear();
-            }
-            else {
-                pool = att_pool_new(num_threads);
-            }
-        }
-        ex.pool = pool;
-        pool_users += pool != NULL;
+        ex.pool = take_pool(num_threads);
     }
     return ex;
 }
 
 static void end_exec(const att_exec *ex)
 {
-    if (ex->pool != NULL && ex->pool == pool) {
-        pool_users--;
-    }
+    drop_pool(ex->pool);
 }
 
 /* When the module goes: frees the scratch and stops the pool's threads,

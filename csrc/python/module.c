@@ -14,6 +14,7 @@
  */
 #define BINDING_IMPORT_ARRAY
 #include "binding.h"
+#include "core/peak.h"
 
 #ifdef ATT_TEST_HOOKS
 #include "core/testhooks.h"
@@ -355,6 +356,74 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     }
     Py_RETURN_NONE;
 }
+
+/* _fma_loop(dtype, simd, iters, threads): the FMA peak loop of a path
+ * (core/peak.h) on `threads` threads of the pool at once, without the
+ * GIL; returns the flops performed (the caller times the call). */
+static PyObject *py_fma_loop(PyObject *self, PyObject *args)
+{
+    PyObject *dtype_obj, *name;
+    PyArray_Descr *dtype = NULL;
+    Py_ssize_t iters;
+    int threads, level, st;
+    double flops = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OUni:_fma_loop", &dtype_obj, &name, &iters,
+                          &threads) ||
+        (level = simd_from_name(name)) < 0) {
+        return NULL;
+    }
+    /* NumPy reads None as float64: not here */
+    if (dtype_obj != Py_None && !PyArray_DescrConverter(dtype_obj, &dtype)) {
+        PyErr_Clear();
+    }
+    int tn = dtype == NULL ? NPY_NOTYPE : dtype->type_num;
+    Py_XDECREF(dtype);
+    if (tn != NPY_FLOAT && tn != NPY_DOUBLE) {
+        return PyErr_Format(PyExc_ValueError,
+                            "dtype must be float32 or float64, got %R",
+                            dtype_obj);
+    }
+    if (!att_simd_supported(level)) {
+        return PyErr_Format(PyExc_ValueError,
+                            "this CPU cannot run the %s path; the best it "
+                            "has is %s", simd_names[level],
+                            simd_names[att_simd_best()]);
+    }
+    if (iters < 1) {
+        return PyErr_Format(PyExc_ValueError,
+                            "iters must be at least 1, got %zd", iters);
+    }
+    if (threads < 1 || threads > MAX_THREADS) {
+        return PyErr_Format(PyExc_ValueError,
+                            "the number of threads must be in [1, %d], "
+                            "got %d", MAX_THREADS, threads);
+    }
+    att_pool *p = threads > 1 ? take_pool(threads) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = att_fma_loop(level, tn == NPY_DOUBLE, iters, p, threads, &flops);
+    Py_END_ALLOW_THREADS
+    drop_pool(p);
+    if (st == -2) {
+        return PyErr_Format(PyExc_SystemError,
+                            "attention_c: the %s FMA loop's chains did not "
+                            "give their known sum; this is a bug, please "
+                            "report it", simd_names[level]);
+    }
+    if (st < 0) {
+        check_status(st);
+        return NULL;
+    }
+    if (st < threads) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "only %d of the %d threads ran the FMA loop at "
+                            "once (threads could not be started, or another "
+                            "call held the pool); the time is not the peak",
+                            st, threads);
+    }
+    return PyFloat_FromDouble(flops);
+}
+
 /* ---------------------------------------------------------------------
  * _publish: the public functions
  */
@@ -530,6 +599,11 @@ static PyMethodDef private_methods[] = {
     {"_publish", py_publish, METH_VARARGS,
      "_publish(name, doc, grads=None): the public function attention_c.name "
      "with its docstring (and, for a backward, its named tuple)."},
+    {"_fma_loop", py_fma_loop, METH_VARARGS,
+     "_fma_loop(dtype, simd, iters, threads): run the FMA peak loop of path "
+     "simd for dtype (float32, float64), iters steps, on `threads` threads "
+     "at once; returns the flops performed, threads x 2 x lanes x "
+     "accumulators x iters (the caller times the call)."},
     {"_table", py_table, METH_NOARGS,
      "_table(): {name: (arguments, outputs)} of every public function: "
      "each argument (name, kind, shape, required, positional, default), "

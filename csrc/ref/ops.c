@@ -8,6 +8,35 @@
 #include "core/dispatch.h"
 #include "ref/scalar.h"
 
+/* The scalar path's FMA peak (core/dispatch.h's fma_loop): 12 chains
+ * a = a x + y written as the scalar kernels write their products (a
+ * multiply and an add, fused only where the compiler contracts them):
+ * 2 x 12 x iters flops.  12 chains cover a multiply then an add of
+ * latency 3 each on 2 pipes.  x = y = 1/2: every chain settles at 1
+ * exactly (no subnormal, no overflow). */
+#define SCALAR_FMA_LOOP(SFX)                                                 \
+    static double fma_loop_##SFX(ptrdiff_t iters)                            \
+    {                                                                        \
+        const FMA_R x = (FMA_R)0.5, y = (FMA_R)0.5;                          \
+        ATT_FMA_LIST_12(SCALAR_FMA_INIT)                                     \
+        for (ptrdiff_t it = 0; it < iters; it++) {                           \
+            ATT_FMA_LIST_12(SCALAR_FMA_STEP)                                 \
+        }                                                                    \
+        double s = 0;                                                        \
+        ATT_FMA_LIST_12(SCALAR_FMA_SUM)                                      \
+        return s;                                                            \
+    }
+#define SCALAR_FMA_INIT(i) FMA_R a##i = (FMA_R)(i) / 32;
+#define SCALAR_FMA_STEP(i) a##i = a##i * x + y;
+#define SCALAR_FMA_SUM(i) s += (double)a##i;
+
+#define FMA_R float
+SCALAR_FMA_LOOP(f32)
+#undef FMA_R
+#define FMA_R double
+SCALAR_FMA_LOOP(f64)
+#undef FMA_R
+
 #define SCALAR_TABLE(SFX)                                                    \
     {                                                                        \
         .vlen = 1,                                                           \
@@ -27,6 +56,8 @@
         .context_attention = NULL,                                           \
         .context_attention_backward = NULL,                                  \
         .tanh = tanh_all_##SFX,                                              \
+        .fma_loop = fma_loop_##SFX,                                          \
+        .fma_accs = 12,                                                      \
     }
 
 const att_ops_f32 att_ops_table_f32_scalar = SCALAR_TABLE(f32);

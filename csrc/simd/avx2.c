@@ -25,6 +25,10 @@
 #include "ref/formulas.h"
 
 #define MR 6
+/* The FMA peak's chains (ops.inc's fma_loop): 12 of the 16 registers
+ * cover latency x ports on every AVX2 CPU (Haswell 5 x 2, Skylake and
+ * Zen 2-4 4 x 2), the two constants take two more. */
+#define FMA_LIST ATT_FMA_LIST_12
 
 static inline float hsum_ps(__m256 x)
 {

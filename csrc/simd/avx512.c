@@ -25,6 +25,10 @@
 #include "ref/formulas.h"
 
 #define MR 12
+/* The FMA peak's chains (ops.inc's fma_loop): 24 of the 32 registers, a
+ * margin over latency x ports (Skylake-SP to Sapphire Rapids 4 x 2, Zen 4
+ * and 5 4 x 2 pipes). */
+#define FMA_LIST ATT_FMA_LIST_24
 
 /* ---- float: 16 lanes ---- */
 #define REAL float

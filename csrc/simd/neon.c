@@ -24,6 +24,9 @@
 #include "ref/formulas.h"
 
 #define MR 8
+/* The FMA peak's chains (ops.inc's fma_loop): 24 of the 32 registers
+ * cover latency x pipes up to 4 x 4 (Neoverse V1/V2, Apple M). */
+#define FMA_LIST ATT_FMA_LIST_24
 
 /* The macro layer follows the x86 semantics the simd/ bodies rely on:
  * VFMA(a, b, c) = a b + c fused; VMAX(a, b) = a > b ? a : b, so it

@@ -6,8 +6,9 @@ that its baselines do the layer's work (S1 multiplies exactly the rows the
 layer computes, PyTorch gets the same mask), that every implementation it
 times agreed with the float64 reference before timing, that every target
 of issue 10 gets a verdict on full and ragged sequences at 1 and 2
-threads, and that the derived figures (ratios, GFLOP/s, the FMA peak)
-follow their formulas.
+threads, that the derived figures (ratios, GFLOP/s, the share of the
+FMA peak) follow their formulas, and that the FMA peak is measured on
+this CPU, named in the report's header with the CPU.
 """
 
 import json
@@ -21,6 +22,7 @@ import pytest
 
 from attention_c.bench import cli, docs_page, harness
 from attention_c.bench.core import gflops
+from attention_c.bench.report import peak_lines
 from attention_c.bench.run import (QUICK_SHAPES, SHAPES, make_problem,
                                    numpy_functions)
 from attention_c.bench.targets import forward_gflops
@@ -165,8 +167,32 @@ def test_call_cost_and_product_core_are_reported(report):
                  and (r["shape"], r["threads"]) == (g["shape"], g["threads"])]
         assert g["layer_fwd_gflops"] == layer[0]["fwd_gflops"]
     peak = data["meta"]["peak"]
-    assert peak["fma_units"] == 2 and peak["simd"] in harness.SIMD_BITS
-    assert "FMA peak = cores used x clock" in stdout
+    assert peak["simd"] == data["meta"]["config"]["simd"]
+    assert peak["cpu"] == data["meta"]["cpu"]
+    assert {(p["simd"], p["dtype"], p["threads"]) for p in peak["peaks"]} \
+        == {(peak["simd"], "float32", n) for n in (1, 2)}
+    for p in peak["peaks"]:
+        assert np.isfinite(p["gflops"]) and p["gflops"] > 0
+        assert f"  {p['simd']} float32 {p['threads']} thr: " \
+               f"{p['gflops']:.1f} GF/s" in stdout
+    for g in rows.values():
+        assert g["peak_gflops"] == harness.fma_peak(peak, g["threads"],
+                                                    "float32")
+    for r in data["results"]:
+        assert r["peak_gflops"] == harness.fma_peak(peak, r["threads"],
+                                                    r["dtype"])
+        assert r["ratios"]["fwd %peak"] == pytest.approx(
+            r["fwd_gflops"] / r["peak_gflops"])
+
+
+def test_header_names_the_cpu_and_the_measured_peak(report):
+    data, stdout = report
+    header = stdout.split("\n\n")[0]
+    assert f"CPU: {harness.cpu_model()}," in header
+    assert f"CPU flags: {' '.join(harness.cpu_flags()) or 'unknown'};" \
+        in header
+    assert "FMA peak, measured" in header
+    assert "FMA units" not in stdout and "assumed" not in stdout
 
 
 def test_s1_multiplies_exactly_the_valid_rows():
@@ -188,16 +214,13 @@ def test_gflops_and_peak_formulas():
     assert gflops(1000, 1000, 1000, 2.0) == pytest.approx(1.0)
     assert gflops(4096, 128, 256, 1e-3) == pytest.approx(
         2 * 4096 * 128 * 256 / 1e-3 / 1e9)
-    assert harness.simd_lanes("avx2", "float32") == 8
-    assert harness.simd_lanes("avx2", "float64") == 4
-    assert harness.simd_lanes("avx512", "float32") == 16
-    assert harness.simd_lanes("neon", "float64") == 2
-    assert harness.simd_lanes("scalar", "float32") == 1
-    facts = {"mhz": 2000.0, "fma_units": 2,
-             "lanes": {"float32": 8, "float64": 4}}
-    # 2 cores x 2 GHz x 2 units x 2 flops x 8 lanes
-    assert harness.fma_peak(facts, 2, "float32") == pytest.approx(128.0)
-    assert harness.fma_peak(dict(facts, mhz=None), 2, "float32") is None
+    facts = {"simd": "avx2", "seconds": 0.2, "peaks": [
+        {"simd": "avx2", "dtype": "float32", "threads": 2, "gflops": 128.0},
+        {"simd": "scalar", "dtype": "float32", "threads": 2,
+         "gflops": 16.0}]}
+    # the measured figure of the path (the facts' own by default)
+    assert harness.fma_peak(facts, 2, "float32") == 128.0
+    assert harness.fma_peak(facts, 2, np.float32, simd="scalar") == 16.0
     row = {"n_valid": 1000, "H": 100, "A": 50,
            "times_ms": {"ours_fwd": 1.0}}
     assert forward_gflops(row) == pytest.approx(10.0)
@@ -336,3 +359,43 @@ def test_bench_writes_the_page(report, bench_dir):
     assert (page_section(written, "family-table")
             == page_section(committed, "family-table"))
     assert f"wrote {bench_dir / 'performance.md'}" in stdout
+
+
+def test_the_fma_peak_is_measured_and_cached():
+    from attention_c import _core
+    for simd in _core._simd_paths():
+        for dtype in ("float32", "float64"):
+            record = harness.fma_peak_record(simd, dtype, 1, seconds=0.01,
+                                             repeats=2)
+            assert np.isfinite(record["gflops"]) and record["gflops"] > 0
+            assert record["iters"] >= 1 and record["call_s"] > 0
+            # CPU time <= wall time x threads: the rate per CPU time is
+            # at least the wall-clock one
+            assert record["busy_gflops"] >= 0.9 * record["gflops"]
+            assert (record["simd"], record["dtype"], record["threads"]) == (
+                simd, dtype, 1)
+            # measured once per key, then the same figure
+            assert harness.measure_fma_peak(simd, np.dtype(dtype), 1,
+                                            seconds=0.01, repeats=2) \
+                == record["gflops"]
+    with pytest.raises(ValueError, match="unknown SIMD path"):
+        harness.measure_fma_peak("sse2", "float32", 1, seconds=0.01)
+
+
+def test_peak_facts_name_the_cpu_and_its_flags():
+    from attention_c import _core
+    simd = _core._simd_paths()[-1]
+    facts = harness.peak_facts(simd, ["float32", "float64"], [2, 1],
+                               quick=True)
+    assert facts["cpu"] == harness.cpu_model() and facts["simd"] == simd
+    assert [(p["dtype"], p["threads"]) for p in facts["peaks"]] == [
+        ("float32", 1), ("float32", 2), ("float64", 1), ("float64", 2)]
+    assert all(p["seconds"] == harness.QUICK_PEAK_SECONDS
+               for p in facts["peaks"])
+    if pathlib.Path("/proc/cpuinfo").exists() and simd == "avx2":
+        assert {"avx2", "fma"} <= set(facts["flags"])
+    if simd == "avx512":
+        assert "avx512f" in facts["flags"]
+    lines = peak_lines(facts)
+    assert len(lines) == 2 + 4
+    assert lines[2].startswith(f"  {simd} float32 1 thr: ")

@@ -84,8 +84,8 @@ def test_every_ratio_follows_its_times(run):
         assert row["fwd_gflops"] == pytest.approx(
             flops / t["ours_fwd"] * 1e3 / 1e9)
         peak = harness.fma_peak(data["meta"]["peak"], threads, "float32")
-        if peak:
-            assert r[PEAK] == pytest.approx(row["fwd_gflops"] / peak)
+        assert np.isfinite(peak) and peak > 0
+        assert r[PEAK] == pytest.approx(row["fwd_gflops"] / peak)
 
 
 def test_both_sides_agree_before_timing(run):
@@ -174,7 +174,9 @@ def test_write_docs_rewrites_the_section(run):
 
 
 def test_ratios_and_targets_from_a_fake_run():
-    peak = {"mhz": 1000.0, "fma_units": 2, "lanes": {"float32": 16}}
+    peak = {"simd": "avx512", "seconds": 0.2, "peaks": [
+        {"simd": "avx512", "dtype": "float32", "threads": n,
+         "gflops": 64.0 * n} for n in (1, 2)]}
     rows = []
     for case, threads, fb in (("full", 1, 10.0), ("full", 2, 6.0),
                               ("causal", 1, 5.0), ("causal", 2, 2.0)):

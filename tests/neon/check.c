@@ -17,7 +17,9 @@
  *     (a few cases are big enough that the kernels do use 2 threads);
  *   - NaN and inf in one sequence leave the next one's results alone;
  *   - the path's tanh within an ulp bound of libm over a sweep, exact at
- *     the special values.
+ *     the special values;
+ *   - the FMA peak's loop of every path: its flop count on 1 and 2
+ *     threads run together.
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -34,6 +36,7 @@
 
 #include "attention.h"
 #include "core/testhooks.h"
+#include "core/peak.h"
 #include "core/pool.h"
 
 static const char *const simd_names[] = {"scalar", "avx2", "avx512",
@@ -185,6 +188,47 @@ static void check_paths(ctx *c)
 #endif
 }
 
+/* The FMA peak's loop (core/peak.h) on every path this CPU runs: the
+ * documented flop count, threads x 2 x lanes x accumulators x iters, on
+ * 1 and 2 threads that run it together, and its sum of chains in range
+ * (att_fma_loop returns -2 otherwise). */
+static void check_fma_loop(ctx *c)
+{
+    static const int lanes[4][2] = {{1, 1}, {8, 4}, {16, 8}, {4, 2}};
+    static const int accs[4] = {12, 12, 24, 24};
+    for (int simd = ATT_SIMD_SCALAR; simd <= ATT_SIMD_NEON; simd++) {
+        if (!att_simd_supported(simd)) {
+            continue;
+        }
+        for (int f64 = 0; f64 <= 1; f64++) {
+            for (int threads = 1; threads <= 2; threads++) {
+                double flops = 0;
+                int st = att_fma_loop(simd, f64, 1000,
+                                      threads > 1 ? c->pool : NULL,
+                                      threads, &flops);
+                double want = 2.0 * threads * lanes[simd][f64] *
+                              accs[simd] * 1000;
+                snprintf(c->what, sizeof c->what, "fma_loop %s %s %d thr",
+                         simd_names[simd], f64 ? "float64" : "float32",
+                         threads);
+                expect(c, st == threads && flops == want,
+                       "status %d (want %d), flops %g (want %g)", st,
+                       threads, flops, want);
+            }
+        }
+        double flops = 0;
+        snprintf(c->what, sizeof c->what, "fma_loop %s bad sizes",
+                 simd_names[simd]);
+        expect(c, att_fma_loop(simd, 0, 0, NULL, 1, &flops) == ATT_EINVAL &&
+                  att_fma_loop(simd, 0, 10, NULL, 0, &flops) == ATT_EINVAL,
+               "iters 0 or threads 0 accepted");
+    }
+    double flops = 0;
+    snprintf(c->what, sizeof c->what, "fma_loop unknown path");
+    expect(c, att_fma_loop(4, 0, 10, NULL, 1, &flops) == ATT_EINVAL,
+           "an unknown path accepted");
+}
+
 int main(int argc, char **argv)
 {
     ctx c;
@@ -196,6 +240,7 @@ int main(int argc, char **argv)
         return 2;
     }
     check_paths(&c);
+    check_fma_loop(&c);
     int paths = 0;
     for (int simd = ATT_SIMD_AVX2; simd <= ATT_SIMD_NEON; simd++) {
         if (!att_simd_supported(simd)) {
