@@ -710,6 +710,13 @@ def _verdicts(targets, row):
         for t in found) or ""
 
 
+def _ratio(value):
+    """A ratio to 2 decimals (3 significant digits below 0.1), or '-'."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
 def table(rows, targets, libs):
     """The Markdown table: a line per case and thread count."""
     peers = [lib for lib in libs if lib != "ours"]
@@ -725,8 +732,7 @@ def table(rows, targets, libs):
             if lib == "ort" and lib in t:
                 cell += f" ({row['impl'][lib].split(':')[1]})"
             cells.append(cell)
-        cells += [f"{row['ratios'][lib]:.2f}" if lib in row["ratios"]
-                  else "-" for lib in peers]
+        cells += [_ratio(row["ratios"].get(lib)) for lib in peers]
         load = row["others_load"]
         cells += [_verdicts(targets, row),
                   "?" if load is None else f"{load:.0%}"]
