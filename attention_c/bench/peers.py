@@ -43,8 +43,12 @@ stream, latency hint).  JAX (XLA) has no run-time thread count: its
 child's CPU affinity is restricted to N CPUs before jax is imported (as
 ``taskset`` would), which sizes XLA's thread pool, and at 1 thread
 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
-intra_op_parallelism_threads=1`` as well.  Every child reports its CPU
-time / wall time while timing, the threads it really kept busy.
+intra_op_parallelism_threads=1`` as well (one CPU at a time, though
+JAX keeps two threads busy: the Python one dispatches, one of XLA's
+computes).  Every child reports, while it timed, how many of its threads
+were busy (each at least ``BUSY_SHARE`` of its CPU time, read from
+/proc/self/task: whatever the machine's load, the threads a library
+really used) and its CPU time / wall time.
 
 **Checked before timed.**  At the smallest thread count, every library's
 child computes each kind of case on a small shape (``CHECK_SHAPES``) and
@@ -115,6 +119,17 @@ TOLERANCE_64 = 1e-10     # float64 against SDPA's float64, normwise
 TOLERANCE_32 = 1e-4      # float32 against SDPA's float64, normwise
 HEAVY_T = 4096           # from this T: at most 3 samples a round
 WORKER_TIMEOUT = 3600
+BUSY_SHARE = 0.1         # a thread this share of a child's CPU is busy
+# How each library's thread count is set (besides OMP_NUM_THREADS etc.).
+THREAD_CONTROL = {
+    "ours": "attention_c.set_num_threads",
+    "sdpa": "torch.set_num_threads",
+    "ort": "intra_op_num_threads (inter_op 1)",
+    "openvino": "INFERENCE_NUM_THREADS (1 stream)",
+    "jax": "CPU affinity to N CPUs (+ XLA_FLAGS "
+           "--xla_cpu_multi_thread_eigen=false "
+           "intra_op_parallelism_threads=1 at 1)",
+}
 
 # Targets: (kind, peer, limit); peer "best" = the fastest peer of the row.
 TARGETS = (
@@ -430,9 +445,9 @@ def set_threads(lib, threads):
             jax.config.update("jax_persistent_cache_min_compile_time_secs",
                               0)
         return jax.__version__
-    import attention_c as ac
-    ac.set_num_threads(threads)
     if lib == "ours":
+        import attention_c as ac
+        ac.set_num_threads(threads)
         return ac.__version__
     if lib == "sdpa":
         import torch
@@ -471,6 +486,35 @@ def compute_outputs(lib, cases, seed, threads, compute=None):
     return found
 
 
+def thread_ticks():
+    """{thread id: CPU ticks (user + system)} of this process's threads,
+    from /proc/self/task; empty where there is no /proc."""
+    found = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        found[tid] = int(fields[11]) + int(fields[12])
+    return found
+
+
+def busy_threads(before, after, share=BUSY_SHARE):
+    """How many threads used at least ``share`` of the CPU time the
+    process used between two ``thread_ticks()``: the threads a library
+    really kept busy, whatever the machine's load (None where unknown)."""
+    used = {t: ticks - before.get(t, 0) for t, ticks in after.items()}
+    total = sum(used.values())
+    if total <= 0:
+        return None
+    return sum(u >= share * total for u in used.values())
+
+
 def time_cases(lib, cases, seed, threads, target, min_repeats):
     """{implementation|case key: ms} of ``lib`` on ``cases`` (float32,
     ``harness.measure``), with the CPU use and others' share meanwhile."""
@@ -483,6 +527,7 @@ def time_cases(lib, cases, seed, threads, target, min_repeats):
                 heavy.append(f"{name}|{case['key']}")
     light = [k for k in funcs if k not in heavy]
     times = {}
+    ticks = thread_ticks()
     before, start = harness.cpu_seconds(), time.perf_counter()
     for group, repeats in ((light, min_repeats),
                            (heavy, min(min_repeats, 3))):
@@ -493,6 +538,7 @@ def time_cases(lib, cases, seed, threads, target, min_repeats):
     wall = time.perf_counter() - start
     own = harness.cpu_seconds()[1] - before[1]
     return {"times_ms": times, "cpu_per_wall": own / wall,
+            "busy_threads": busy_threads(ticks, thread_ticks()),
             "others_load": harness.others_load(before, wall)}
 
 
@@ -757,10 +803,15 @@ def report(meta, rows, targets):
         "Libraries: " + "; ".join(
             f"{NAMES[lib]} {s['version'] or '-'}: {s['status']}"
             for lib, s in meta["libs"].items()) + ".",
-        "CPU time / wall time of each child while timing (threads kept "
-        "busy): " + "; ".join(
-            f"{n} thr " + ", ".join(f"{lib} {u:.2f}" for lib, u in
-                                    use.items())
+        "Threads set by: " + "; ".join(
+            f"{lib} {THREAD_CONTROL[lib]}" for lib in meta["timed"])
+        + "; OMP/MKL/OPENBLAS_NUM_THREADS in every child's environment.",
+        f"Threads busy in each child while timing (each >= "
+        f"{BUSY_SHARE:.0%} of the child's CPU time, most over the rounds) "
+        "and its CPU time / wall time: " + "; ".join(
+            f"{n} thr " + ", ".join(
+                f"{lib} {meta['busy_threads'].get(n, {}).get(lib, '?')} "
+                f"({u:.2f})" for lib, u in use.items())
             for n, use in meta["cpu_use"].items()) + ".",
     ]
     if meta["quick"]:
@@ -849,7 +900,8 @@ def run(options, folder):
         "quick": options.quick, "threads": options.threads,
         "rounds": options.rounds, "target_s": options.target,
         "min_repeats": options.min_repeats, "seed": options.seed,
-        "libs": {}, "checks": {}, "cpu_use": {}, "others_load": {}}
+        "libs": {}, "checks": {}, "cpu_use": {}, "busy_threads": {},
+        "others_load": {}}
     check_threads = min(options.threads)
     reference, version, error = sdpa_reference(options.seed, check_threads,
                                                folder)
@@ -892,6 +944,11 @@ def run(options, folder):
         medians = {lib: median_times(runs, passed[lib])
                    for lib, runs in children.items()}
         rows += make_rows(cases, threads, medians, children)
+        meta["busy_threads"][threads] = {
+            lib: max(c["busy_threads"] for c in runs
+                     if c.get("busy_threads") is not None)
+            for lib, runs in children.items()
+            if any(c.get("busy_threads") is not None for c in runs)}
         meta["cpu_use"][threads] = {
             lib: statistics.median(c["cpu_per_wall"] for c in runs
                                    if "cpu_per_wall" in c)

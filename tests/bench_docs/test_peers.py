@@ -90,6 +90,15 @@ def test_compare_flags_errors_beyond_the_tolerance():
     assert found["d float64"]["errors"]["k out"] == math.inf
 
 
+def test_busy_threads_counts_the_threads_that_worked():
+    before = {"1": 100, "2": 5, "3": 0}
+    after = {"1": 150, "2": 55, "3": 1, "4": 40}
+    assert peers.busy_threads(before, after) == 3      # 50, 50, 40 of 141
+    assert peers.busy_threads(after, after) is None     # nothing ran
+    ticks = peers.thread_ticks()
+    assert all(isinstance(t, int) and t >= 0 for t in ticks.values())
+
+
 def synthetic_children():
     """Children of two rounds with made-up times: ours twice as fast as
     sdpa, ort with two operators of which one failed its check."""
@@ -180,6 +189,7 @@ def test_worker_times_in_its_own_process(lib):
     assert set(child["times_ms"]) == {f"{lib}|{c['key']}" for c in cases}
     assert all(np.isfinite(t) and t > 0 for t in child["times_ms"].values())
     assert child["cpu_per_wall"] > 0
+    assert child["busy_threads"] is None or child["busy_threads"] >= 1
     # each library alone: ours' child never imports a peer
     expected = {"ours": [], "sdpa": ["torch"]}[lib]
     assert child["modules"] == expected
