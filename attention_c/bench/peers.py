@@ -21,7 +21,9 @@ The implementations (float32 when timed):
   ``Attention`` operator at opset 23 (4-D (B, heads, T, d), grouped-query
   heads native) and of ``com.microsoft.MultiHeadAttention`` ((B, T,
   heads * d), ``unidirectional`` for causal; no grouped-query form): both
-  are checked and timed, and a row reports the faster;
+  are checked and timed, and a row reports the faster
+  (``com.microsoft.GroupQueryAttention``, which needs a cache laid out
+  its own way and the sequence lengths, is not timed);
 * **openvino**: a one-node model of opset 13 ``ScaledDotProductAttention``
   compiled for the CPU, f32 inference precision (OpenVINO would pick bf16
   on CPUs that have it); grouped-query heads as ours (5-D, broadcast);
@@ -45,10 +47,11 @@ child's CPU affinity is restricted to N CPUs before jax is imported (as
 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
 intra_op_parallelism_threads=1`` as well (one CPU at a time, though
 JAX keeps two threads busy: the Python one dispatches, one of XLA's
-computes).  Every child reports, while it timed, how many of its threads
-were busy (each at least ``BUSY_SHARE`` of its CPU time, read from
-/proc/self/task: whatever the machine's load, the threads a library
-really used) and its CPU time / wall time.
+computes).  Every child reports, while it timed, the CPU time of all its
+threads over that of its busiest one (read from /proc/self/task: about
+the number of threads a library really shared its work among, whatever
+the machine's load; threads that spin while they wait count too, as
+ONNX Runtime's do between runs) and its CPU time / wall time.
 
 **Checked before timed.**  At the smallest thread count, every library's
 child computes each kind of case on a small shape (``CHECK_SHAPES``) and
@@ -57,8 +60,9 @@ data (``||x - r|| / ||r||``): in float64 where the library computes in
 float64 (ours, SDPA), with tolerance ``TOLERANCE_64``, else in float32
 with ``TOLERANCE_32`` (ONNX Runtime and OpenVINO have no float64
 attention on the CPU; ``jax.nn.dot_product_attention`` computes its
-softmax in float32 whatever its inputs; SDPA's float32 is checked too).  An implementation
-that fails is reported as failed and never timed.
+softmax in float32 whatever its inputs; SDPA's float32 is checked
+too).  An implementation that fails is reported as failed and never
+timed.
 
 **Interleaved rounds.**  For each thread count, ``--rounds`` rounds; in
 each, every library's child runs once (order reversed every other round)
@@ -119,7 +123,6 @@ TOLERANCE_64 = 1e-10     # float64 against SDPA's float64, normwise
 TOLERANCE_32 = 1e-4      # float32 against SDPA's float64, normwise
 HEAVY_T = 4096           # from this T: at most 3 samples a round
 WORKER_TIMEOUT = 3600
-BUSY_SHARE = 0.1         # a thread this share of a child's CPU is busy
 # How each library's thread count is set (besides OMP_NUM_THREADS etc.).
 THREAD_CONTROL = {
     "ours": "attention_c.set_num_threads",
@@ -504,15 +507,16 @@ def thread_ticks():
     return found
 
 
-def busy_threads(before, after, share=BUSY_SHARE):
-    """How many threads used at least ``share`` of the CPU time the
-    process used between two ``thread_ticks()``: the threads a library
-    really kept busy, whatever the machine's load (None where unknown)."""
-    used = {t: ticks - before.get(t, 0) for t, ticks in after.items()}
-    total = sum(used.values())
-    if total <= 0:
+def effective_threads(before, after):
+    """The CPU time of all the process's threads between two
+    ``thread_ticks()`` over that of its busiest thread: about N for a
+    library that shares its work among N threads, whatever the machine's
+    load and however many thread pools it holds (ONNX Runtime has one a
+    session); None where unknown."""
+    used = [ticks - before.get(t, 0) for t, ticks in after.items()]
+    if not used or max(used) <= 0:
         return None
-    return sum(u >= share * total for u in used.values())
+    return sum(used) / max(used)
 
 
 def time_cases(lib, cases, seed, threads, target, min_repeats):
@@ -538,7 +542,7 @@ def time_cases(lib, cases, seed, threads, target, min_repeats):
     wall = time.perf_counter() - start
     own = harness.cpu_seconds()[1] - before[1]
     return {"times_ms": times, "cpu_per_wall": own / wall,
-            "busy_threads": busy_threads(ticks, thread_ticks()),
+            "threads_used": effective_threads(ticks, thread_ticks()),
             "others_load": harness.others_load(before, wall)}
 
 
@@ -786,6 +790,11 @@ def table(rows, targets, libs):
     return markdown_table(head, body)
 
 
+def _used(meta, threads, lib):
+    used = meta["threads_used"].get(threads, {}).get(lib)
+    return "?" if used is None else f"{used:.1f}"
+
+
 def report(meta, rows, targets):
     """The whole text report (Markdown)."""
     lines = [
@@ -806,12 +815,12 @@ def report(meta, rows, targets):
         "Threads set by: " + "; ".join(
             f"{lib} {THREAD_CONTROL[lib]}" for lib in meta["timed"])
         + "; OMP/MKL/OPENBLAS_NUM_THREADS in every child's environment.",
-        f"Threads busy in each child while timing (each >= "
-        f"{BUSY_SHARE:.0%} of the child's CPU time, most over the rounds) "
-        "and its CPU time / wall time: " + "; ".join(
+        "Threads each child used while timing (CPU time of its threads / "
+        "of its busiest one; in parentheses its CPU time / wall time, "
+        "medians over the rounds): " + "; ".join(
             f"{n} thr " + ", ".join(
-                f"{lib} {meta['busy_threads'].get(n, {}).get(lib, '?')} "
-                f"({u:.2f})" for lib, u in use.items())
+                f"{lib} {_used(meta, n, lib)} ({u:.2f})"
+                for lib, u in use.items())
             for n, use in meta["cpu_use"].items()) + ".",
     ]
     if meta["quick"]:
@@ -900,7 +909,7 @@ def run(options, folder):
         "quick": options.quick, "threads": options.threads,
         "rounds": options.rounds, "target_s": options.target,
         "min_repeats": options.min_repeats, "seed": options.seed,
-        "libs": {}, "checks": {}, "cpu_use": {}, "busy_threads": {},
+        "libs": {}, "checks": {}, "cpu_use": {}, "threads_used": {},
         "others_load": {}}
     check_threads = min(options.threads)
     reference, version, error = sdpa_reference(options.seed, check_threads,
@@ -944,11 +953,11 @@ def run(options, folder):
         medians = {lib: median_times(runs, passed[lib])
                    for lib, runs in children.items()}
         rows += make_rows(cases, threads, medians, children)
-        meta["busy_threads"][threads] = {
-            lib: max(c["busy_threads"] for c in runs
-                     if c.get("busy_threads") is not None)
+        meta["threads_used"][threads] = {
+            lib: statistics.median(c["threads_used"] for c in runs
+                                   if c.get("threads_used") is not None)
             for lib, runs in children.items()
-            if any(c.get("busy_threads") is not None for c in runs)}
+            if any(c.get("threads_used") is not None for c in runs)}
         meta["cpu_use"][threads] = {
             lib: statistics.median(c["cpu_per_wall"] for c in runs
                                    if "cpu_per_wall" in c)

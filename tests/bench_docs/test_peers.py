@@ -90,11 +90,12 @@ def test_compare_flags_errors_beyond_the_tolerance():
     assert found["d float64"]["errors"]["k out"] == math.inf
 
 
-def test_busy_threads_counts_the_threads_that_worked():
+def test_effective_threads_weighs_the_threads_that_worked():
     before = {"1": 100, "2": 5, "3": 0}
     after = {"1": 150, "2": 55, "3": 1, "4": 40}
-    assert peers.busy_threads(before, after) == 3      # 50, 50, 40 of 141
-    assert peers.busy_threads(after, after) is None     # nothing ran
+    # 50, 50, 1, 40 ticks: 141 / 50
+    assert peers.effective_threads(before, after) == pytest.approx(2.82)
+    assert peers.effective_threads(after, after) is None     # nothing ran
     ticks = peers.thread_ticks()
     assert all(isinstance(t, int) and t >= 0 for t in ticks.values())
 
@@ -189,7 +190,7 @@ def test_worker_times_in_its_own_process(lib):
     assert set(child["times_ms"]) == {f"{lib}|{c['key']}" for c in cases}
     assert all(np.isfinite(t) and t > 0 for t in child["times_ms"].values())
     assert child["cpu_per_wall"] > 0
-    assert child["busy_threads"] is None or child["busy_threads"] >= 1
+    assert child["threads_used"] is None or child["threads_used"] >= 1
     # each library alone: ours' child never imports a peer
     expected = {"ours": [], "sdpa": ["torch"]}[lib]
     assert child["modules"] == expected
