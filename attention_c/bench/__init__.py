@@ -46,7 +46,9 @@ attention_c.bench.family``) benchmarks the attention family instead;
 ``--variants`` (``attention_c.bench.variants``) today's variants of
 issue 25 (window, packed sequences, softcap, ALiBi slopes, sinks);
 ``--transformers`` (``attention_c.bench.transformers``) transformers
-models with attention_c as their backend against sdpa or eager (issue 27).
+models with attention_c as their backend against sdpa or eager (issue 27);
+``--peers`` (``attention_c.bench.peers``) attention against PyTorch SDPA,
+ONNX Runtime, OpenVINO and JAX, each in its own process (issue 26).
 
 The modules, by role: ``harness`` (the machine's facts and measured FMA peak,
 threads, timing, peak memory, the accuracy check), ``run`` (the layer's

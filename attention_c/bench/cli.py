@@ -83,6 +83,11 @@ def parse_args(argv):
                              "generation, peak memory) against sdpa or eager "
                              "instead (attention_c.bench.transformers; takes "
                              "its options)")
+    parser.add_argument("--peers", action="store_true",
+                        help="benchmark attention against PyTorch SDPA, "
+                             "ONNX Runtime, OpenVINO and JAX, those "
+                             "installed, each in its own process, instead "
+                             "(attention_c.bench.peers; takes its options)")
     options = parser.parse_args(argv)
 
     def choose(text, allowed, default, what):
@@ -129,6 +134,9 @@ def main(argv=None):
         from attention_c.bench import transformers
         return transformers.main([a for a in argv
                                   if a != "--transformers"])
+    if "--peers" in argv:
+        from attention_c.bench import peers
+        return peers.main([a for a in argv if a != "--peers"])
     options = parse_args(argv)
     start = time.perf_counter()
     ctx, meta = harness.setup(options)
