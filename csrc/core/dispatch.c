@@ -7,6 +7,8 @@
 
 #include "attention.h"
 #include "core/dispatch.h"
+#include "core/philox.h"
+#include "core/testhooks.h"
 
 int att_simd_best(void)
 {
@@ -76,4 +78,22 @@ const att_ops_f64 *att_ops_for_f64(int simd)
 #else
     return &att_ops_table_f64_scalar;
 #endif
+}
+
+int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
+                      ptrdiff_t b, ptrdiff_t i, ptrdiff_t t0, ptrdiff_t n,
+                      unsigned char *keep)
+{
+    if (b < 0 || i < 0 || t0 < 0 || n < 0 || !(p >= 0 && p < 1) ||
+        !att_simd_supported(simd)) {
+        return ATT_EINVAL;
+    }
+    uint32_t threshold = att_keep_threshold(p);
+    if (f64) {
+        att_ops_for_f64(simd)->keep_row(seed, threshold, b, i, t0, n, keep);
+    }
+    else {
+        att_ops_for_f32(simd)->keep_row(seed, threshold, b, i, t0, n, keep);
+    }
+    return ATT_OK;
 }

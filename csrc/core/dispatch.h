@@ -10,6 +10,7 @@
 #define ATTENTION_C_CORE_DISPATCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attention.h"
 #include "core/pool.h"
@@ -70,6 +71,11 @@
  *                        (use NULL: all), V_t = V + t ldv (d wide), in t
  *                        order: decoding's weighted sum.  A row not used
  *                        is never read (a NaN there reaches nothing).
+ *   keep_row             dropout's keep bytes (0 or 1) of query i of
+ *                        sequence b for keys [t0, t0 + n): core/philox.h's
+ *                        att_keep_row, whose bits every path gives.
+ *   apply_keep           y_t = keep_t ? x_t scale : 0 (y may be x): the
+ *                        keep bytes applied to a row.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
@@ -125,6 +131,11 @@
         void (*sum_values)(ptrdiff_t n, ptrdiff_t d, const R *w,            \
                            const R *V, ptrdiff_t ldv,                        \
                            const unsigned char *use, R *out);                \
+        void (*keep_row)(uint64_t seed, uint32_t threshold, ptrdiff_t b,     \
+                         ptrdiff_t i, ptrdiff_t t0, ptrdiff_t n,             \
+                         unsigned char *keep);                               \
+        void (*apply_keep)(ptrdiff_t n, const unsigned char *keep, R scale,  \
+                           const R *x, R *y);                                \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -10,6 +10,9 @@
  *     word (t & 3) of philox(counter (t >> 2, i, b_lo, b_hi),
  *                            key (seed_lo, seed_hi))  >=  floor(p 2^32)
  * and attention_c.reference.dropout_keep computes the same bits in NumPy.
+ * att_keep_row below is the scalar path's keep_row (core/dispatch.h); the
+ * SIMD paths' (simd/ops.inc) run the same rounds on a vector of counters
+ * and give its bits, which tests/kernels/test_dropout_keep.py checks.
  * Not a public header.
  */
 #ifndef ATTENTION_C_PHILOX_H

@@ -7,6 +7,7 @@
 #define ATTENTION_C_TESTHOOKS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,6 +17,14 @@ extern "C" {
  * the vector tanh the fused kernels use; ATT_OK, or ATT_EINVAL (n < 0). */
 int att_tanh_f32(int simd, ptrdiff_t n, const float *x, float *y);
 int att_tanh_f64(int simd, ptrdiff_t n, const double *x, double *y);
+
+/* keep[t] = dropout's keep byte of (seed, b, i, t0 + t) at drop
+ * probability p for t < n, by the keep_row of the float64 table (f64) or
+ * the float32 one of the path `simd`; ATT_OK, or ATT_EINVAL (a negative
+ * size or index, p outside [0, 1), a path the CPU cannot run). */
+int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
+                      ptrdiff_t b, ptrdiff_t i, ptrdiff_t t0, ptrdiff_t n,
+                      unsigned char *keep);
 
 #ifdef __cplusplus
 }

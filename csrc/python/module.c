@@ -578,6 +578,41 @@ done:
     Py_DECREF(x);
     return y;
 }
+
+/* _keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep bytes
+ * (uint8, 0 or 1) of keys [t0, t0 + n) by one path's keep_row. */
+static PyObject *py_keep_row(PyObject *self, PyObject *args)
+{
+    unsigned long long seed;
+    double p;
+    Py_ssize_t b, i, t0, n;
+    PyObject *name;
+    int f64 = 0, level, st;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KdnnnnU|p:_keep_row", &seed, &p, &b, &i,
+                          &t0, &n, &name, &f64) ||
+        (level = simd_from_name(name)) < 0) {
+        return NULL;
+    }
+    if (!att_simd_supported(level)) {
+        return PyErr_Format(PyExc_ValueError, "this CPU cannot run %s",
+                            simd_names[level]);
+    }
+    npy_intp dims[1] = {n < 0 ? 0 : n};
+    PyObject *keep = PyArray_SimpleNew(1, dims, NPY_UINT8);
+    if (keep == NULL) {
+        return NULL;
+    }
+    st = att_keep_row_path(level, f64, (uint64_t)seed, p, b, i, t0, n,
+                           PyArray_DATA((PyArrayObject *)keep));
+    if (st != ATT_OK) {
+        Py_DECREF(keep);
+        return PyErr_Format(PyExc_ValueError,
+                            "_keep_row: need b, i, t0, n >= 0 and "
+                            "0 <= p < 1");
+    }
+    return keep;
+}
 #endif /* ATT_TEST_HOOKS */
 /* ---------------------------------------------------------------------
  * The module
@@ -620,6 +655,9 @@ static PyMethodDef private_methods[] = {
      "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
+    {"_keep_row", py_keep_row, METH_VARARGS,
+     "_keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep "
+     "bytes of keys t0 .. t0 + n by one path."},
 #endif
 };
 

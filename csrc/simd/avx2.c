@@ -65,6 +65,47 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
     return _mm256_mul_pd(x, _mm256_castsi256_pd(_mm256_slli_epi64(e, 52)));
 }
 
+/* ---- 32-bit integer lanes, for dropout's Philox (simd/ops.inc's
+ * keep_row; the same macros as simd/avx512.c's, so both run one body) ---- */
+#define IVEC __m256i
+#define ILANES 8
+#define ISET1(x) _mm256_set1_epi32((int)(x))
+#define IIOTA() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+#define ILOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define ISTORE(p, x) _mm256_storeu_si256((__m256i *)(p), x)
+#define IADD _mm256_add_epi32
+#define IXOR _mm256_xor_si256
+#define IAND _mm256_and_si256
+/* the 64-bit products of the even 32-bit lanes (the low words of a, m) */
+#define IMUL_EVEN _mm256_mul_epu32
+#define ISRL64(x) _mm256_srli_epi64(x, 32)
+#define ISLL64(x) _mm256_slli_epi64(x, 32)
+/* the even 32-bit lanes of e, the odd ones of o */
+#define IBLEND_ODD(e, o) _mm256_blend_epi32(e, o, 0xAA)
+/* all ones in the lanes where u >= t, unsigned; else 0 */
+#define IGE_U32(u, t) _mm256_cmpeq_epi32(_mm256_max_epu32(u, t), u)
+/* per 128-bit lane, as SSE's packssdw, packsswb, pshufb */
+#define IPACK32 _mm256_packs_epi32
+#define IPACK16 _mm256_packs_epi16
+#define ISHUFFLE8 _mm256_shuffle_epi8
+
+/* the lanes of x whose byte of keep (0 or 1) is not 0, the others 0 */
+static inline __m256 keep_ps(__m256 x, const unsigned char *keep)
+{
+    __m128i b = _mm_loadl_epi64((const __m128i *)keep);
+    __m256i k = _mm256_cvtepu8_epi32(b), z = _mm256_setzero_si256();
+    return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_cmpgt_epi32(k, z)));
+}
+
+static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
+{
+    int32_t four;
+    memcpy(&four, keep, sizeof four);
+    __m256i k = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(four));
+    __m256i z = _mm256_setzero_si256();
+    return _mm256_and_pd(x, _mm256_castsi256_pd(_mm256_cmpgt_epi64(k, z)));
+}
+
 /* ---- float: 8 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_avx2
@@ -91,6 +132,7 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
     _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
+#define VKEEP keep_ps
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -123,6 +165,7 @@ static inline __m256d scale_pd(__m256d x, __m256d n)
 #define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
     _mm256_and_pd(_mm256_set1_pd(-0.0), s))
+#define VKEEP keep_pd
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

@@ -30,6 +30,40 @@
  * and 5 4 x 2 pipes). */
 #define FMA_LIST ATT_FMA_LIST_24
 
+/* ---- 32-bit integer lanes, for dropout's Philox (simd/ops.inc's
+ * keep_row): simd/avx2.c's macros, 16 lanes ---- */
+#define IVEC __m512i
+#define ILANES 16
+#define ISET1(x) _mm512_set1_epi32((int)(x))
+#define IIOTA() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, \
+                                  13, 14, 15)
+#define ILOAD(p) _mm512_loadu_si512((const void *)(p))
+#define ISTORE(p, x) _mm512_storeu_si512((void *)(p), x)
+#define IADD _mm512_add_epi32
+#define IXOR _mm512_xor_si512
+#define IAND _mm512_and_si512
+#define IMUL_EVEN _mm512_mul_epu32
+#define ISRL64(x) _mm512_srli_epi64(x, 32)
+#define ISLL64(x) _mm512_slli_epi64(x, 32)
+#define IBLEND_ODD(e, o) _mm512_mask_blend_epi32(0xAAAA, e, o)
+#define IGE_U32(u, t) _mm512_movm_epi32(_mm512_cmpge_epu32_mask(u, t))
+#define IPACK32 _mm512_packs_epi32
+#define IPACK16 _mm512_packs_epi16
+#define ISHUFFLE8 _mm512_shuffle_epi8
+
+/* the lanes of x whose byte of keep (0 or 1) is not 0, the others 0 */
+static inline __m512 keep_ps(__m512 x, const unsigned char *keep)
+{
+    __m128i k = _mm_loadu_si128((const __m128i *)keep);
+    return _mm512_maskz_mov_ps(_mm_test_epi8_mask(k, k), x);
+}
+
+static inline __m512d keep_pd(__m512d x, const unsigned char *keep)
+{
+    __m128i k = _mm_loadl_epi64((const __m128i *)keep);
+    return _mm512_maskz_mov_pd((__mmask8)_mm_test_epi8_mask(k, k), x);
+}
+
 /* ---- float: 16 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_avx512
@@ -65,6 +99,7 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VABS _mm512_abs_ps
 #define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
+#define VKEEP keep_ps
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -106,6 +141,7 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
     s, _mm512_castsi512_pd(                                            \
            _mm512_set1_epi64((long long)0x8000000000000000ull))))
+#define VKEEP keep_pd
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

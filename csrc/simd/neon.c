@@ -82,6 +82,59 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
     return vbslq_f64(vdupq_n_u64(0x8000000000000000ull), s, m);
 }
 
+/* ---- 32-bit integer lanes, for dropout's Philox (simd/ops.inc's
+ * keep_row): simd/avx2.c's macros, 4 lanes, with the x86 semantics ---- */
+static const uint32_t iota_u32[4] = {0, 1, 2, 3};
+#define IVEC uint32x4_t
+#define ILANES 4
+#define ISET1(x) vdupq_n_u32((uint32_t)(x))
+#define IIOTA() vld1q_u32(iota_u32)
+#define ILOAD(p) vreinterpretq_u32_u8(vld1q_u8((const uint8_t *)(p)))
+#define ISTORE(p, x) vst1q_u8((uint8_t *)(p), vreinterpretq_u8_u32(x))
+#define IADD vaddq_u32
+#define IXOR veorq_u32
+#define IAND vandq_u32
+#define U64(x) vreinterpretq_u64_u32(x)
+#define U32(x) vreinterpretq_u32_u64(x)
+/* mul_epu32: the 64-bit products of the even lanes */
+#define IMUL_EVEN(a, m) U32(vmull_u32(vmovn_u64(U64(a)), vmovn_u64(U64(m))))
+#define ISRL64(x) U32(vshrq_n_u64(U64(x), 32))
+#define ISLL64(x) U32(vshlq_n_u64(U64(x), 32))
+#define IBLEND_ODD(e, o) \
+    vbslq_u32(U32(vdupq_n_u64(0xFFFFFFFF00000000ull)), o, e)
+#define IGE_U32 vcgeq_u32
+/* packssdw, packsswb (saturating narrows of a then b), pshufb (indices
+ * below 16) */
+#define IPACK32(a, b) vreinterpretq_u32_s16(vcombine_s16(                   \
+    vqmovn_s32(vreinterpretq_s32_u32(a)),                                   \
+    vqmovn_s32(vreinterpretq_s32_u32(b))))
+#define IPACK16(a, b) vreinterpretq_u32_s8(vcombine_s8(                     \
+    vqmovn_s16(vreinterpretq_s16_u32(a)),                                   \
+    vqmovn_s16(vreinterpretq_s16_u32(b))))
+#define ISHUFFLE8(b, idx) vreinterpretq_u32_u8(vqtbl1q_u8(                  \
+    vreinterpretq_u8_u32(b), vreinterpretq_u8_u32(idx)))
+
+/* the lanes of x whose byte of keep (0 or 1) is not 0, the others 0 */
+static inline float32x4_t keep_f32(float32x4_t x, const unsigned char *keep)
+{
+    uint32_t four;
+    memcpy(&four, keep, sizeof four);
+    uint16x8_t k16 = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(four)));
+    uint32x4_t k = vmovl_u16(vget_low_u16(k16));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x),
+                                           vtstq_u32(k, k)));
+}
+
+static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
+{
+    uint16_t two;
+    memcpy(&two, keep, sizeof two);
+    uint16x8_t k16 = vmovl_u8(vreinterpret_u8_u16(vdup_n_u16(two)));
+    uint64x2_t k = vmovl_u32(vget_low_u32(vmovl_u16(vget_low_u16(k16))));
+    return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(x),
+                                           vtstq_u64(k, k)));
+}
+
 /* ---- float: 4 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_neon
@@ -107,6 +160,7 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VSCALE scale_f32
 #define VABS vabsq_f32
 #define VCOPYSIGN copysign_f32
+#define VKEEP keep_f32
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -138,6 +192,7 @@ static inline float64x2_t copysign_f64(float64x2_t m, float64x2_t s)
 #define VSCALE scale_f64
 #define VABS vabsq_f64
 #define VCOPYSIGN copysign_f64
+#define VKEEP keep_f64
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

@@ -34,7 +34,8 @@ FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "context_attention", "context_attention_backward"] + FAMILY
 # the functions that run on the thread pool with kept scratch memory
 FUSED = {"context_attention", "context_attention_backward"} | set(FAMILY)
-HOOKS = {"_fail_alloc_after", "_alloc_count", "_alloc_trace", "_tanh"}
+HOOKS = {"_fail_alloc_after", "_alloc_count", "_alloc_trace", "_tanh",
+         "_keep_row"}
 
 # the tests' extension on the SIMD path the package uses (ATTENTION_C_SIMD)
 hooks._set_simd(_core._get_simd())

@@ -229,6 +229,61 @@ static void check_fma_loop(ctx *c)
            "an unknown path accepted");
 }
 
+/* Dropout's keep bytes (att_keep_row_path: the path's float32 and float64
+ * tables) equal the scalar path's, bitwise, for seeds, thresholds (0, 1,
+ * 2^31, near 2^32), batch indices and counters past 2^32, offsets no
+ * multiple of 4, 8 or 16 and lengths from 0 past two vector runs. */
+static void check_keep_rows(ctx *c)
+{
+    static const struct {
+        uint64_t seed;
+        double p;
+        ptrdiff_t b, i;
+    } rows[] = {{0, 0.1, 0, 0}, {1234, 0.1, 3, 7},
+                {UINT64_MAX, 0.5, 1, 2},
+                {(uint64_t)1 << 32, 0.25, ((ptrdiff_t)1 << 32) + 5, 9},
+                {0xDEADBEEFCAFEF00Dull, 0.9, 17, 4294967295},
+                {42, 0.0, 5, 1}, {7, 0x1.0p-32, 0, 3},
+                {99, 1 - 0x1.0p-30, 4, 4}};
+    static const ptrdiff_t offsets[] = {0, 1, 2, 3, 5, 7, 13, 16, 17, 33, 63,
+                                        ((ptrdiff_t)1 << 34) - 5};
+    static const ptrdiff_t lengths[] = {0, 1, 3, 4, 7, 15, 16, 17, 31, 32,
+                                        33, 63, 64, 65, 129, 200, 1000};
+    unsigned char want[1000], got[1000];
+    long bad = 0, total = 0;
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++) {
+            for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+                ptrdiff_t t0 = offsets[o], n = lengths[l];
+                int st = att_keep_row_path(ATT_SIMD_SCALAR, 0, rows[r].seed,
+                                           rows[r].p, rows[r].b, rows[r].i,
+                                           t0, n, want);
+                for (int f64 = 0; f64 < 2; f64++) {
+                    memset(got, 0xAA, sizeof got);
+                    st |= att_keep_row_path(c->simd, f64, rows[r].seed,
+                                            rows[r].p, rows[r].b, rows[r].i,
+                                            t0, n, got);
+                    int same = st == ATT_OK && memcmp(got, want,
+                                                      (size_t)n) == 0;
+                    for (ptrdiff_t t = n; t < 1000; t++) {
+                        same = same && got[t] == 0xAA;  /* nothing past n */
+                    }
+                    total++;
+                    if (!same && bad++ < 5) {
+                        snprintf(c->what, sizeof c->what,
+                                 "keep_row row %zu t0 %td n %td f64 %d", r,
+                                 t0, n, f64);
+                        expect(c, 0, "keep bytes differ from the scalar "
+                               "path's");
+                    }
+                }
+            }
+        }
+    }
+    snprintf(c->what, sizeof c->what, "keep_row: %ld rows", total);
+    expect(c, bad == 0, "%ld of them differ from the scalar path's", bad);
+}
+
 int main(int argc, char **argv)
 {
     ctx c;
@@ -252,6 +307,7 @@ int main(int argc, char **argv)
         long before = c.passed + c.failed;
         run_all_f32(&c);
         run_all_f64(&c);
+        check_keep_rows(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);
