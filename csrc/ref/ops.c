@@ -23,6 +23,8 @@
         .ds_row = ds_row_##SFX,                                              \
         .dot_keys = dot_keys_##SFX,                                          \
         .sum_values = sum_values_##SFX,                                      \
+        .dot_keys_multi = dot_keys_multi_##SFX,                              \
+        .sum_values_multi = sum_values_multi_##SFX,                          \
         .workspace = NULL,                                                   \
         .context_attention = NULL,                                           \
         .context_attention_backward = NULL,                                  \
