@@ -463,10 +463,10 @@ def test_cache_read_in_place(how):
 # ---------------------------------------------------------------------
 # Grouped queries (several query heads, or the Tq queries of a sequence,
 # on one key/value head: decode.inc reads each key and value once for
-# them all) and the split of long caches (at most DECODE_SPLIT_ROWS
-# queries in all, lse: chunks of keys merged in order).
+# them all) and the split of long caches (at most DECODE_SPLIT_SEQS
+# sequences, lse: chunks of keys merged in order).
 
-SPLIT_ROWS = 4                  # csrc/family/plan.inc DECODE_SPLIT_ROWS
+SPLIT_SEQS = 4                  # csrc/family/plan.inc DECODE_SPLIT_SEQS
 GQA_KINDS = ["plain", "mask", "causal", "window", "sinks", "softcap",
              "alibi", "dropout", "bias_ninf", "all"]
 
@@ -536,7 +536,7 @@ def test_gqa_matches_reference(kind, rw, dtype):
 @pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
 def test_gqa_general_matches_reference(rw, dtype):
     """The general score on grouped heads (the projected keys of a group
-    read once for its queries), and split (3 queries on 33000 keys):
+    read once for its queries), and split (3 heads on 33000 keys):
     within TOL of the reference."""
     rng = np.random.default_rng(32)
     for lead, Tq, T, kind in (((1, 2), 1, 65, "all"), ((1, 2), 3, 17, "mask"),
@@ -580,15 +580,15 @@ SPLIT_KINDS = ["plain", "mask", "causal", "window", "sinks", "softcap",
 @dtype_param
 @pytest.mark.parametrize("kind", SPLIT_KINDS)
 def test_split_matches_reference(kind, dtype):
-    """At most SPLIT_ROWS queries in all and long caches (several chunks
-    of keys, about 1 MiB of keys and values each, the last one partial):
+    """At most SPLIT_SEQS sequences and long caches (several chunks of
+    keys, about 1 MiB of keys and values each, the last one partial):
     within TOL of the reference, with masks that hide whole chunks ("gap":
     every key of the first half hidden) and a query with no visible key
     (out 0, lse -inf or the sink)."""
     rng = np.random.default_rng(40 + SPLIT_KINDS.index(kind))
     for lead, G, Tq, T in (((1,), 1, 1, 9001), ((1,), 2, 2, 6001),
-                           ((1,), 4, 1, 5500), ((1,), 1, SPLIT_ROWS, 6000)):
-        assert np.prod(lead) * G * Tq <= SPLIT_ROWS
+                           ((1,), 4, 1, 5500), ((1,), 1, DECODE_TQ, 6000)):
+        assert np.prod(lead) * G <= SPLIT_SEQS
         q, k, kw = gqa_case(rng, lead, G, Tq, T,
                             "mask" if kind == "gap" else kind, d=64, dv=33)
         if kind == "gap":
@@ -609,7 +609,7 @@ def test_grouped_and_split_threads_bitwise(simd):
                                      ((8,), 4, 2, 1500, "all"),
                                      ((1,), 1, 1, 9000, "plain"),
                                      ((2,), 2, 1, 5000, "all"),
-                                     ((1,), 1, 3, 6000, "causal")):
+                                     ((1,), 1, DECODE_TQ, 6000, "causal")):
             q, k, kw = gqa_case(rng, lead, G, Tq, T, kind, d=64, dv=64)
             (q, k), kw = cast((q, k), kw, dtype)
             for rw in (True, False):
