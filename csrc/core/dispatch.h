@@ -76,6 +76,14 @@
  *                        att_keep_row, whose bits every path gives.
  *   apply_keep           y_t = keep_t ? x_t scale : 0 (y may be x): the
  *                        keep bytes applied to a row.
+ *   dot_keys_multi, sum_values_multi  the same for g queries that read
+ *                        the same keys (values): s[r][t] = alpha q[r] . K_t,
+ *                        out[r] = sum_t w[r][t] V_t over the t use[r]
+ *                        marks (use[r] NULL: all); each key and value row
+ *                        read from memory once for all g, each result
+ *                        the bits dot_keys (sum_values) gives the query
+ *                        alone (so a query's result does not depend on
+ *                        its group).
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
@@ -136,6 +144,14 @@
                          unsigned char *keep);                               \
         void (*apply_keep)(ptrdiff_t n, const unsigned char *keep, R scale,  \
                            const R *x, R *y);                                \
+        void (*dot_keys_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,        \
+                               R alpha, const R *const *q, const R *K,       \
+                               ptrdiff_t ldk, R *const *s);                  \
+        void (*sum_values_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,      \
+                                 const R *const *w, const R *V,              \
+                                 ptrdiff_t ldv,                              \
+                                 const unsigned char *const *use,            \
+                                 R *const *out);                             \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -32,9 +32,12 @@
  * Work is split by sizes only, and every sum runs in an order fixed by
  * the sizes, so results are bitwise the same for any thread count.
  * Decoding (dot and general forward, at most DECODE_TQ queries per
- * sequence) runs neither: one task per query, its scores by one pass over
- * the keys and out by one over the values (dot_keys, sum_values), no
- * packing, no search for non-finite rows first.
+ * sequence) runs neither: one task per group of queries that read the
+ * same keys and values (grouped query heads, a sequence's queries), their
+ * scores by one pass over the keys and out by one over the values
+ * (dot_keys_multi, sum_values_multi), no packing, no search for
+ * non-finite rows first; few queries on a long cache split it in chunks
+ * of keys, merged in order.
  */
 
 

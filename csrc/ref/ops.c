@@ -69,6 +69,8 @@ APPLY_KEEP(double, f64)
         .sum_values = sum_values_##SFX,                                      \
         .keep_row = att_keep_row,                                            \
         .apply_keep = apply_keep_##SFX,                                      \
+        .dot_keys_multi = dot_keys_multi_##SFX,                              \
+        .sum_values_multi = sum_values_multi_##SFX,                          \
         .workspace = NULL,                                                   \
         .context_attention = NULL,                                           \
         .context_attention_backward = NULL,                                  \

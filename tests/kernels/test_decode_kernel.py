@@ -458,3 +458,165 @@ def test_cache_read_in_place(how):
         assert peak >= 2 * size
     else:
         assert peak < size // 8
+
+
+# ---------------------------------------------------------------------
+# Grouped queries (several query heads, or the Tq queries of a sequence,
+# on one key/value head: decode.inc reads each key and value once for
+# them all) and the split of long caches (at most DECODE_SPLIT_SEQS
+# sequences, lse: chunks of keys merged in order).
+
+SPLIT_SEQS = 4                  # csrc/family/plan.inc DECODE_SPLIT_SEQS
+GQA_KINDS = ["plain", "mask", "causal", "window", "sinks", "softcap",
+             "alibi", "dropout", "bias_ninf", "all"]
+
+
+def gqa_case(rng, lead, G, Tq, T, kind, *, d=19, dv=7, rw=False):
+    """(q, k, kw): queries (*lead, G, Tq, d) against keys (*lead, 1, T, d)
+    and values (*lead, 1, T, dv) shared by the G query heads of a group;
+    a key mask per query head (the last head of the first group sees
+    nothing, when there are others)."""
+    q = rng.standard_normal(lead + (G, Tq, d))
+    k = rng.standard_normal(lead + (1, T, d))
+    kw = {"values": rng.standard_normal(lead + (1, T, dv))}
+    if kind in ("mask", "all"):
+        mask = rng.random(lead + (G, T)) < 0.7
+        if G * np.prod(lead) > 1:
+            mask[(0,) * len(lead) + (G - 1,)] = False
+        kw["mask"] = mask
+    if kind in ("causal", "all") and Tq > 1:
+        kw["causal"] = True
+    if kind in ("window", "all") and Tq > 1:
+        kw["window"] = (max(T // 3, 1), 1)
+    if kind in ("sinks", "all") and not rw:
+        kw["sinks"] = rng.standard_normal(lead + (G,))
+    if kind in ("softcap", "all"):
+        kw["softcap"] = 3.0
+    if kind in ("alibi", "all"):
+        kw["alibi_slopes"] = rng.random(lead + (G,)) / 4
+    if kind in ("dropout", "all"):
+        kw.update(dropout=P_DROP, seed=SEED)
+    if kind in ("bias_ninf", "all"):
+        bias = rng.standard_normal((G, Tq, T))
+        bias[rng.random(bias.shape) < 0.2] = -np.inf
+        kw["bias"] = bias
+    return q, k, kw
+
+
+def repeated(kw, G):
+    """kw with the values repeated over the G heads (C-contiguous: no
+    two heads share a row, so nothing is grouped)."""
+    return dict(kw, values=np.ascontiguousarray(
+        np.repeat(kw["values"], G, axis=-3)))
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("kind", GQA_KINDS)
+def test_gqa_matches_reference(kind, rw, dtype):
+    """Grouped query heads (3 key/value heads of 3 query heads each, odd
+    widths), Tq 1, 2, 3 and 8: within TOL of the reference, and the same
+    bits as the keys and values repeated per head (grouped or not, a
+    query's result is the same)."""
+    rng = np.random.default_rng(30 + GQA_KINDS.index(kind))
+    for Tq in (1, 2, 3, DECODE_TQ):
+        for T in (1, 17, 300):
+            q, k, kw = gqa_case(rng, (2, 3), 3, Tq, T, kind, rw=rw)
+            check_against_reference("dot", (q, k), kw, dtype, rw)
+            (q, k), kw = cast((q, k), kw, dtype)
+            got = ac.dot_attention(q, k, **kw, return_weights=rw)
+            kr = np.ascontiguousarray(np.repeat(k, 3, axis=-3))
+            want = ac.dot_attention(q, kr, **repeated(kw, 3),
+                                    return_weights=rw)
+            for g, w in zip(got, want):
+                assert np.array_equal(g, w, equal_nan=True)
+
+
+@dtype_param
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+def test_gqa_general_matches_reference(rw, dtype):
+    """The general score on grouped heads (the projected keys of a group
+    read once for its queries), and split (3 heads on 33000 keys):
+    within TOL of the reference."""
+    rng = np.random.default_rng(32)
+    for lead, Tq, T, kind in (((1, 2), 1, 65, "all"), ((1, 2), 3, 17, "mask"),
+                              ((1, 2), 1, 3000, "plain"),
+                              ((1, 2), 2, 300, "causal"),
+                              ((1, 1), 1, 33000, "mask")):
+        q, k, kw = gqa_case(rng, lead, 3, Tq, T, kind, rw=rw)
+        q = q[..., :9]
+        W = rng.standard_normal((9, k.shape[-1])) / np.sqrt(k.shape[-1])
+        check_against_reference("general", (q, k, W), kw, dtype, rw)
+
+
+@pytest.mark.parametrize("rw", [True, False], ids=["weights", "lse"])
+@pytest.mark.parametrize("T", [40, 3000])
+def test_gqa_nonfinite_in_unseen_row(T, rw):
+    """A key row masked for one query head of a group and seen by the
+    others, NaN in its key and inf in its value: the heads that see it
+    get NaN, the one that does not the same bits as without them (its
+    row is read for the group, never used for it).  T = 3000 with one
+    group of four queries (float64, d = 64: chunks of 1024 keys) also runs
+    the split."""
+    rng = np.random.default_rng(31)
+    lead = (1,) if T > 1000 else (2,)
+    q, k, kw = gqa_case(rng, lead, 4, 1, T, "plain", d=64, dv=64)
+    kw["mask"] = np.ones(lead + (4, T), bool)
+    kw["mask"][..., 0, T - 5] = False            # head 0 of every group
+    clean = ac.dot_attention(q, k, **kw, return_weights=rw)
+    k2, v2 = k.copy(), kw["values"].copy()
+    k2[..., T - 5, 3], v2[..., T - 5, 1] = np.nan, np.inf
+    got = ac.dot_attention(q, k2, **dict(kw, values=v2), return_weights=rw)
+    for g, c in zip(got, clean):
+        assert np.array_equal(g[..., 0, :, :] if g.ndim > 3 else g[..., 0, :],
+                              c[..., 0, :, :] if c.ndim > 3 else c[..., 0, :])
+    assert np.all(np.isnan(got[0][..., 1:, :, :]))
+
+
+SPLIT_KINDS = ["plain", "mask", "causal", "window", "sinks", "softcap",
+               "alibi", "dropout", "bias_ninf", "all", "gap"]
+
+
+@dtype_param
+@pytest.mark.parametrize("kind", SPLIT_KINDS)
+def test_split_matches_reference(kind, dtype):
+    """At most SPLIT_SEQS sequences and long caches (several chunks of
+    keys, about 1 MiB of keys and values each, the last one partial):
+    within TOL of the reference, with masks that hide whole chunks ("gap":
+    every key of the first half hidden) and a query with no visible key
+    (out 0, lse -inf or the sink)."""
+    rng = np.random.default_rng(40 + SPLIT_KINDS.index(kind))
+    for lead, G, Tq, T in (((1,), 1, 1, 9001), ((1,), 2, 2, 6001),
+                           ((1,), 4, 1, 5500), ((1,), 1, DECODE_TQ, 6000)):
+        assert np.prod(lead) * G <= SPLIT_SEQS
+        q, k, kw = gqa_case(rng, lead, G, Tq, T,
+                            "mask" if kind == "gap" else kind, d=64, dv=33)
+        if kind == "gap":
+            kw["mask"][..., : T // 2] = False
+        check_against_reference("dot", (q, k), kw, dtype, False)
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+def test_grouped_and_split_threads_bitwise(simd):
+    """Grouped heads (32 query heads on 8 key/value heads) and the split
+    (one sequence, one to eight heads, long caches): bitwise the same for
+    1, 2 and 3 threads on every SIMD path."""
+    _core._set_simd(simd)
+    rng = np.random.default_rng(50)
+    for dtype in DTYPES:
+        for lead, G, Tq, T, kind in (((8,), 4, 1, 3000, "plain"),
+                                     ((8,), 4, 2, 1500, "all"),
+                                     ((1,), 1, 1, 9000, "plain"),
+                                     ((2,), 2, 1, 5000, "all"),
+                                     ((1,), 1, DECODE_TQ, 6000, "causal")):
+            q, k, kw = gqa_case(rng, lead, G, Tq, T, kind, d=64, dv=64)
+            (q, k), kw = cast((q, k), kw, dtype)
+            for rw in (True, False):
+                ac.set_num_threads(1)
+                one = ac.dot_attention(q, k, **kw, return_weights=rw)
+                for n in (2, 3):
+                    ac.set_num_threads(n)
+                    got = ac.dot_attention(q, k, **kw, return_weights=rw)
+                    for g, w in zip(got, one):
+                        assert np.array_equal(g, w, equal_nan=True)
