@@ -252,6 +252,7 @@ SELFATTN_HEAD = ("case", "(B·heads, T, d)", "ours f+b ms (1 thr)",
                  "SDPA f+b ms", "ours / SDPA, 1 thr",
                  "ours / SDPA, {n} thr", "causal / full, 1 thr / {n} thr",
                  "{n} thr / 1 thr", "fwd % of FMA peak, 1 thr / {n} thr",
+                 "f+b % of FMA peak, 1 thr / {n} thr",
                  "others' CPU share, 1 thr / {n} thr")
 
 
@@ -335,6 +336,7 @@ def selfattn_table(meta, rows):
             _pair(one, many, "causal/full") if case == "causal" else "",
             _pair(many, None, "f+b N/1") if n else "-",
             _pair(one, many, "fwd %peak", percent=True),
+            _pair(one, many, "f+b %peak", percent=True),
             _load(one, many)])
     head = [h.format(n=n if n else "N") for h in SELFATTN_HEAD]
     return markdown_table(head, body) if body else NOT_MEASURED
@@ -376,7 +378,8 @@ def selfattn_extras(memory, long, targets):
         missed = [t for t in targets if t["status"] == "MISS"]
         passed = len(targets) - len(missed)
         busy = sum(t["disturbed"] for t in targets)
-        text = (f"- **Targets of issue 19:** {passed} of {len(targets)} "
+        text = (f"- **Targets of issues 26 and 19:** {passed} of "
+                f"{len(targets)} "
                 f"checks pass ({busy} of the checks on disturbed rows)")
         if missed:
             names = dict.fromkeys(

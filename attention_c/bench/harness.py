@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import attention_c as ac
-from attention_c import _core
+from attention_c import _core  # type: ignore[attr-defined]
 from attention_c.testing import rel_err
 
 ROUNDS = 3              # interleaved rounds per measurement
@@ -139,7 +139,7 @@ def cpu_clock():
 
 
 # measure_fma_peak's results by (simd, dtype, threads, seconds, repeats)
-_PEAKS = {}
+_PEAKS: dict = {}
 
 
 def fma_peak_record(simd, dtype, threads, seconds=PEAK_SECONDS,

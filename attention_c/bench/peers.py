@@ -81,6 +81,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,7 @@ import time
 import numpy as np
 
 from attention_c.bench import harness
-from attention_c.bench.docs_page import markdown_table
+from attention_c.bench.docs_page import markdown_table, write_page
 from attention_c.bench.report import format_load, format_ms
 
 # The libraries, in the order of the report; the module that says whether
@@ -797,6 +798,22 @@ def _used(meta, threads, lib):
 
 def report(meta, rows, targets):
     """The whole text report (Markdown)."""
+    return "\n".join(report_lines(meta, rows, targets))
+
+
+def docs_section(meta, rows, targets):
+    """{"peers": the report as docs/performance.md's section}: the command
+    and date first, each sentence its own paragraph."""
+    lines = report_lines(meta, rows, targets)
+    lines[0] = (f"`python -m attention_c.bench --peers` on {meta['cpu']}, "
+                f"{meta['date'][:10]}.")
+    text = "\n".join(lines)
+    return {"peers": re.sub(r"\n(?!\|)", "\n\n",
+                            text).replace("\n\n\n\n", "\n\n")}
+
+
+def report_lines(meta, rows, targets):
+    """The report, a line per sentence (the table one block)."""
     lines = [
         f"attention_c against its peers, {meta['date']}",
         f"CPU: {meta['cpu']} ({meta['cpus']} CPUs available); load "
@@ -841,7 +858,7 @@ def report(meta, rows, targets):
         harness.targets_line(targets, 26),
         harness.targets_count(targets),
     ]
-    return "\n".join(lines)
+    return lines
 
 
 # --------------------------------------------------------------------------
@@ -875,6 +892,9 @@ def parse_args(argv):
                              " 3, 1 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="write all results")
+    parser.add_argument("--write-docs", metavar="PAGE",
+                        help="rewrite the 'peers' section of this page "
+                             "(docs/performance.md), keeping its prose")
     parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -992,6 +1012,9 @@ def main(argv=None):
                       indent=1, default=str)
             f.write("\n")
         print(f"wrote {options.json}")
+    if options.write_docs:
+        write_page(options.write_docs, docs_section(meta, rows, targets))
+        print(f"wrote {options.write_docs}")
     return 0
 
 

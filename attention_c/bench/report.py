@@ -9,8 +9,9 @@ from attention_c.bench.core import CALL_FUNCTIONS
 from attention_c.bench.harness import DISTURBED, ROUNDS
 from attention_c.bench.run import (HEAVY_REPEATS, HEAVY_SHAPES, TOLERANCE,
                                    row_label, too_far)
-from attention_c.bench.targets import (CAUSAL_FULL, PEAK, RATIOS,
-                                      SCALING, SELFATTN_SCALING, TARGETS)
+from attention_c.bench.targets import (CAUSAL_FULL, DROPOUT_FULL, FB_PEAK,
+                                      PEAK, RATIOS, SCALING,
+                                      SELFATTN_SCALING, TARGETS)
 
 # Times: (key, header); a key's prefix names the implementation.
 OURS_COLUMNS = (
@@ -375,7 +376,8 @@ def make_plot(path, rows, meta):
 
 SELFATTN_TIMES = (("ours_fwd", "fwd"), ("ours_fwdbwd", "f+b"),
                   ("sdpa_fwd", "sdpa fwd"), ("sdpa_fwdbwd", "sdpa f+b"))
-SELFATTN_COLUMNS = ("fwd/sdpa", "f+b/sdpa", CAUSAL_FULL, SELFATTN_SCALING)
+SELFATTN_COLUMNS = ("fwd/sdpa", "f+b/sdpa", CAUSAL_FULL, DROPOUT_FULL,
+                    SELFATTN_SCALING)
 
 
 def shape_text(shape, lead):
@@ -388,7 +390,8 @@ def selfattn_table(rows):
     """One line per case, shape and thread count: times and ratios."""
     head = (["case", "(B*heads, T, d) = (B, heads, T, d)", "thr"]
             + [h + " ms" for _, h in SELFATTN_TIMES]
-            + list(SELFATTN_COLUMNS) + ["fwd GF/s", "fwd %peak", "others"])
+            + list(SELFATTN_COLUMNS)
+            + ["fwd GF/s", "fwd %peak", "f+b %peak", "others"])
     body = []
     for r in rows:
         share = r["others_load"]
@@ -399,6 +402,8 @@ def selfattn_table(rows):
             + [f"{r['fwd_gflops']:.1f}",
                "-" if PEAK not in r["ratios"]
                else f"{r['ratios'][PEAK]:.0%}",
+               "-" if FB_PEAK not in r["ratios"]
+               else f"{r['ratios'][FB_PEAK]:.0%}",
                "?" if share is None else f"{share:.0%}"])
     return format_table(head, body, left=2)
 
@@ -409,7 +414,7 @@ def selfattn_targets_table(targets):
         return "(no target applies to these runs)"
     body = [[t["target"], t["text"], t["case"], str(tuple(t["shape"])),
              str(t["threads"]),
-             (f"{t['ratio']:.0%}" if t["target"] == PEAK
+             (f"{t['ratio']:.0%}" if t["target"] in (PEAK, FB_PEAK)
               else f"{t['ratio']:.2f}"),
              t["status"] + "*" * t["disturbed"]] for t in targets]
     return format_table(["target", "limit", "case", "shape", "thr",
@@ -480,7 +485,7 @@ def selfattn_report(meta, rows, targets, memory=None, long=None):
         parts.append(selfattn_long_line(long))
     parts += [
         "",
-        "Targets of issue 19:",
+        "Targets of issues 26 and 19:",
         selfattn_targets_table(targets),
         f"*: other processes used more than {DISTURBED:.0%} of the CPUs "
         f"while timing.  Targets: {counts.count('PASS')} PASS, "

@@ -246,6 +246,10 @@ def run_row(case, index, shape, threads, ctx, exact):
     row["repeats"] = {k: n for k, (_, n) in timed.items()}
     row["fwd_gflops"] = (flops_forward(shape, case == "causal")
                          / (row["times_ms"]["ours_fwd"] / 1e3) / 1e9)
+    # forward + backward: 4 + 10 B T^2 d flops (the backward recomputes
+    # the scores: 5 products of the forward's 2)
+    row["fwdbwd_gflops"] = (3.5 * flops_forward(shape, case == "causal")
+                            / (row["times_ms"]["ours_fwdbwd"] / 1e3) / 1e9)
     row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     return row
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from attention_c.bench import cli, docs_page, harness, selfattn
-from attention_c.bench.targets import (CAUSAL_FULL, PEAK, SELFATTN_SCALING,
+from attention_c.bench.targets import (CAUSAL_FULL, DROPOUT_FULL, FB_PEAK,
+                                       PEAK, SELFATTN_SCALING,
                                        add_selfattn_ratios,
                                        evaluate_selfattn)
 from attention_c.testing import page_section, run_quick_bench
@@ -122,15 +123,19 @@ def test_every_target_gets_a_verdict(run):
     found = {(t["target"], t["case"]) for t in data["targets"]}
     assert found == {("f+b/sdpa", "full"), ("f+b/sdpa", "causal"),
                      ("f+b/sdpa", "dropout"), ("f+b/sdpa", "bias"),
+                     ("fwd/sdpa", "full"), ("fwd/sdpa", "causal"),
+                     (DROPOUT_FULL, "dropout"), (FB_PEAK, "full"),
                      (CAUSAL_FULL, "causal"), (SELFATTN_SCALING, "full"),
                      (SELFATTN_SCALING, "causal"), (PEAK, "full"),
                      (PEAK, "causal"), ("peak memory ours/sdpa", "full")}
-    # f+b / SDPA on every row; the others from the second shape on
+    # against SDPA and dropout/full on every row; the others from the
+    # second shape on
     n_rows = len(data["results"])
     assert sum(t["target"] == "f+b/sdpa" for t in data["targets"]) == n_rows
     small = tuple(selfattn.QUICK_SHAPES[0])
     assert not any(tuple(t["shape"]) == small for t in data["targets"]
-                   if t["target"] != "f+b/sdpa")
+                   if t["target"] not in ("f+b/sdpa", "fwd/sdpa",
+                                          DROPOUT_FULL))
     assert all(t["status"] in ("PASS", "MISS") for t in data["targets"])
     assert re.search(r"Targets: \d+ PASS, \d+ MISS", stdout)
 
@@ -165,12 +170,13 @@ def test_write_docs_rewrites_the_section(run):
         assert all(re.fullmatch(r"[\d.]+", c) for c in cells[2:6]), line
         assert re.fullmatch(r"[\d.]+", cells[7]), line
         assert re.fullmatch(r"\d+% / \d+%", cells[8]), line
-        assert re.fullmatch(r"(\d+%|\?) / (\d+%|\?)", cells[9]), line
+        assert re.fullmatch(r"\d+% / \d+%", cells[9]), line
+        assert re.fullmatch(r"(\d+%|\?) / (\d+%|\?)", cells[10]), line
         if cells[0] == "causal":
             assert re.fullmatch(r"[\d.]+ / [\d.]+", cells[6]), line
     assert "**Peak memory**" in section
     assert "**One causal forward + backward**" in section
-    assert "**Targets of issue 19:**" in section
+    assert "**Targets of issues 26 and 19:**" in section
 
 
 def test_ratios_and_targets_from_a_fake_run():
@@ -183,6 +189,7 @@ def test_ratios_and_targets_from_a_fake_run():
         rows.append({"case": case, "shape": [8, 1024, 64],
                      "threads": threads, "at_scale": True,
                      "others_load": 0.0, "fwd_gflops": 32.0,
+                     "fwdbwd_gflops": 48.0,
                      "times_ms": {"ours_fwd": 1.0, "ours_fwdbwd": fb,
                                   "sdpa_fwd": 4.0, "sdpa_fwdbwd": 20.0}})
     add_selfattn_ratios(rows, peak)
@@ -192,19 +199,23 @@ def test_ratios_and_targets_from_a_fake_run():
     assert full2[SELFATTN_SCALING] == 0.6
     assert causal2[SELFATTN_SCALING] == 0.4
     assert full1[PEAK] == 0.5 and full2[PEAK] == 0.25   # 64, 128 GF/s
+    assert full1[FB_PEAK] == 0.75 and full2[FB_PEAK] == 0.375
     memory = {"shape": [8, 8192, 64], "threads": 2, "ratio": 1.6}
     verdicts = {(t["target"], t["case"], t["threads"]): t["status"]
                 for t in evaluate_selfattn(rows, memory)}
     assert verdicts["f+b/sdpa", "full", 1] == "PASS"          # 0.5
     assert verdicts["f+b/sdpa", "causal", 1] == "PASS"        # 0.25
+    assert verdicts["fwd/sdpa", "full", 1] == "PASS"          # 0.25
     assert verdicts[SELFATTN_SCALING, "full", 2] == "MISS"    # 0.6
     assert verdicts[SELFATTN_SCALING, "causal", 2] == "PASS"  # 0.4
     assert verdicts[CAUSAL_FULL, "causal", 2] == "PASS"       # 0.33
     assert verdicts[PEAK, "full", 1] == "MISS"                # 50%
+    assert verdicts[FB_PEAK, "full", 1] == "PASS"             # 75%
+    assert verdicts[FB_PEAK, "full", 2] == "MISS"             # 38%
     assert verdicts["peak memory ours/sdpa", "full", 2] == "MISS"
-    rows[0]["at_scale"] = False               # T < 1024: f+b/sdpa only
+    rows[0]["at_scale"] = False       # T < 1024: against SDPA only
     assert {t["target"] for t in evaluate_selfattn(rows[:1])} == {
-        "f+b/sdpa"}
+        "f+b/sdpa", "fwd/sdpa"}
 
 
 def test_problem_and_flops():

@@ -10,13 +10,17 @@ ends with a table.  Peers that are not installed are skipped.
 
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from attention_c.bench import peers
+from attention_c.bench import docs_page, peers
+from attention_c.testing import page_section
+
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 
 SEED = 3
 
@@ -222,13 +226,23 @@ def test_installed_peer_passes_its_check(lib, module, reference, tmp_path):
 
 def test_quick_run_reports_a_table(tmp_path):
     pytest.importorskip("torch")
-    path = tmp_path / "peers.json"
+    path, page = tmp_path / "peers.json", tmp_path / "performance.md"
+    committed = PAGE.read_text(encoding="utf-8")
+    page.write_text(committed, encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, "-m", "attention_c.bench", "--peers", "--quick",
          "--threads", "1", "--rounds", "1", "--libs", "ours,sdpa",
-         "--json", str(path)],
+         "--json", str(path), "--write-docs", str(page)],
         capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
+    # the page: only the peers section changed, holding the table
+    written = page.read_text(encoding="utf-8")
+    assert (docs_page.replace_sections(written, {"peers": ""})
+            == docs_page.replace_sections(committed, {"peers": ""}))
+    section = page_section(written, "peers")
+    assert section.startswith("`python -m attention_c.bench --peers` on ")
+    assert "| case | thr | ours ms | sdpa ms |" in section
+    assert "**Targets of issue 26:**" in section
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["meta"]["timed"] == ["ours", "sdpa"]
     assert data["meta"]["cpu"] in proc.stdout
