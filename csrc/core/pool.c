@@ -20,7 +20,8 @@ struct att_pool {
     pthread_cond_t wake, done;
     /* the current job, guarded by lock */
     unsigned long generation;   /* bumped for every job */
-    int stop, active;           /* workers still busy with the job */
+    int stop, active;           /* workers that took the job, not done */
+    int closed;                 /* the caller is done: no one may join */
     int busy;                   /* a caller is running a job */
     int job_threads;            /* threads (caller included) the job uses */
     att_task_fn fn;
@@ -82,9 +83,10 @@ static void *worker_main(void *varg)
             break;
         }
         seen = p->generation;
-        if (wa.index >= p->job_threads) {
-            continue;           /* this job uses fewer threads */
+        if (wa.index >= p->job_threads || p->closed) {
+            continue;   /* fewer threads, or the others did every task */
         }
+        p->active++;
         att_task_fn fn = p->fn;
         void *arg = p->arg;
         ptrdiff_t ntasks = p->ntasks;
@@ -208,13 +210,18 @@ void att_pool_run(att_pool *p, int threads, ptrdiff_t ntasks,
     p->arg = arg;
     p->ntasks = ntasks;
     p->job_threads = threads;
-    p->active = threads - 1;
+    p->active = 0;
+    p->closed = 0;
     atomic_store(&p->next, 0);
     p->generation++;
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     work(p, fn, arg, ntasks, 0);
+    /* wait for the workers that took the job; one not yet woken (its
+     * core busy elsewhere) would only find no task left: it skips the
+     * job instead of holding the caller until the scheduler runs it */
     pthread_mutex_lock(&p->lock);
+    p->closed = 1;
     while (p->active > 0) {
         pthread_cond_wait(&p->done, &p->lock);
     }
