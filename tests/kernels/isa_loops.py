@@ -154,6 +154,24 @@ def row_loops(funcs, isa, dtype):
     return found
 
 
+def row_vectors(loop, reg):
+    """Vectors of a row one iteration of a row loop handles: its vector
+    loads or its vector stores of the row (memory operands that are not
+    constants), whichever are more; at least 1."""
+    loads = stores = 0
+    for _a, mnem, ops in loop:
+        args = operands(ops)
+        if not any(reg in a for a in args) or mnem.startswith("vbroadcast"):
+            continue
+        mem = [i for i, a in enumerate(args)
+               if "(" in a and "(%rip)" not in a]
+        if mem and mem[-1] == len(args) - 1 and mnem.startswith("vmov"):
+            stores += 1            # AT&T: the destination is last
+        elif mem:
+            loads += 1
+    return max(loads, stores, 1)
+
+
 def operands(ops):
     """AT&T operands split at the top-level commas."""
     out, depth, cur = [], 0, ""
@@ -454,8 +472,10 @@ def mca_report(so, llvm_mca, shapes=False, out=sys.stdout):
                 for cpu in cpus_of(isa):
                     rep = run_mca(llvm_mca, cpu, mca_source(loop))
                     cpi, _share, neck = mca_row(rep, 0)
+                    elems = LANES[isa, dtype] * row_vectors(loop,
+                                                            f"%{ISAS[isa]}")
                     print(f"{sym:<34} {cpu:<15} {cpi:7.2f} "
-                          f"{LANES[isa, dtype] / cpi:8.2f}  {neck}", file=out)
+                          f"{elems / cpi:8.2f}  {neck}", file=out)
     if not shapes:
         return
     print(f"\n{'tile shape, f32 (MR x vectors)':<34} {'cpu':<15} {head}",
