@@ -48,7 +48,6 @@ the decode steps: out).
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -59,8 +58,7 @@ import attention_c as ac
 from attention_c.bench import harness
 from attention_c.bench.docs_page import (NOT_MEASURED, markdown_table,
                                          write_page)
-from attention_c.bench.report import (format_load, format_table,
-                                      header_lines)
+from attention_c.bench.report import emit, format_table, header_lines
 
 # (B, T, E, heads) of the module; --quick: tiny sizes with the same roles.
 MODULE_SHAPE, QUICK_MODULE_SHAPE = (8, 512, 512, 8), (2, 32, 64, 4)
@@ -759,20 +757,10 @@ def main(argv=None):
     targets = evaluate(rows, meta["decode_target"])
     meta["wall_seconds"] = time.perf_counter() - start
     meta["load_end"] = harness.load_average()
-    print(report(meta, rows, targets))
-    print(f"\nTotal {meta['wall_seconds']:.0f} s; load average at end "
-          f"{format_load(meta['load_end'])}")
-    if options.json:
-        with open(options.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "results": rows, "targets": targets},
-                      f, indent=1)
-            f.write("\n")
-        print(f"wrote {options.json}")
-    if options.write_docs:
-        write_docs(options.write_docs, docs_section(meta, rows, targets))
-        print(f"wrote {options.write_docs}")
+    emit(options, meta, report(meta, rows, targets),
+         {"meta": meta, "results": rows, "targets": targets},
+         lambda path: write_docs(path, docs_section(meta, rows, targets)))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -92,7 +92,7 @@ import numpy as np
 
 from attention_c.bench import harness
 from attention_c.bench.docs_page import markdown_table, write_page
-from attention_c.bench.report import format_load, format_ms
+from attention_c.bench.report import emit, format_load, format_ms
 
 # The libraries, in the order of the report; the module that says whether
 # each is installed (the ONNX Runtime child also needs onnx to build its
@@ -1003,20 +1003,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="attention_c_peers_") as folder:
         meta, rows, targets = run(options, folder)
     meta["wall_seconds"] = time.perf_counter() - start
-    print(report(meta, rows, targets))
-    print(f"\nTotal {meta['wall_seconds']:.0f} s; load average at end "
-          f"{format_load(harness.load_average())}")
-    if options.json:
-        with open(options.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "rows": rows, "targets": targets}, f,
-                      indent=1, default=str)
-            f.write("\n")
-        print(f"wrote {options.json}")
-    if options.write_docs:
-        write_page(options.write_docs, docs_section(meta, rows, targets))
-        print(f"wrote {options.write_docs}")
+    meta["load_end"] = harness.load_average()
+    emit(options, meta, report(meta, rows, targets),
+         {"meta": meta, "rows": rows, "targets": targets},
+         lambda path: write_page(path, docs_section(meta, rows, targets)))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

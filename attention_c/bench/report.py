@@ -44,6 +44,23 @@ def format_load(value):
     return "?" if value is None else f"{value:.2f}"
 
 
+def emit(options, meta, text, data, write_docs=None):
+    """The end of a benchmark's run: print its report ``text`` and the
+    run's length; write ``data`` as JSON to ``options.json`` and, with
+    ``options.write_docs``, call ``write_docs(path)``, when asked."""
+    print(text)
+    print(f"\nTotal {meta['wall_seconds']:.0f} s; load average at end "
+          f"{format_load(meta.get('load_end'))}")
+    if options.json:
+        with open(options.json, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.write("\n")
+        print(f"wrote {options.json}")
+    if write_docs is not None and options.write_docs:
+        write_docs(options.write_docs)
+        print(f"wrote {options.write_docs}")
+
+
 def format_ratio(value):
     """A ratio to 2 decimals, or '-'."""
     return "-" if value is None else f"{value:.2f}"
