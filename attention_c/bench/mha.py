@@ -762,5 +762,6 @@ def main(argv=None):
          lambda path: write_docs(path, docs_section(meta, rows, targets)))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

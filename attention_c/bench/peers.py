@@ -1009,5 +1009,6 @@ def main(argv=None):
          lambda path: write_page(path, docs_section(meta, rows, targets)))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
