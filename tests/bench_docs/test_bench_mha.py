@@ -133,6 +133,7 @@ def test_report_names_the_simd_path_and_every_row(run):
         assert re.search(pattern, stdout, re.M), (part, case, threads)
     # every row of a part with targets names them, the others "(none)"
     assert stdout.count("ours/torch <= 0.6: ") == len(THREADS)
+    assert stdout.count("ours/torch <= 0.9 (issue 26): ") == len(THREADS)
     assert stdout.count("ours/torch <= 0.4: ") == len(THREADS)
     assert stdout.count("numpy/sdpa <= 0.5: ") == len(THREADS)
 
@@ -207,6 +208,9 @@ def test_targets_from_fake_rows():
         ("module", "weights", "ours/torch", 1): ("PASS", True),
         ("decode", "cache 1024", "ours/sdpa", 1): ("PASS", False),
         ("decode", "cache 1024", "numpy/sdpa", 1): ("MISS", False)}
+    issue26 = [t["status"] for t in mha.evaluate(rows, 1024)
+               if t["limit"] == 0.9]
+    assert issue26 == ["PASS", "PASS"]             # 0.6 and 0.61 <= 0.9
     assert mha.verdicts(mha.evaluate(rows, 1024), rows[3]) == "(none)"
     assert mha.verdicts(mha.evaluate(rows, 1024), rows[4]) == (
         "ours/sdpa <= 0.5: PASS; numpy/sdpa <= 0.5: MISS")
