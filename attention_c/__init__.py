@@ -80,6 +80,9 @@ from ._functions import (  # noqa: E402
     additive_attention, additive_attention_backward, AdditiveAttentionGrads,
     dot_attention, dot_attention_backward, DotAttentionGrads,
     general_attention, general_attention_backward, GeneralAttentionGrads,
+    # ... Luong's location score and the content (cosine) score
+    location_attention, location_attention_backward, LocationAttentionGrads,
+    cosine_attention, cosine_attention_backward, CosineAttentionGrads,
     # the keys' side of a score, once per sequence (decoder loops)
     project_keys, project_keys_backward,
 )
@@ -106,6 +109,9 @@ __all__ = [
     "additive_attention", "additive_attention_backward",
     "dot_attention", "dot_attention_backward",
     "general_attention", "general_attention_backward",
+    "location_attention", "location_attention_backward",
+    "cosine_attention", "cosine_attention_backward",
+    "LocationAttentionGrads", "CosineAttentionGrads",
     "project_keys", "project_keys_backward",
     "AdditiveAttentionGrads", "DotAttentionGrads", "GeneralAttentionGrads",
     "ContextAttention", "sgd_step", "adam_step",

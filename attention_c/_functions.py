@@ -6,7 +6,7 @@ shapes and defaults, and its outputs.  The functions are the C functions
 of ``attention_c._core`` themselves, so that a call (thousands per epoch
 in a decoder) goes through no Python frame; here ``_core._publish`` makes
 each one ``attention_c.<name>`` with its docstring (``_docstrings``,
-``_family_docstrings``) and, for a backward, its named tuple of gradients,
+``_family_docstrings``, ``_scores_docstrings``) and, for a backward, its named tuple of gradients,
 whose fields are the table's: the gradient ``dx`` of input ``x`` is field
 ``x``.
 
@@ -21,7 +21,7 @@ import collections
 from typing import Any, NamedTuple
 
 from . import _core  # type: ignore[attr-defined]
-from . import _docstrings, _family_docstrings
+from . import _docstrings, _family_docstrings, _scores_docstrings
 
 
 class Arg(NamedTuple):
@@ -66,8 +66,10 @@ TABLE = {name: Function(name, tuple(Arg(*a) for a in args),
                         tuple(Output(*o) for o in outs))
          for name, (args, outs) in _core._table().items()}
 
-DOCS = {**_docstrings.DOCS, **_family_docstrings.DOCS}
-GRADS_DOCS = {**_docstrings.GRADS_DOCS, **_family_docstrings.GRADS_DOCS}
+DOCS = {**_docstrings.DOCS, **_family_docstrings.DOCS,
+        **_scores_docstrings.DOCS}
+GRADS_DOCS = {**_docstrings.GRADS_DOCS, **_family_docstrings.GRADS_DOCS,
+              **_scores_docstrings.GRADS_DOCS}
 
 
 def _grads(name: str, function: str) -> Any:
@@ -92,6 +94,10 @@ AdditiveAttentionGrads = _grads("AdditiveAttentionGrads",
 DotAttentionGrads = _grads("DotAttentionGrads", "dot_attention_backward")
 GeneralAttentionGrads = _grads("GeneralAttentionGrads",
                                "general_attention_backward")
+LocationAttentionGrads = _grads("LocationAttentionGrads",
+                                "location_attention_backward")
+CosineAttentionGrads = _grads("CosineAttentionGrads",
+                              "cosine_attention_backward")
 
 # context-pooled attention: building blocks, each with its backward
 mean_context = _publish("mean_context")
@@ -116,6 +122,13 @@ dot_attention_backward = _publish("dot_attention_backward",
 general_attention = _publish("general_attention")
 general_attention_backward = _publish("general_attention_backward",
                                       GeneralAttentionGrads)
+# the last scores of the seeds: Luong's location score, the content score
+location_attention = _publish("location_attention")
+location_attention_backward = _publish("location_attention_backward",
+                                       LocationAttentionGrads)
+cosine_attention = _publish("cosine_attention")
+cosine_attention_backward = _publish("cosine_attention_backward",
+                                     CosineAttentionGrads)
 # the keys' side of a score, once per sequence (decoder loops)
 project_keys = _publish("project_keys")
 project_keys_backward = _publish("project_keys_backward")

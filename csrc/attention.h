@@ -131,6 +131,7 @@ ATT_DECLARE(double, f64)
  *   additive  s_it = v . tanh(W_k k_t + W_q q_i + b)    W = [W_k | W_q]
  *   dot       s_it = scale q_i . k_t
  *   general   s_it = q_i . (W_a k_t)                    W = W_a (Hq, H)
+ *   cosine    s_it = beta_i n(q_i) . n(k_t)       n(x) = x / max(|x|, 1e-12)
  *   alpha_i = masked softmax_t(s_i),  out_i = sum_t alpha_it val_t
  *
  * B sequences, each with Tq queries (Hq wide) and T keys (H wide) whose
@@ -148,7 +149,8 @@ ATT_DECLARE(double, f64)
 enum att_score {
     ATT_SCORE_ADDITIVE = 0,
     ATT_SCORE_DOT = 1,
-    ATT_SCORE_GENERAL = 2
+    ATT_SCORE_GENERAL = 2,
+    ATT_SCORE_COSINE = 3    /* the dot score of n(q) beta and n(k) */
 };
 
 typedef struct {
@@ -178,6 +180,8 @@ typedef struct {
     int sinks;              /* in->sinks: one more logit per sequence */
     ptrdiff_t nslopes, nsinks;  /* elements of alibi and sinks as given
                                (their gradients) */
+    ptrdiff_t nsharp;       /* cosine: elements of in->sharpness as given
+                               (0: beta = 1) */
 } att_fdims;
 
 /*
@@ -217,6 +221,12 @@ typedef struct {
  * gradient), dW, dv, db (NULL without b), dbias (a view of nbias
  * elements, p NULL without bias; broadcast elements sum), dalibi and
  * dsinks likewise (sinks need the streamed backward: out and lse).
+ * The cosine score (Hq = H) takes the dot score's inputs but scale, and
+ * sharpness, a view of beta (b, i) at VIEW_AT + i cs (p NULL: 1); its
+ * backward writes dsharpness (a view likewise, nsharp elements; p NULL:
+ * not wanted).  It runs the dot path on n(q) beta and n(k), made in the
+ * scratch (O((B Tq + Bk T) H) more of it), the values being the keys as
+ * given when values is NULL.
  * With dkproj
  * not NULL the backward stops at kproj: dkproj gets dL/dkproj, the key
  * columns of dW are 0, and dkeys only has the values' share (0 when
@@ -253,12 +263,14 @@ enum att_strided {
         const int64_t *cu_q, *cu_k;   /* (nseg + 1,): segment starts */    \
         R softcap;                    /* > 0 when f->softcap */            \
         att_view alibi, sinks;        /* REAL, element b at VIEW_AT */     \
+        att_view sharpness;           /* cosine: REAL beta (b, i) */       \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \
         R *dquery, *dkeys, *dkproj, *dvalues, *dW, *dv, *db;                 \
         att_view dbias;                                                      \
         att_view dalibi, dsinks;      /* p NULL: not wanted (backward) */  \
+        att_view dsharpness;          /* cosine backward, likewise */      \
     } att_family_out_##SFX;                                                  \
     int att_family_reads_strided_##SFX(const att_fdims *f, int backward);   \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \

@@ -2,14 +2,16 @@
  * family/family.c - the attention family (attention.h, docs/contract.md
  * section 4) for float and double: the family/ bodies, included once per
  * type in the order they build on (plan, visibility, nonfinite, stream,
- * decode, backward, project), with
+ * decode, backward, project, cosine), with
  *   REAL, SFX(x)   the type and its names' suffix (x_f32, x_f64)
  *   TANH, EXP      its libm functions
  *   OPS, FIN, FOUT its att_ops (core/dispatch.h), att_family_in and
  *                  att_family_out (attention.h) types
  *   OPS_FOR        its table lookup (att_ops_for_f32 / _f64)
  * All in one translation unit, so the helpers stay inlined where they
- * were.  Plain C11 with libm; no Python here.
+ * were; cosine.inc, last, holds the entry points (attention.h), which
+ * run the content score on the dot path.  Plain C11 with libm; no Python
+ * here.
  *
  * Every score is the same frame around a few primitives (core/dispatch.h,
  * att_ops: a product, the additive score of one query, one softmax row),
@@ -72,6 +74,7 @@
 #include "family/decode.inc"
 #include "family/backward.inc"
 #include "family/project.inc"
+#include "family/cosine.inc"
 #undef REAL
 #undef SFX
 #undef TANH
@@ -96,6 +99,7 @@
 #include "family/decode.inc"
 #include "family/backward.inc"
 #include "family/project.inc"
+#include "family/cosine.inc"
 #undef REAL
 #undef SFX
 #undef TANH

@@ -33,6 +33,8 @@
 #define F_INDEX 2048u  /* an integer array (int64 once checked), never
                           cast to the call's floating dtype */
 #define F_FOLLOW 4096u /* cast to the call's dtype, never choosing it */
+#define F_NUMARR 8192u /* an array, or a real number (Python's int or
+                          float): finite, a constant without gradient */
 
 /* The kinds of the list below: a value, not an array, is always optional */
 #define K_ARRAY 0u
@@ -44,6 +46,7 @@
 #define K_SCALE (F_SCALE | F_OPT)
 #define K_WINDOW (F_WINDOW | F_OPT)
 #define K_INDEX F_INDEX
+#define K_NUMARR F_NUMARR
 
 /* X(ID, name, kind): the arguments, X_ID = "name" */
 #define ATT_ARGS(X)                                                          \
@@ -81,7 +84,8 @@
     X(ALIBI_SLOPES, alibi_slopes, K_ARRAY)                                   \
     X(SINKS, sinks, K_ARRAY)                                                 \
     X(CU_SEQLENS_Q, cu_seqlens_q, K_INDEX)                                   \
-    X(CU_SEQLENS_K, cu_seqlens_k, K_INDEX)
+    X(CU_SEQLENS_K, cu_seqlens_k, K_INDEX)                                   \
+    X(SHARPNESS, sharpness, K_NUMARR)
 
 /* Y(ID, name): the outputs, Y_ID = "name".  A backward's gradient of
  * argument x is named "d" + x: its field x in the named tuple. */
@@ -106,7 +110,8 @@
     Y(LSE, lse)                                                              \
     Y(DBIAS, dbias)                                                          \
     Y(DALIBI_SLOPES, dalibi_slopes)                                          \
-    Y(DSINKS, dsinks)
+    Y(DSINKS, dsinks)                                                        \
+    Y(DSHARPNESS, dsharpness)
 
 /* X_NONE (0) ends a row's argument list, so that a row's unused entries,
  * zeroed, need no end marker. */

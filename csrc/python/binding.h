@@ -185,6 +185,8 @@ typedef struct {
     int fused;               /* runs with threads and SIMD (att_exec) */
     int family;              /* the attention family (query, keys) */
     int score;               /* the family's: enum att_score */
+    int location;            /* the location score: W (L, Hq) is the keys
+                                of every sequence, b (L,) their bias */
     int (*check)(Call *c);   /* more checks after the shapes, or NULL */
     ptrdiff_t (*workspace)(Call *c);  /* scratch bytes (-1: overflow) */
     int (*kernel)(Call *c);  /* runs without the GIL */
@@ -222,9 +224,10 @@ struct Call {
     att_view dbias;                   /* the bias made C-contiguous: the
                                          layout of its gradient (p NULL) */
     ptrdiff_t *doffs;                 /* its offsets (owned) */
-    att_view gview[2];                /* alibi_slopes, sinks made
-                                         C-contiguous: their gradients */
-    ptrdiff_t *goffs[2];              /* their offsets (owned) */
+    att_view gview[3];                /* alibi_slopes, sinks, sharpness
+                                         made C-contiguous: their
+                                         gradients */
+    ptrdiff_t *goffs[3];              /* their offsets (owned) */
     int bias_shared;                  /* the bias repeats over sequences */
     npy_intp sym[N_SYMS];
     int binder[N_SYMS];               /* argument that fixed it, or -1 */
@@ -252,6 +255,21 @@ static inline int given(const Call *c, int id)
         return c->num[i] != 0;
     }
     return c->obj[i] != NULL && c->obj[i] != Py_None;
+}
+
+/* An F_NUMARR argument given as a number: a constant, no gradient. */
+static inline int as_number(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 && (c->fn->args[i].flags & F_NUMARR) && c->flag[i];
+}
+
+/* The bias added to the scores as given (bias=, or the location score's
+ * b=), or NULL. */
+static inline PyArrayObject *bias_arg(const Call *c)
+{
+    int i = c->fn->pos[c->fn->location ? X_B : X_BIAS];
+    return i >= 0 ? c->arr[i] : NULL;
 }
 
 static inline void *arg_data(const Call *c, int id)

@@ -386,7 +386,7 @@ static int out_shape(const Call *c, int k, npy_intp *dims)
 static int wanted(const Call *c, int k)
 {
     int when = c->fn->outs[k].when, unless = c->fn->outs[k].unless;
-    return (when == X_NONE || given(c, when)) &&
+    return (when == X_NONE || (given(c, when) && !as_number(c, when))) &&
            (unless == X_NONE || !given(c, unless));
 }
 
@@ -405,7 +405,7 @@ static ptrdiff_t work_size(Call *c)
     key.typenum = c->typenum;
     key.several = c->several;
     key.causal = given(c, X_CAUSAL);
-    key.bias = given(c, X_BIAS);
+    key.bias = bias_arg(c) != NULL;
     key.bias_shared = c->bias_shared;
     key.dropout = given(c, X_DROPOUT);
     key.stream = stream_of(c);
@@ -413,8 +413,7 @@ static ptrdiff_t work_size(Call *c)
     key.segments = given(c, X_CU_SEQLENS_Q);
     key.softcap = given(c, X_SOFTCAP);
     key.alibi = given(c, X_ALIBI_SLOPES);
-    key.nbias = given(c, X_BIAS) ? PyArray_SIZE(c->arr[c->fn->pos[X_BIAS]])
-                                 : 0;
+    key.nbias = bias_arg(c) != NULL ? PyArray_SIZE(bias_arg(c)) : 0;
     key.simd = c->ex.simd;
     key.threads = c->ex.threads;
     key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
@@ -623,10 +622,12 @@ done:
             PyMem_Free(c.idx[i]);
         }
     }
-    if (c.doffs != NULL || c.order != NULL || c.gstart != NULL) {
+    if (c.doffs != NULL || c.order != NULL || c.gstart != NULL ||
+        c.goffs[0] != NULL || c.goffs[1] != NULL || c.goffs[2] != NULL) {
         PyMem_Free(c.doffs);
         PyMem_Free(c.goffs[0]);
         PyMem_Free(c.goffs[1]);
+        PyMem_Free(c.goffs[2]);
         PyMem_Free(c.order);
         PyMem_Free(c.gstart);
     }

@@ -61,17 +61,18 @@ typedef PyObject *(*entry_fn)(PyObject *, PyObject *const *, Py_ssize_t,
     }
 ENTRY(0) ENTRY(1) ENTRY(2) ENTRY(3) ENTRY(4) ENTRY(5) ENTRY(6) ENTRY(7)
 ENTRY(8) ENTRY(9) ENTRY(10) ENTRY(11) ENTRY(12) ENTRY(13) ENTRY(14)
-ENTRY(15) ENTRY(16) ENTRY(17)
+ENTRY(15) ENTRY(16) ENTRY(17) ENTRY(18) ENTRY(19) ENTRY(20) ENTRY(21)
 #undef ENTRY
 
 static const entry_fn entries[] = {
     entry_0, entry_1, entry_2, entry_3, entry_4, entry_5, entry_6, entry_7,
     entry_8, entry_9, entry_10, entry_11, entry_12, entry_13, entry_14,
-    entry_15, entry_16, entry_17};
+    entry_15, entry_16, entry_17, entry_18, entry_19, entry_20, entry_21};
 static const entry_fn public_entries[] = {
     public_0, public_1, public_2, public_3, public_4, public_5, public_6,
     public_7, public_8, public_9, public_10, public_11, public_12, public_13,
-    public_14, public_15, public_16, public_17};
+    public_14, public_15, public_16, public_17, public_18, public_19,
+    public_20, public_21};
 
 #define N_ENTRIES ((int)(sizeof(entries) / sizeof(entries[0])))
 
@@ -183,7 +184,8 @@ static const char *kind_name(unsigned flags)
            : flags & F_NUMBER ? "number"
            : flags & F_SEED ? "seed"
            : flags & F_SCALE ? "scale"
-           : flags & F_WINDOW ? "window" : "array";
+           : flags & F_WINDOW ? "window"
+           : flags & F_NUMARR ? "number_or_array" : "array";
 }
 
 /* (name, kind, shape, required, positional, default) of argument i; the

@@ -8,6 +8,8 @@
  */
 #include "binding.h"
 
+#include <math.h>
+
 /* ---------------------------------------------------------------------
  * Step 1: the arguments
  */
@@ -320,6 +322,29 @@ static int take_value(Call *c, int i, PyObject *obj)
     return 0;
 }
 
+/* Step 2 for an array that may be given as a number (F_NUMARR): a
+ * Python int or float is a constant (c->flag[i] set: no gradient), and
+ * must be finite. */
+static int take_number(Call *c, int i, PyObject *obj)
+{
+    const char *name = arg_names[c->fn->args[i].id];
+    if (!PyFloat_Check(obj) && !PyLong_Check(obj)) {
+        return 0;
+    }
+    double x = PyFloat_AsDouble(obj);
+    if (x == -1.0 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (!isfinite(x)) {
+        PyErr_Format(PyExc_ValueError, "%s must be finite, got %R (an "
+                     "array's NaN propagates as data; a number's is an "
+                     "error)", name, obj);
+        return -1;
+    }
+    c->flag[i] = 1;
+    return 0;
+}
+
 /* Step 2 for an array argument: its dtype, a mask's boolean, the others'
  * real floating or integer. */
 static int check_dtype(const Call *c, int i)
@@ -390,6 +415,9 @@ int view_args(Call *c)
             }
             PyErr_Format(PyExc_TypeError, "%s is required and cannot be "
                          "None", name);
+            return -1;
+        }
+        if ((a->flags & F_NUMARR) && take_number(c, i, obj) < 0) {
             return -1;
         }
         if (ALLOC_POINT("conversion of", name, 1) < 0) {

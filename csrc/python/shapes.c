@@ -442,9 +442,11 @@ int check_shapes(Call *c)
 {
     const FuncSpec *fn = c->fn;
     int done[MAX_ARGS] = {0};
-    if (fn->family) {       /* several queries: query.ndim == keys.ndim */
+    if (fn->family) {       /* several queries: query.ndim == keys.ndim
+                               (the location score's: values.ndim) */
+        int ik = fn->pos[fn->location ? X_VALUES : X_KEYS];
         c->several = PyArray_NDIM(c->arr[fn->pos[X_QUERY]]) ==
-                     PyArray_NDIM(c->arr[fn->pos[X_KEYS]]);
+                     PyArray_NDIM(c->arr[ik]);
         if (broadcast_inputs(c) < 0) {
             return -1;
         }

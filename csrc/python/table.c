@@ -15,6 +15,7 @@
 #include "binding.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ---------------------------------------------------------------------
  * The vocabulary (args.h): names and kinds
@@ -150,17 +151,20 @@ static ptrdiff_t size_of(const Call *c, int id)
 
 static att_fdims family_dims(const Call *c)
 {
-    int score = c->fn->score, ib = c->fn->pos[X_BIAS];
+    int score = c->fn->score, loc = c->fn->location;
+    int dot = score == ATT_SCORE_DOT || score == ATT_SCORE_COSINE;
     att_fdims f = {
         .score = score, .causal = given(c, X_CAUSAL),
-        .bias_shared = c->bias_shared,
-        .nbias = ib >= 0 && c->arr[ib] ? PyArray_SIZE(c->arr[ib]) : 0,
+        /* the location score's b (L,): every sequence's and query's */
+        .bias_shared = c->bias_shared || (loc && bias_arg(c) != NULL &&
+                                          c->d.B > 1),
+        .nbias = bias_arg(c) != NULL ? PyArray_SIZE(bias_arg(c)) : 0,
         .dropout = given(c, X_DROPOUT), .stream = stream_of(c),
         .B = c->d.B, .Tq = c->several ? c->sym[S_TQ] : 1, .T = c->sym[S_T],
-        .Bq = seqs_of(c, X_QUERY), .Bk = seqs_of(c, X_KEYS),
+        .Bq = seqs_of(c, X_QUERY), .Bk = seqs_of(c, loc ? X_W : X_KEYS),
         .Bv = seqs_of(c, X_VALUES),
-        .H = c->sym[S_H],
-        .Hq = score == ATT_SCORE_DOT ? c->sym[S_H] : c->sym[S_HQ],
+        .H = loc ? c->sym[S_HQ] : c->sym[S_H],
+        .Hq = dot && !loc ? c->sym[S_H] : c->sym[S_HQ],
         .Hv = c->sym[S_HV],
         .P = score == ATT_SCORE_ADDITIVE ? c->sym[S_A]
              : score == ATT_SCORE_GENERAL ? c->sym[S_HQ] : 0,
@@ -169,7 +173,8 @@ static att_fdims family_dims(const Call *c)
         .nseg = given(c, X_CU_SEQLENS_Q) ? c->sym[S_N] - 1 : 0,
         .softcap = given(c, X_SOFTCAP), .alibi = given(c, X_ALIBI_SLOPES),
         .sinks = given(c, X_SINKS), .nslopes = size_of(c, X_ALIBI_SLOPES),
-        .nsinks = size_of(c, X_SINKS)};
+        .nsinks = size_of(c, X_SINKS),
+        .nsharp = as_number(c, X_SHARPNESS) ? 0 : size_of(c, X_SHARPNESS)};
     return f;
 }
 
@@ -200,7 +205,8 @@ static att_view dbias_view(const Call *c)
     return v;
 }
 
-/* The gradient of alibi_slopes (g 0) or sinks (1), output id, laid out
+/* The gradient of alibi_slopes (g 0), sinks (1) or sharpness (2),
+ * output id, laid out
  * as the argument made C-contiguous (make_views), or nothing. */
 static att_view grad_view(const Call *c, int g, int id)
 {
@@ -232,14 +238,24 @@ static att_view grad_view(const Call *c, int g, int id)
             .krs = view_of(c, X_KEYS).rs, .vrs = view_of(c, X_VALUES).rs,    \
             .cu_q = IN(X_CU_SEQLENS_Q), .cu_k = IN(X_CU_SEQLENS_K),          \
             .softcap = (R)softcap, .alibi = view_of(c, X_ALIBI_SLOPES),      \
-            .sinks = view_of(c, X_SINKS)};                                   \
+            .sinks = view_of(c, X_SINKS),                                    \
+            .sharpness = view_of(c, X_SHARPNESS)};                           \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
             .dkproj = OUT(Y_DKEY_PROJ), .dvalues = OUT(Y_DVALUES),           \
             .dW = OUT(Y_DW), .dv = OUT(Y_DV), .db = OUT(Y_DB),               \
             .dbias = dbias, .dalibi = grad_view(c, 0, Y_DALIBI_SLOPES),      \
-            .dsinks = grad_view(c, 1, Y_DSINKS)};                            \
+            .dsinks = grad_view(c, 1, Y_DSINKS),                             \
+            .dsharpness = grad_view(c, 2, Y_DSHARPNESS)};                    \
+        if (c->fn->location) {    /* the dot score of W[:T] plus b[:T] */  \
+            in.keys = IN(X_W);                                               \
+            in.kidx = index_of(c, X_W);                                      \
+            in.W = in.b = NULL;                                              \
+            in.bias = (att_view){IN(X_B), NULL, 0, 0, 1};                    \
+            out.dkeys = OUT(Y_DW);                                           \
+            out.dbias = (att_view){OUT(Y_DB), NULL, 0, 0, 1};                \
+        }                                                                    \
         return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
@@ -248,8 +264,10 @@ static att_view grad_view(const Call *c, int g, int id)
 static int k_family(Call *c)
 {
     att_fdims f = family_dims(c);
-    /* dot: scale None means 1/sqrt(H) (1 when H = 0: no score at all) */
+    /* dot: scale None means 1/sqrt(H) (1 when H = 0: no score at all);
+     * the location and cosine scores have none */
     double scale = given(c, X_SCALE) ? c->scale
+                   : c->fn->location || f.score == ATT_SCORE_COSINE ? 1.0
                    : 1.0 / sqrt(f.H > 1 ? (double)f.H : 1.0);
     int id = c->fn->pos[X_DROPOUT];
     double dropout = id >= 0 ? c->num[id] : 0;
@@ -260,6 +278,23 @@ static int k_family(Call *c)
         FAMILY_CALL(float, f32);
     }
     FAMILY_CALL(double, f64);
+}
+
+/* The location score: the family's call, then W's rows t >= T, which no
+ * score reads, get a gradient of exactly 0 (b's are zeroed with the rest
+ * of the bias gradient). */
+static int k_location(Call *c)
+{
+    int st = k_family(c);
+    char *dW = out_data(c, Y_DW);
+    if (st == ATT_OK && dW != NULL) {
+        size_t item = c->typenum == NPY_FLOAT ? sizeof(float)
+                                              : sizeof(double);
+        size_t row = (size_t)c->sym[S_HQ] * item;
+        memset(dW + (size_t)c->sym[S_T] * row, 0,
+               (size_t)(c->sym[S_L] - c->sym[S_T]) * row);
+    }
+    return st;
 }
 
 /* The additive score adds query and keys per sequence: their leading
@@ -481,6 +516,23 @@ static int check_family(Call *c)
     return 0;
 }
 
+/* The location score: W (L, Hq) has a row for each of the T keys, and
+ * more (those of longer sequences). */
+static int check_location(Call *c)
+{
+    if (c->sym[S_L] < c->sym[S_T]) {
+        char w_s[SHAPE_BUF], v_s[SHAPE_BUF];
+        PyErr_Format(PyExc_ValueError,
+                     "W has shape %s; expected (T_max, Hq) with at least "
+                     "T = %zd rows, one per position of the values (shape "
+                     "%s)", SHAPE(w_s, c->arr[c->fn->pos[X_W]]),
+                     (Py_ssize_t)c->sym[S_T],
+                     SHAPE(v_s, c->arr[c->fn->pos[X_VALUES]]));
+        return -1;
+    }
+    return check_family(c);
+}
+
 /* project_keys: W (A, L) multiplies keys with its first H columns. */
 static int check_project(Call *c)
 {
@@ -616,6 +668,28 @@ static int k_project_keys_backward(Call *c)
     {.id = Y_DKEYS, .shape = "(..., T, H)", .like = X_KEYS},                 \
     {.id = Y_DVALUES, .shape = "(..., T, Hv)", .like = X_VALUES,             \
      .when = X_VALUES}
+/* the location score: W (T_max, Hq) and b (T_max,) hold a row and a
+ * bias per position, the values fix T */
+#define QUERY_LOC {.id = X_QUERY, .flags = F_LEADB,                          \
+                   .shape = "(..., Tq?, Hq)",                                \
+                   .hint = "(one query (..., Hq) or several (..., Tq, "      \
+                   "Hq), with query.ndim == values.ndim)"}
+#define VALUES_LOC {.id = X_VALUES, .flags = F_LEADB, .shape = "(..., T, Hv)"}
+#define W_LOCATION {.id = X_W, .flags = F_LEADB, .shape = "(L, Hq)",         \
+                    .hint = "(a row per position t < T_max: the layout of " \
+                    "torch.nn.Linear(Hq, T_max).weight)"}
+#define B_LOCATION {.id = X_B, .flags = F_OPT, .shape = "(L,)",              \
+                    .hint = "(a bias per position, as W's rows)"}
+#define LOCATION                                                             \
+    .order = {X_VALUES, X_QUERY, X_W}, .fused = 1, .family = 1,              \
+    .score = ATT_SCORE_DOT, .location = 1, .check = check_location,         \
+    .workspace = w_family, .kernel = k_location
+/* the cosine score's beta: a number, or one per query position */
+#define SHARPNESS {.id = X_SHARPNESS, .flags = F_OPT | F_VIEW | F_FOLLOW,    \
+                   .shape = "(..., Tq?)",                                    \
+                   .hint = "(beta, one per query position, or a number)"}
+#define DSHARPNESS {.id = Y_DSHARPNESS, .shape = "(..., Tq?)",               \
+                    .like = X_SHARPNESS, .when = X_SHARPNESS}
 /* the family's rows: the keys fix T and H first */
 #define FAMILY(sc)                                                           \
     .order = {X_KEYS, X_QUERY, X_VALUES}, .fused = 1,                        \
@@ -726,6 +800,27 @@ FuncSpec funcs[] = {
               {.id = Y_DKEY_PROJ, .shape = "(..., T, Hq)", .like = X_KEY_PROJ,
                .when = X_STOP_AT_KEY_PROJ, .drop = 1}},
      FAMILY(ATT_SCORE_GENERAL)},
+    {.name = "location_attention",
+     .args = {QUERY_LOC, VALUES_LOC, W_LOCATION, B_LOCATION, FAMILY_MASK,
+              ATTN_MASK}, .nreq = 3,
+     .outs = {FAMILY_OUTS}, LOCATION},
+    {.name = "location_attention_backward",
+     .args = {GRAD_OUT_Q, QUERY_LOC, VALUES_LOC, W_LOCATION, ALPHA_Q,
+              B_LOCATION, FAMILY_MASK, ATTN_MASK, GRAD_ALPHA_Q}, .nreq = 5,
+     .outs = {{.id = Y_DQUERY, .shape = "(..., Tq?, Hq)", .like = X_QUERY},
+              {.id = Y_DVALUES, .shape = "(..., T, Hv)", .like = X_VALUES},
+              RES(Y_DW, "(L, Hq)"), RES_IF(Y_DB, "(L,)", X_B)},
+     LOCATION},
+    {.name = "cosine_attention",
+     .args = {QUERY_DOT, KEYS, FAMILY_MASK, ATTN_MASK, CAUSAL, BIAS, DROPOUT,
+              SEED, VALUES, SHARPNESS, RETURN_WEIGHTS, VARIANTS}, .nreq = 2,
+     .outs = {STREAM_OUTS}, FAMILY(ATT_SCORE_COSINE)},
+    {.name = "cosine_attention_backward",
+     .args = {GRAD_OUT_Q, QUERY_DOT, KEYS, ALPHA_OPT, SAVED, FAMILY_MASK,
+              ATTN_MASK, CAUSAL, BIAS, DROPOUT, SEED, VALUES, SHARPNESS,
+              GRAD_ALPHA_Q, VARIANTS}, .nreq = 3, .npos = 4,
+     .outs = {FAMILY_GRADS("H"), DSHARPNESS, DBIAS, VARIANT_GRADS},
+     FAMILY(ATT_SCORE_COSINE)},
     {.name = "project_keys",
      .args = {KEYS, ARR(X_W, "(A, L)")}, .nreq = 2,
      .order = {X_KEYS}, .outs = {RES(Y_KEY_PROJ, "(..., T, A)")},

@@ -367,9 +367,11 @@ int make_views(Call *c)
             make_view(c, i, 1, &c->dbias, &c->doffs) < 0) {
             return -1;
         }
-        /* alibi_slopes, sinks: their gradients' layout (a backward's) */
+        /* alibi_slopes, sinks, sharpness: their gradients' layout (a
+         * backward's) */
         int g = fn->args[i].id == X_ALIBI_SLOPES ? 0
-                : fn->args[i].id == X_SINKS ? 1 : -1;
+                : fn->args[i].id == X_SINKS ? 1
+                : fn->args[i].id == X_SHARPNESS ? 2 : -1;
         if (g >= 0 && is_backward(fn) &&
             make_view(c, i, 1, &c->gview[g], &c->goffs[g]) < 0) {
             return -1;
