@@ -30,6 +30,9 @@ __all__ = [
     "additive_attention", "additive_attention_backward",
     "dot_attention", "dot_attention_backward",
     "general_attention", "general_attention_backward",
+    "location_attention", "location_attention_backward",
+    "cosine_attention", "cosine_attention_backward",
+    "LocationAttentionGrads", "CosineAttentionGrads",
     "project_keys", "project_keys_backward",
     "AdditiveAttentionGrads", "DotAttentionGrads", "GeneralAttentionGrads",
     "ContextAttention", "sgd_step", "adam_step",
@@ -113,6 +116,21 @@ class GeneralAttentionGrads(NamedTuple):
     keys: _Array
     values: _Array | None
     W: _Array
+    bias: _Array | None
+    alibi_slopes: _Array | None
+    sinks: _Array | None
+
+class LocationAttentionGrads(NamedTuple):
+    query: _Array
+    values: _Array
+    W: _Array
+    b: _Array | None
+
+class CosineAttentionGrads(NamedTuple):
+    query: _Array
+    keys: _Array
+    values: _Array | None
+    sharpness: _Array | None
     bias: _Array | None
     alibi_slopes: _Array | None
     sinks: _Array | None
@@ -226,6 +244,38 @@ def general_attention_backward(
     cu_seqlens_k: _Opt = None,
     stop_at_key_proj: bool = ...,
 ) -> GeneralAttentionGrads | tuple[GeneralAttentionGrads, _Array]: ...
+def location_attention(
+    query: npt.ArrayLike, values: npt.ArrayLike, W: npt.ArrayLike,
+    *, b: _Opt = None, mask: _Mask = None, attn_mask: _Mask = None,
+) -> tuple[_Array, _Array]: ...
+def location_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, values: npt.ArrayLike,
+    W: npt.ArrayLike, alpha: npt.ArrayLike, *, b: _Opt = None,
+    mask: _Mask = None, attn_mask: _Mask = None, grad_alpha: _Opt = None,
+) -> LocationAttentionGrads: ...
+def cosine_attention(
+    query: npt.ArrayLike, keys: npt.ArrayLike, *, mask: _Mask = None,
+    attn_mask: _Mask = None, causal: bool = False, bias: _Opt = None,
+    dropout: float = 0.0, seed: int | None = None, values: _Opt = None,
+    sharpness: float | npt.ArrayLike | None = None,
+    return_weights: bool = True,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
+) -> tuple[_Array, _Array]: ...
+def cosine_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, keys: npt.ArrayLike,
+    alpha: _Opt = None, *, out: _Opt = None, lse: _Opt = None,
+    mask: _Mask = None, attn_mask: _Mask = None, causal: bool = False,
+    bias: _Opt = None, dropout: float = 0.0, seed: int | None = None,
+    values: _Opt = None, sharpness: float | npt.ArrayLike | None = None,
+    grad_alpha: _Opt = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: _Opt = None,
+    sinks: _Opt = None, cu_seqlens_q: _Opt = None,
+    cu_seqlens_k: _Opt = None,
+) -> CosineAttentionGrads: ...
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,
                           W: npt.ArrayLike) -> tuple[_Array, _Array]: ...
