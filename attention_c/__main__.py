@@ -2,7 +2,7 @@
 
 Computes context-pooled attention on a random masked batch, shows one
 sequence's weights and output, checks the C kernels and their gradients
-(the layer, the three scores of the attention family with masks and
+(the layer, the five scores of the attention family with masks and
 causal attention, and the streamed self-attention path with bias and
 dropout) against the plain NumPy reference in float32 and float64, and
 times the fused C layer against the reference.  Exits with status 1 if a
@@ -104,6 +104,56 @@ def check_family(rng, dtype):
     return errors
 
 
+def check_scores(rng, dtype):
+    """Max normwise errors of the location and content (cosine) scores
+    vs reference: Luong's location score with T < T_max (W's and b's rows
+    past T get 0) and a key mask; the cosine score with a sharpness per
+    query position (its gradient summed over the batch), causal, a key
+    and a query of zeros (score 0, finite gradients)."""
+    B, Tq, T, Tm, H, Hv = 3, 5, 7, 9, 6, 4
+    q, k, vals = (rng.standard_normal(s) for s in
+                  ((B, Tq, H), (B, T, H), (B, T, Hv)))
+    k[1, 3] = 0
+    q[2, 1] = 0
+    W, b = rng.standard_normal((Tm, H)) / 2, rng.standard_normal(Tm)
+    beta = 1 + 4 * rng.random(Tq)
+    mask = np.arange(T) < np.array([[T], [5], [1]])
+    go = rng.standard_normal((B, Tq, Hv))
+    calls = {
+        "location": (("location_attention", (q, vals, W), dict(b=b),
+                      dict(mask=mask)),
+                     lambda a, x: (x[3], x[0], x[1], x[2], a)),
+        "content": (("cosine_attention", (q, k),
+                     dict(values=vals, sharpness=beta),
+                     dict(mask=mask, causal=True)),
+                    lambda a, x: (x[2], x[0], x[1], a)),
+    }
+    errors = {}
+    for score, ((fn, args, params, vis), bwd_args) in calls.items():
+        cast = tuple(x.astype(dtype) for x in args + (go,))
+        kw = {name: x.astype(dtype) for name, x in params.items()}
+        out, alpha = getattr(ac, fn)(*cast[:-1], **kw, **vis)
+        grads = getattr(ac, fn + "_backward")(*bwd_args(alpha, cast), **kw,
+                                              **vis)
+        f64 = tuple(x.astype(np.float64) for x in cast)
+        r_kw = {name: x.astype(np.float64) for name, x in kw.items()}
+        r_out, r_alpha = getattr(ref, fn)(*f64[:-1], **r_kw, **vis)
+        r_grads = getattr(ref, fn + "_backward")(*bwd_args(r_alpha, f64),
+                                                 **r_kw, **vis)
+        fwd = max(rel_err(out, r_out), rel_err(alpha, r_alpha))
+        bwd = max(rel_err(x, r) for x, r in zip(grads, r_grads)
+                  if r is not None)
+        ok = (fwd <= TOL[dtype] and bwd <= TOL[dtype] and out.dtype == dtype
+              and np.all(alpha[2, :, 1:] == 0)
+              and all(np.isfinite(x).all() for x in grads if x is not None))
+        if score == "location":
+            ok &= bool(np.all(grads.W[T:] == 0) and np.all(grads.b[T:] == 0))
+        else:
+            ok &= grads.sharpness.shape == beta.shape
+        errors[score] = (fwd, bwd, ok)
+    return errors
+
+
 def check_streamed(rng, dtype):
     """Max normwise errors of the streamed path of the dot and general
     scores (return_weights=False: out and lse; the backward from out= and
@@ -199,6 +249,9 @@ CHECKS = [
      check),
     ("the attention family (several queries, key mask, attn_mask, causal, "
      "values):", check_family),
+    ("the location and content scores (location: T < T_max, key mask; "
+     "content: a\n  sharpness per query, causal, zero vectors):",
+     check_scores),
     ("self-attention, streamed (return_weights=False, backward from out "
      "and lse;\n  causal, key mask, bias with -inf, dropout):",
      check_streamed),

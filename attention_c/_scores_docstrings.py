@@ -1,5 +1,5 @@
 """The docstrings of the family's last two scores (docs/contract.md
-section 11), Luong's location score and the content (cosine) score, and
+section 9), Luong's location score and the content (cosine) score, and
 of their gradients' named tuples; the pieces they share with the other
 scores' docstrings are ``_family_docstrings._PIECES``.
 """

@@ -28,6 +28,8 @@ from .pooled import (_preactivation, additive_score, additive_score_backward,
                      masked_softmax, masked_softmax_backward, mean_context,
                      mean_context_backward, weighted_sum,
                      weighted_sum_backward)
+from .scores import (cosine_attention, cosine_attention_backward,
+                     location_attention, location_attention_backward)
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -39,5 +41,7 @@ __all__ = [
     "dot_attention", "dot_attention_backward",
     "general_attention", "general_attention_backward",
     "project_keys", "project_keys_backward",
+    "location_attention", "location_attention_backward",
+    "cosine_attention", "cosine_attention_backward",
     "philox4x32", "dropout_keep", "multi_head_attention",
 ]

@@ -347,9 +347,9 @@ static int check_view(const Call *c, int i)
     if (a->id == X_ATTN_MASK && !c->several) {
         PyErr_Format(PyExc_ValueError,
                      "%s: attn_mask needs several queries (query (..., Tq, "
-                     "Hq) with query.ndim == keys.ndim); one query per "
+                     "Hq) with query.ndim == %s.ndim); one query per "
                      "sequence attends to its keys through mask=",
-                     c->fn->name);
+                     c->fn->name, c->fn->location ? "values" : "keys");
         return -1;
     }
     int nt = view_target(c, i, want), nd = PyArray_NDIM(x);

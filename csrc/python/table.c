@@ -502,9 +502,10 @@ static int check_family(Call *c)
     if (!c->several && (given(c, X_ATTN_MASK) || given(c, X_CAUSAL))) {
         PyErr_Format(PyExc_ValueError,
                      "%s: %s needs several queries (query (..., Tq, Hq) "
-                     "with query.ndim == keys.ndim); one query per sequence "
+                     "with query.ndim == %s.ndim); one query per sequence "
                      "attends to its keys through mask=", c->fn->name,
-                     given(c, X_CAUSAL) ? "causal" : "attn_mask");
+                     given(c, X_CAUSAL) ? "causal" : "attn_mask",
+                     c->fn->location ? "values" : "keys");
         return -1;
     }
     if (check_dropout(c) < 0 || check_variants(c) < 0) {

@@ -1040,7 +1040,7 @@ NOT_FLOAT = {"mask", "attn_mask", "scale", "key_proj", "causal", "dropout",
              "cu_seqlens_k",
              # float, but cast to the call's dtype (never choosing it), and
              # left out by make_args: tests/kernels/test_variants_kernel.py
-             "alibi_slopes", "sinks"}
+             "alibi_slopes", "sinks", "sharpness"}
 # Float arrays make_args leaves out (None): the backward gets alpha.
 LEFT_NONE = {"key_proj", "out", "lse"}
 
@@ -1074,8 +1074,8 @@ def make_args(fn, rng, dtype=np.float64, lead=(3,), single=False, T=5,
         if fn == "project_keys_backward":
             args["grad_proj"] = rng.standard_normal(lead + (T, 6))
         return {n: args[n].astype(dtype) for n in params_of(fn)}
-    score = {"additive": "additive", "dot": "dot_scale",
-             "general": "general"}[kind]
+    score = {"additive": "additive", "dot": "dot_scale", "cosine": "dot_scale",
+             "general": "general", "location": "general"}[kind]
     p = FamilyProblem(rng, score, lead, 2, T, 4, 3, 2, 6, single=single,
                       mask="key" if single else "query")
     x = f64(p.cast(np.float64))
@@ -1085,14 +1085,19 @@ def make_args(fn, rng, dtype=np.float64, lead=(3,), single=False, T=5,
         x["attn_mask"] = x["mask"]
         x["mask"] = family_mask(rng, lead, None, T, "key")
         x["mask"].reshape(-1, T)[:, 0] = True     # attn_mask's live key
-    if kind != "additive":
+    if kind not in ("additive", "location"):
         x["bias"] = rng.standard_normal(
             lead + (() if single else (2,)) + (T,))
+    if kind == "cosine":                # a sharpness per query position
+        x["sharpness"] = 1 + rng.random(lead + (() if single else (2,)))
+    if kind == "location":              # two more positions than T
+        x["W"] = rng.standard_normal((T + 2, x["query"].shape[-1]))
+        x["b"] = rng.standard_normal(T + 2)
     x.update(causal=False, dropout=0.0, seed=None, return_weights=True,
              out=None, lse=None)
     fwd = {n: x.get(n) for n in params_of(f"{kind}_attention")}
     _, x["alpha"] = getattr(ref, f"{kind}_attention")(**fwd)
-    if key_proj and kind != "dot":
+    if key_proj and kind in ("additive", "general"):
         x["key_proj"] = ref.project_keys(x["keys"], x["W"])
     out = {}
     for n in params_of(fn):
@@ -1422,17 +1427,18 @@ def test_per_query_mask_with_one_query_raises(fn, rng):
     causal with a single query: ValueError (they need several)."""
     args = make_args(fn, rng, single=True)
     good = call(fn, args)
-    bad = dict(args, mask=np.ones(args["keys"].shape[:-2] + (2, 5), bool))
+    keys = args["keys" if "keys" in args else "values"]   # location: values
+    bad = dict(args, mask=np.ones(keys.shape[:-2] + (2, 5), bool))
     with pytest.raises(ValueError, match=shape_error(
             "mask", bad["mask"].shape,
-            [args["query"].shape, args["keys"].shape,
-             args["keys"].shape[:-1]])):
+            [args["query"].shape, keys.shape, keys.shape[:-1]])):
         call(fn, bad)
-    for kw in ({"attn_mask": np.ones(args["keys"].shape[:-1], bool)},
-               {"attn_mask": np.ones(args["keys"].shape[:-2] + (2, 5),
-                                     bool)},
+    for kw in ({"attn_mask": np.ones(keys.shape[:-1], bool)},
+               {"attn_mask": np.ones(keys.shape[:-2] + (2, 5), bool)},
                {"causal": True}):
         name = list(kw)[0]
+        if name not in params_of(fn):
+            continue
         with pytest.raises(ValueError, match=rf"^{fn}: {name} needs several "
                            r"queries .*through mask="):
             call(fn, dict(args, **kw))
