@@ -25,8 +25,9 @@ How the work is split:
   rechunked to one chunk along those axes, with a
   ``dask.array.PerformanceWarning`` that names it: chunk along the batch.
   Inputs of one call that are chunked differently along the batch are
-  rechunked to the chunks of ``h`` (``keys`` in the family).  Array-likes
-  that are not Dask arrays are split like ``h`` (``keys``).
+  rechunked to the chunks of ``h`` (``keys`` in the family, ``values``
+  for the location score).  Array-likes that are not Dask arrays are
+  split like ``h`` (``keys``, ``values``).
 - **Weights are one graph key each**, not one copy per chunk: every task
   of a call depends on the same key, so a distributed scheduler sends a
   weight to each worker once, and recomputes it (it is part of the graph)
@@ -34,13 +35,14 @@ How the work is split:
   weights share the key.
 - **Masks** are data: chunked like the batch.  A family mask may have
   leading axes of size 1, which broadcast over the batch as in memory.
-- **Parameter gradients** (``W``, ``v``, ``b``) are summed over the
-  chunks by a tree of fixed shape: groups of 4 consecutive chunks (in C
-  order of the chunk grid), each summed left to right, then groups of
-  those, up to one.  The result depends only on the chunks, never on the
-  scheduler or the order in which tasks finish: the same chunks give the
-  same bits on every run.  It equals the in-memory call's within rounding
-  (which sums the batch in another order); with a single chunk, exactly.
+- **Parameter gradients** (``W``, ``v``, ``b``; the location score's
+  ``W`` and ``b``) are summed over the chunks by a tree of fixed shape:
+  groups of 4 consecutive chunks (in C order of the chunk grid), each
+  summed left to right, then groups of those, up to one.  The result
+  depends only on the chunks, never on the scheduler or the order in
+  which tasks finish: the same chunks give the same bits on every run.
+  It equals the in-memory call's within rounding (which sums the batch in
+  another order); with a single chunk, exactly.
 - Outputs and input gradients are computed per sequence by the same C
   code as in memory: bitwise equal to the in-memory call's.
 
@@ -60,11 +62,12 @@ except ImportError as _missing:     # tested in a subprocess
         "(or pip install \"dask[array]>=2024.1\")") from _missing
 
 # The modules: _graph the machinery (one task per chunk of the batch, the
-# parameter gradients' reduction tree), context and family the functions.
+# parameter gradients' reduction tree), context, family and scores the
+# functions.
 from ._graph import FAN_IN  # noqa: E402,F401
 from ._types import (  # noqa: E402
-    AdditiveAttentionGrads, AttentionGrads, DotAttentionGrads,
-    GeneralAttentionGrads,
+    AdditiveAttentionGrads, AttentionGrads, CosineAttentionGrads,
+    DotAttentionGrads, GeneralAttentionGrads, LocationAttentionGrads,
 )
 from .context import (  # noqa: E402
     context_attention, context_attention_backward,
@@ -74,11 +77,18 @@ from .family import (  # noqa: E402
     dot_attention_backward, general_attention, general_attention_backward,
     project_keys, project_keys_backward,
 )
+from .scores import (  # noqa: E402
+    cosine_attention, cosine_attention_backward, location_attention,
+    location_attention_backward,
+)
 
 __all__ = ["context_attention", "context_attention_backward",
            "additive_attention", "additive_attention_backward",
            "dot_attention", "dot_attention_backward",
            "general_attention", "general_attention_backward",
            "project_keys", "project_keys_backward",
+           "location_attention", "location_attention_backward",
+           "cosine_attention", "cosine_attention_backward",
            "AttentionGrads", "AdditiveAttentionGrads", "DotAttentionGrads",
-           "GeneralAttentionGrads"]
+           "GeneralAttentionGrads", "LocationAttentionGrads",
+           "CosineAttentionGrads"]

@@ -45,9 +45,26 @@ if TYPE_CHECKING:
         bias: da.Array | None
         alibi_slopes: da.Array | None
         sinks: da.Array | None
+
+    class LocationAttentionGrads(NamedTuple):
+        query: da.Array
+        values: da.Array
+        W: da.Array
+        b: da.Array | None
+
+    class CosineAttentionGrads(NamedTuple):
+        query: da.Array
+        keys: da.Array
+        values: da.Array | None
+        sharpness: da.Array | None
+        bias: da.Array | None
+        alibi_slopes: da.Array | None
+        sinks: da.Array | None
 else:
     from attention_c import (AdditiveAttentionGrads, AttentionGrads,
-                             DotAttentionGrads, GeneralAttentionGrads)
+                             CosineAttentionGrads, DotAttentionGrads,
+                             GeneralAttentionGrads, LocationAttentionGrads)
 
 __all__ = ["AttentionGrads", "AdditiveAttentionGrads", "DotAttentionGrads",
-           "GeneralAttentionGrads"]
+           "GeneralAttentionGrads", "LocationAttentionGrads",
+           "CosineAttentionGrads"]

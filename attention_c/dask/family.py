@@ -29,6 +29,8 @@ def _family_cores(query: _Input, keys: _Input) -> dict[str, int]:
     return {"query": q, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
             "attn_mask": 2, "bias": q, "alpha": q, "grad_alpha": q,
             "out": q, "grad_out": q, "lse": q - 1,
+            # the cosine score's sharpness: one value per query, like lse
+            "sharpness": q - 1,
             # one value per sequence: every axis is a batch axis
             "alibi_slopes": 0, "sinks": 0}
 
@@ -38,7 +40,8 @@ def _family_cores(query: _Input, keys: _Input) -> dict[str, int]:
 # that input is shared), or, for a parameter, summed over every chunk.
 _FOLLOWS = {"query": "query", "keys": "keys", "values": "values",
             "bias": "bias", "alibi_slopes": "alibi_slopes",
-            "sinks": "sinks", "key_proj": "key_proj"}
+            "sinks": "sinks", "key_proj": "key_proj",
+            "sharpness": "sharpness"}
 
 
 def _follows(fields: tuple[str, ...]) -> tuple[str | None, ...]:

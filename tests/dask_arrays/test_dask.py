@@ -520,7 +520,9 @@ def test_section5_bad_input_raises_when_the_graph_is_built():
 FUNCTIONS = ["context_attention", "context_attention_backward",
              "additive_attention", "additive_attention_backward",
              "dot_attention", "dot_attention_backward", "general_attention",
-             "general_attention_backward", "project_keys",
+             "general_attention_backward", "location_attention",
+             "location_attention_backward", "cosine_attention",
+             "cosine_attention_backward", "project_keys",
              "project_keys_backward"]
 
 
@@ -541,7 +543,8 @@ def test_signature_is_the_in_memory_one(name):
     for p in mine:
         positional = p.default is p.empty or (
             p.name == "alpha" and name in ("dot_attention_backward",
-                                           "general_attention_backward"))
+                                           "general_attention_backward",
+                                           "cosine_attention_backward"))
         assert p.kind is (p.POSITIONAL_OR_KEYWORD if positional
                           else p.KEYWORD_ONLY), p
 
