@@ -95,6 +95,8 @@ from .layers import (  # noqa: E402
     GeneralAttention,
     # multi-head attention (heads read in place) and decoding with a cache
     KVCache, MultiHeadAttention, MultiHeadInputGrads,
+    # the location and content (cosine) scores
+    CosineAttention, LocationAttention, LocationInputGrads,
 )
 from .optim import adam_step, sgd_step  # noqa: E402
 
@@ -118,4 +120,5 @@ __all__ = [
     "AdditiveAttention", "DotAttention", "GeneralAttention",
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
+    "LocationAttention", "CosineAttention", "LocationInputGrads",
 ]

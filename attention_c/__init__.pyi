@@ -18,6 +18,9 @@ from .optim import sgd_step as sgd_step
 from .layers import KVCache as KVCache
 from .layers import MultiHeadAttention as MultiHeadAttention
 from .layers import MultiHeadInputGrads as MultiHeadInputGrads
+from .layers import CosineAttention as CosineAttention
+from .layers import LocationAttention as LocationAttention
+from .layers import LocationInputGrads as LocationInputGrads
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -39,6 +42,7 @@ __all__ = [
     "AdditiveAttention", "DotAttention", "GeneralAttention",
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
+    "LocationAttention", "CosineAttention", "LocationInputGrads",
 ]
 
 _Array = npt.NDArray[np.floating[Any]]

@@ -2,8 +2,10 @@
 
 :class:`ContextAttention` pools a sequence with its own mean as the query;
 :class:`AdditiveAttention`, :class:`DotAttention` and
-:class:`GeneralAttention` attend from queries to keys (the attention family,
-docs/contract.md section 4).  Each layer holds its parameters, remembers
+:class:`GeneralAttention` attend from queries to keys, and
+:class:`LocationAttention` and :class:`CosineAttention` score them by
+position and by content (the attention family, docs/contract.md sections 4
+and 9).  Each layer holds its parameters, remembers
 what its backward needs from the last call, and stores the parameter
 gradients of the last backward.  :func:`sgd_step` and :func:`adam_step`
 update a dict of parameters in place from a dict of gradients, so a NumPy
@@ -31,9 +33,11 @@ as it always has (the name users and the docs import them by).
 """
 
 from .layers import (AdditiveAttention, AttentionInputGrads,
-                     ContextAttention, DotAttention, GeneralAttention)
+                     ContextAttention, CosineAttention, DotAttention,
+                     GeneralAttention, LocationAttention, LocationInputGrads)
 from .optim import adam_step, sgd_step
 
 __all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
-           "GeneralAttention", "AttentionInputGrads", "sgd_step",
+           "GeneralAttention", "LocationAttention", "CosineAttention",
+           "AttentionInputGrads", "LocationInputGrads", "sgd_step",
            "adam_step"]

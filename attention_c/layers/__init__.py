@@ -8,7 +8,10 @@
 - :mod:`.family`: :class:`AdditiveAttention`, :class:`DotAttention`,
   :class:`GeneralAttention` and :class:`AttentionInputGrads`;
 - :mod:`.multihead`: :class:`MultiHeadAttention`, :class:`KVCache` and
-  :class:`MultiHeadInputGrads`.
+  :class:`MultiHeadInputGrads`;
+- :mod:`.scores`: :class:`LocationAttention`, :class:`CosineAttention`
+  (the family's base class with the location and cosine scores) and
+  :class:`LocationInputGrads`.
 
 The optimiser steps are in attention_c.optim.  Users import the layers
 from :mod:`attention_c` (or, as documented, from ``attention_c.layer`` and
@@ -19,8 +22,10 @@ from .context import ContextAttention
 from .family import (AdditiveAttention, AttentionInputGrads, DotAttention,
                      GeneralAttention)
 from .multihead import KVCache, MultiHeadAttention, MultiHeadInputGrads
+from .scores import CosineAttention, LocationAttention, LocationInputGrads
 
 __all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
            "GeneralAttention", "AttentionInputGrads", "MultiHeadAttention",
-           "KVCache", "MultiHeadInputGrads"]
+           "KVCache", "MultiHeadInputGrads", "LocationAttention",
+           "CosineAttention", "LocationInputGrads"]
 
