@@ -18,6 +18,12 @@ The attention family (docs/contract.md section 4) attends from queries to keys:
     attn = AdditiveAttention(key_size=64, query_size=32, attention_size=48)
     out = attn(query, keys, mask=mask)     # query (B, 32), keys (B, T, 64)
 
+and the location and content scores (:mod:`attention_c.torch.scores`):
+:class:`LocationAttention` (Luong's ``softmax(W q + b)`` over the source
+positions) and :class:`CosineAttention` (``beta cos(q, k)``, the Neural
+Turing Machine's content addressing), and :func:`location_attention`,
+:func:`cosine_attention`.
+
 Self-attention at scale (contract section 5): ``mask`` is the key mask
 (..., T) only, ``attn_mask`` the per-query boolean mask (True = may attend,
 as in ``F.scaled_dot_product_attention``), ``causal=True`` (bottom-right
@@ -53,8 +59,10 @@ and attention sinks.
 
 The package is laid out as PyTorch's own: :mod:`attention_c.torch.functional`
 (as ``torch.nn.functional``) and :mod:`attention_c.torch.modules` (as
-``torch.nn.modules``), both re-exported here; the operators' registration
-is private (``_ops``, with the pure-PyTorch transcriptions in ``_pure``).
+``torch.nn.modules``), and :mod:`attention_c.torch.scores` (the location
+and cosine scores' functions and modules), all re-exported here; the
+operators' registration is private (``_ops`` and ``_scores_ops``, their
+autograd in ``_autograd``, the pure-PyTorch transcriptions in ``_pure``).
 """
 
 import torch
@@ -66,11 +74,15 @@ from .functional import (additive_attention, context_attention,
 from .modules import (AdditiveAttention, ContextAttention, DotAttention,
                       GeneralAttention)
 from .multihead import KVCache, MultiheadAttention
+from .scores import (CosineAttention, LocationAttention, cosine_attention,
+                     location_attention)
 
 __all__ = ["context_attention", "ContextAttention",
            "additive_attention", "AdditiveAttention",
            "dot_attention", "DotAttention",
            "general_attention", "GeneralAttention", "project_keys",
+           "location_attention", "LocationAttention",
+           "cosine_attention", "CosineAttention",
            "scaled_dot_product_attention", "MultiheadAttention", "KVCache",
            "flash_attn_func", "flash_attn_varlen_func"]
 
@@ -78,7 +90,8 @@ __all__ = ["context_attention", "ContextAttention",
 # (attention_c.torch.dot_attention(...)) as leaves, run at call time: its
 # proxies carry no data for the checks and the kernels.
 for _name in ("context_attention", "additive_attention", "dot_attention",
-              "general_attention", "project_keys",
+              "general_attention", "project_keys", "location_attention",
+              "cosine_attention",
               "scaled_dot_product_attention", "flash_attn_func",
               "flash_attn_varlen_func"):
     torch.fx.wrap(_name)

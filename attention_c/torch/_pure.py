@@ -223,12 +223,15 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
                      alibi_slopes: torch.Tensor | None = None,
                      sinks: torch.Tensor | None = None,
                      cu_seqlens_q: torch.Tensor | None = None,
-                     cu_seqlens_k: torch.Tensor | None = None
+                     cu_seqlens_k: torch.Tensor | None = None,
+                     sharpness: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The family's ``kind`` ('additive', 'dot', 'general'; sections 4.3,
-    5 and 8): ``(out, alpha)``, or ``(out, lse)`` when not ``weights``.
+    """The family's ``kind`` ('additive', 'dot', 'general', 'cosine';
+    sections 4.3, 5 and 8): ``(out, alpha)``, or ``(out, lse)`` when not
+    ``weights``.  'cosine': ``s_it = sharpness_i n(q_i) . n(k_t)`` (n as
+    ``F.normalize``), then as 'dot'; the values default to the raw keys.
     ``key_proj`` given: the scores use it (the gradient stops there).
-    The variants (dot and general): ``window`` (left, right) (-1 or None
+    The variants (dot, general, cosine): ``window`` (left, right) (-1 or None
     unbounded), ``softcap`` c (s <- c tanh(s / c), before bias and ALiBi),
     ``alibi_slopes`` m (s <- s - m |t - i'|) and ``sinks`` (one logit a
     sequence in every denominator), each broadcast to the leading shape,
@@ -265,6 +268,12 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
     if kind == "dot":
         c = 1 / math.sqrt(H) if scale is None else scale
         s = c * q @ keys.transpose(-1, -2)
+    elif kind == "cosine":
+        s = F.normalize(q, dim=-1) @ F.normalize(keys, dim=-1).transpose(
+            -1, -2)
+        if sharpness is not None:       # (..., Tq) or (...): one a query
+            beta = sharpness.unsqueeze(-1) if single else sharpness
+            s = beta.unsqueeze(-1) * s
     elif kind == "general":
         assert W is not None
         kp = F.linear(keys, W) if key_proj is None else key_proj
@@ -294,3 +303,18 @@ def family_attention(kind: str, query: torch.Tensor, keys: torch.Tensor,
         return out.squeeze(-2), (second.squeeze(-2) if weights
                                  else second.squeeze(-1))
     return out, second
+
+
+def location_attention(query: torch.Tensor, values: torch.Tensor,
+                       W: torch.Tensor, b: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None,
+                       attn_mask: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The location score (Luong 2015), ``s_it = W_t . q_i + b_t``:
+    ``(out, alpha)`` of the dot score with keys ``W[:T]`` (the same for
+    every sequence), scale 1 and bias ``b[:T]``."""
+    T = values.shape[-2]
+    keys = W[:T].reshape(*(1,) * (values.ndim - 2), T, W.shape[-1])
+    return family_attention("dot", query, keys, mask=mask, values=values,
+                            scale=1.0, attn_mask=attn_mask,
+                            bias=None if b is None else b[:T])

@@ -85,7 +85,9 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
         logical = {n: (x.shape if d[n] is None
                        else x.shape[:d[n]] + x.shape[d[n] + 1:])
                    for n, x in a.items() if n in _CORE and x is not None}
-        single = len(logical["query"]) < len(logical["keys"])
+        # (the location score has no keys: its values set the rank)
+        ref = logical["keys"] if "keys" in logical else logical["values"]
+        single = len(logical["query"]) < len(ref)
         core = {n: (1 if single else 2) if c is None else c
                 for n, c in _CORE.items()}
         lead = _pure._broadcast_shapes(*[logical[n][:-core[n]]

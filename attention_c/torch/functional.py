@@ -151,9 +151,12 @@ _SEC5_DOC = """bias : Tensor, optional
 
 def _check_masks(query: torch.Tensor, keys: torch.Tensor,
                  mask: torch.Tensor | None,
-                 attn_mask: torch.Tensor | None, causal: bool) -> None:
+                 attn_mask: torch.Tensor | None, causal: bool,
+                 keys_name: str = "keys") -> None:
     """Refuse what would be misread (on any device, before the kernels):
-    a per-query mask as ``mask``, a non-boolean ``attn_mask``."""
+    a per-query mask as ``mask``, a non-boolean ``attn_mask``.  ``keys``
+    is the tensor setting the rank of a sequence, ``keys_name`` its
+    name."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got "
                         f"{type(causal).__name__}")
@@ -180,9 +183,9 @@ def _check_masks(query: torch.Tensor, keys: torch.Tensor,
     if not several and (attn_mask is not None or causal):
         raise ValueError(
             f"attn_mask and causal need several queries (query (..., Tq, "
-            f"Hq) with query.ndim == keys.ndim); query has shape "
-            f"{tuple(query.shape)} and keys {tuple(keys.shape)}: one "
-            f"query per sequence, where mask (..., T) says it all")
+            f"Hq) with query.ndim == {keys_name}.ndim); query has shape "
+            f"{tuple(query.shape)} and {keys_name} {tuple(keys.shape)}: "
+            f"one query per sequence, where mask (..., T) says it all")
 
 
 def _check_bias(bias: torch.Tensor | None) -> None:
