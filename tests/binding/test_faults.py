@@ -26,7 +26,9 @@ from attention_c.testing import Problem, record_figure
 
 FAMILY = ["additive_attention", "additive_attention_backward",
           "dot_attention", "dot_attention_backward", "general_attention",
-          "general_attention_backward", "project_keys",
+          "general_attention_backward", "location_attention",
+          "location_attention_backward", "cosine_attention",
+          "cosine_attention_backward", "project_keys",
           "project_keys_backward"]
 FUNCS = ["mean_context", "mean_context_backward", "additive_score",
          "additive_score_backward", "masked_softmax",
@@ -82,9 +84,18 @@ def _family_calls(rng):
                values=values, scale=0.5)
     gen = dict(query=q, keys=keys, W=W_gen, **masks, bias=bias, **drop,
                values=values, key_proj=reference.project_keys(keys, W_gen))
+    # location: W shared by the batch (an "indices of" table); cosine: a
+    # sharpness per query position, broadcast over the batch
+    loc = dict(query=q, values=values, W=rng.standard_normal((T + 2, Hq)),
+               b=rng.standard_normal(T + 2), mask=key_mask,
+               attn_mask=attn_mask)
+    cos = dict(dot, sharpness=1 + rng.random(Tq))
+    del cos["scale"]
     a_add = reference.additive_attention(**add)[1]
     a_dot = reference.dot_attention(**dot)[1]
     a_gen = reference.general_attention(**gen)[1]
+    a_loc = reference.location_attention(**loc)[1]
+    a_cos = reference.cosine_attention(**cos)[1]
     return {
         "additive_attention": add,
         "additive_attention_backward": dict(add, grad_out=G, alpha=a_add,
@@ -95,6 +106,12 @@ def _family_calls(rng):
         "general_attention": gen,
         "general_attention_backward": dict(gen, grad_out=G, alpha=a_gen,
                                            grad_alpha=Ga),
+        "location_attention": loc,
+        "location_attention_backward": dict(loc, grad_out=G, alpha=a_loc,
+                                            grad_alpha=Ga),
+        "cosine_attention": cos,
+        "cosine_attention_backward": dict(cos, grad_out=G, alpha=a_cos,
+                                          grad_alpha=Ga),
         "project_keys": dict(keys=keys, W=W_add),
         "project_keys_backward": dict(
             grad_proj=rng.standard_normal(lead + (T, A)), keys=keys,
@@ -160,13 +177,16 @@ def _family_variants(fn, rng):
     also with (out, lse) instead of the weights (docs/contract.md 5.3)."""
     full = _family_calls(rng)[fn]
     optional = {"b", "mask", "attn_mask", "causal", "bias", "dropout",
-                "seed", "values", "key_proj", "scale", "grad_alpha"}
+                "seed", "values", "key_proj", "scale", "grad_alpha",
+                "sharpness"}
+    if fn.startswith("location"):         # its values are required
+        optional.remove("values")
     bare = _forward_alpha(fn, {
         k: np.asfortranarray(np.asarray(v, np.float32))
         for k, v in full.items() if k not in optional})
     variants = [("float64, all optional arguments", full),
                 ("float32 Fortran order, no optional argument", bare)]
-    if fn.startswith(("dot", "general")):
+    if fn.startswith(("dot", "general", "cosine")):
         variants.append(("float64, out and lse", _lse_variant(fn, full)))
     return variants
 
@@ -357,6 +377,14 @@ def _family_overflow_cases():
         ("general_attention", dict(query=q, keys=e, W=Wg)),
         ("general_attention_backward", dict(grad_out=q, query=q, keys=e,
                                             W=Wg, alpha=bT)),
+        ("location_attention", dict(query=q, values=e,
+                                    W=np.zeros((T, 0), np.int8))),
+        ("location_attention_backward", dict(
+            grad_out=q, query=q, values=e, W=np.zeros((T, 0), np.int8),
+            alpha=bT)),
+        ("cosine_attention", dict(query=q, keys=e)),
+        ("cosine_attention_backward", dict(grad_out=q, query=q, keys=e,
+                                           alpha=bT)),
         ("project_keys", dict(keys=e, W=np.zeros((8, 0), np.int8))),
         ("project_keys_backward", dict(
             grad_proj=_zero_strided((2 ** 21, 2 ** 21, 2 ** 20)),
@@ -365,6 +393,7 @@ def _family_overflow_cases():
         ("dot_attention", dict(query=qs, keys=qs)),
         ("additive_attention", dict(query=qs, keys=qs, W=W0, v=v3)),
         ("general_attention", dict(query=qs, keys=qs, W=Wg)),
+        ("cosine_attention", dict(query=qs, keys=qs)),
     ]
 
 

@@ -1,8 +1,9 @@
 """Coverage-guided fuzzer (atheris / libFuzzer) of attention_c's public API.
 
 Every input picks one of the public functions (the context-pooled layer,
-its building blocks, and the attention family: additive, dot and general
-attention, project_keys, and their backwards, with the arguments of
+its building blocks, and the attention family: additive, dot, general,
+location and content (cosine) attention, project_keys, and their
+backwards, with the arguments of
 docs/contract.md section 5: key mask and per-query attn_mask (broadcast
 or not), causal, bias, dropout and seed, return_weights, today's
 variants (window, softcap, alibi_slopes, sinks, cu_seqlens_q/k), and the
@@ -131,7 +132,7 @@ def family_shape(name, fn, dims):
     """The right shape of a family argument (None: not a family one)."""
     lead, T, H, A, Tq, Hq, Hv, single = dims
     kind = fn.split("_")[0]
-    if kind == "dot":
+    if kind in ("dot", "cosine"):
         Hq = H
     q = lead if single else lead + (Tq,)
     P = A if kind in ("additive", "project") else Hq
@@ -148,9 +149,13 @@ def family_shape(name, fn, dims):
         "bias": (q + (T,)) if Tq % 4 != 1 else q[len(lead):] + (T,),
         "out": q + (Hv,), "lse": q,
         "key_proj": lead + (T, P), "grad_proj": lead + (T, P),
+        # location: a row (and a bias) per position, T_max >= T
         "W": {"additive": (A, H + Hq), "general": (Hq, H),
+              "location": (T + Tq % 3, Hq),
               "project": (A, H + Hq % 3)}.get(kind),
-        "v": (A,), "b": (A,),
+        "v": (A,), "b": (T + Tq % 3,) if kind == "location" else (A,),
+        # beta per query position, or (Tq = 2 mod 4) one for all
+        "sharpness": q if Tq % 4 != 2 else (),
         # one value a sequence and head
         "alibi_slopes": lead, "sinks": lead,
         # (the right ones come from make_cu_seqlens; these are arrays of
