@@ -26,7 +26,9 @@ P = inspect.Parameter
 GRADS = {"context_attention_backward": "AttentionGrads",
          "additive_attention_backward": "AdditiveAttentionGrads",
          "dot_attention_backward": "DotAttentionGrads",
-         "general_attention_backward": "GeneralAttentionGrads"}
+         "general_attention_backward": "GeneralAttentionGrads",
+         "location_attention_backward": "LocationAttentionGrads",
+         "cosine_attention_backward": "CosineAttentionGrads"}
 
 
 def expected(fn):
@@ -51,7 +53,7 @@ def test_table_is_whole():
                           == "builtin_function_or_method"}
     defaults = {"flag": (False, True), "number": (0.0,), "seed": (None,),
                 "scale": (None,), "mask": (None,), "array": (None,),
-                "window": (None,)}
+                "window": (None,), "number_or_array": (None,)}
     for fn, f in TABLE.items():
         required = [a.required for a in f.args]
         positional = [a.positional for a in f.args]
@@ -59,7 +61,8 @@ def test_table_is_whole():
         assert positional == sorted(positional, reverse=True), fn
         for a in f.args:
             assert a.required <= a.positional, (fn, a.name)
-            assert (a.shape is None) == (a.kind not in ("array", "mask")), a
+            assert (a.shape is None) == (
+                a.kind not in ("array", "mask", "number_or_array")), a
             if not a.required:
                 assert a.default in defaults[a.kind], (fn, a)
                 assert type(a.default) is type(defaults[a.kind][0]), a
@@ -83,8 +86,12 @@ def test_gradient_tuples(fn):
     names = [a.name for a in TABLE[fn].args]
     assert set(fields) <= set(names)
     assert getattr(ac, GRADS[fn])._fields == fields
-    dask = pytest.importorskip("attention_c.dask")
-    assert getattr(dask, GRADS[fn])._fields == fields
+    # Skip on Dask itself: without it attention_c.dask raises an
+    # ImportError, which pytest 9's importorskip reports as an error (it
+    # skips on ModuleNotFoundError only); with Dask, the adapter must import.
+    pytest.importorskip("dask.array")
+    import attention_c.dask as acd
+    assert getattr(acd, GRADS[fn])._fields == fields
 
 
 # --------------------------------------------------------------------------
@@ -102,6 +109,7 @@ ANNOTATIONS = {
     ("seed", False): {"int | None"},
     ("scale", False): {"float | None"},
     ("window", False): {"tuple[int | None, int | None] | None"},
+    ("number_or_array", False): {"float | npt.ArrayLike | None"},
 }
 
 
@@ -169,7 +177,9 @@ def test_torch_schema(fn):
         seen.add(name)
         kind = {"mask": "Tensor?", "flag": "bool", "number": "float",
                 "scale": "float?", "seed": "Tensor?",
-                "window": "List[int]?"}.get(a.kind)
+                "window": "List[int]?",
+                # a number is a 0-d tensor without gradient there
+                "number_or_array": "Tensor?"}.get(a.kind)
         if kind is None:        # an array: Tensor when fn requires it
             saved = fn.endswith("_backward") and name in ("alpha", "out")
             kind = "Tensor" if a.required or saved else "Tensor?"
@@ -186,7 +196,8 @@ def test_torch_schema(fn):
 def test_dask_signature(fn):
     """attention_c.dask.<fn>, where there is one, takes the table's
     arguments: names, kinds and defaults."""
-    dask = pytest.importorskip("attention_c.dask")
-    if not hasattr(dask, fn):
+    pytest.importorskip("dask.array")           # as in test_gradient_tuples
+    import attention_c.dask as acd
+    if not hasattr(acd, fn):
         pytest.skip(f"attention_c.dask has no {fn}")
-    assert parameters(inspect.signature(getattr(dask, fn))) == expected(fn)
+    assert parameters(inspect.signature(getattr(acd, fn))) == expected(fn)
