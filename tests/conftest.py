@@ -2,6 +2,8 @@
 tolerances, the error metric, pure-PyTorch references) are in
 ``attention_c.testing``."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -32,3 +34,41 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("attention_c figures")
         for key in sorted(FIGURES):
             terminalreporter.write_line(f"{key}: {FIGURES[key]}")
+
+
+# CI (.ci/run) runs the suite twice: first as a newcomer would, without
+# torch and transformers, writing what that run skipped to the file
+# ATTENTION_C_SKIPPED_TO names; then, with them installed, only those
+# tests (ATTENTION_C_RUN_ONLY, the same file), not the thousands that
+# already passed.  A skipped module is listed as its path: all its tests.
+_SKIPPED_TO = os.environ.get("ATTENTION_C_SKIPPED_TO")
+_RUN_ONLY = os.environ.get("ATTENTION_C_RUN_ONLY")
+
+
+def _note_skipped(report):
+    if _SKIPPED_TO and report.skipped:
+        with open(_SKIPPED_TO, "a", encoding="utf-8") as f:
+            f.write(report.nodeid + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _note_skipped(report)
+
+
+def pytest_collectreport(report):
+    _note_skipped(report)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _RUN_ONLY:
+        return
+    with open(_RUN_ONLY, encoding="utf-8") as f:
+        wanted = {line.strip() for line in f if line.strip()}
+    keep, drop = [], []
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        (keep if item.nodeid in wanted or path in wanted else drop).append(
+            item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
