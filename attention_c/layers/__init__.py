@@ -7,8 +7,9 @@
 - :mod:`.context`: :class:`ContextAttention`, the context-pooled layer;
 - :mod:`.family`: :class:`AdditiveAttention`, :class:`DotAttention`,
   :class:`GeneralAttention` and :class:`AttentionInputGrads`;
-- :mod:`.multihead`: :class:`MultiHeadAttention`, :class:`KVCache` and
-  :class:`MultiHeadInputGrads`;
+- :mod:`.multihead`: :class:`MultiHeadAttention` and
+  :class:`MultiHeadInputGrads`; :mod:`.kvcache`: :class:`KVCache`, its
+  decoding cache;
 - :mod:`.scores`: :class:`LocationAttention`, :class:`CosineAttention`
   (the family's base class with the location and cosine scores) and
   :class:`LocationInputGrads`.

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attention_c import adam_step, sgd_step
-from attention_c.layers import multihead
+from attention_c.layers import kvcache, multihead
 from attention_c import reference as ref
 from attention_c.multihead import (KVCache, MultiHeadAttention,
                                    MultiHeadInputGrads)
@@ -103,7 +103,8 @@ def test_init_seeded_and_dtype_independent():
 
 def test_module_doctests():
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    tests = [t for t in finder.find(multihead) if t.examples]
+    tests = [t for m in (multihead, kvcache) for t in finder.find(m)
+             if t.examples]
     assert {t.name.split(".")[-1] for t in tests} >= {"MultiHeadAttention",
                                                       "KVCache"}
     for t in tests:
