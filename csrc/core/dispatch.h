@@ -84,6 +84,20 @@
  *                        the bits dot_keys (sum_values) gives the query
  *                        alone (so a query's result does not depend on
  *                        its group).
+ *   flash     the streamed forward of nq queries (dot or general score,
+ *             every input finite) whose visibility is a range of keys:
+ *             query i (Q + i ldq, d wide) sees keys [lo[i], hi[i]) of K
+ *             (rows ldk apart) and values V (ldv apart, dv wide), and a
+ *             sink of score `sink` (-inf: none); out row i (O + i ldo) =
+ *             its softmax of scale q_i . k_t (the sink's share left out)
+ *             times the values, lse[i] its log-sum-exp (-inf and a row
+ *             of 0 when it sees nothing).  The softmax runs inside the
+ *             product (simd/flash.inc); each query's result depends on
+ *             the sizes, its range and the block's least lo only.
+ *             NULL in the scalar table.  work: flash_work(nq, d, dv)
+ *             elements (-1: a size overflows), aligned for REAL.
+ *             flash_nr, the queries of its panels (a multiple of vlen, at
+ *             most 256), is the block of queries it runs best on.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
@@ -152,6 +166,13 @@
                                  ptrdiff_t ldv,                              \
                                  const unsigned char *const *use,            \
                                  R *const *out);                             \
+        ptrdiff_t flash_nr;                                                  \
+        ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
+        void (*flash)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale,     \
+                      R sink, const R *Q, ptrdiff_t ldq, const R *K,         \
+                      ptrdiff_t ldk, const R *V, ptrdiff_t ldv,              \
+                      const ptrdiff_t *lo, const ptrdiff_t *hi, R *O,        \
+                      ptrdiff_t ldo, R *lse, R *work);                       \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -133,6 +133,10 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), \
     _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
 #define VKEEP keep_ps
+#define VANY_GT(a, b) \
+    (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0)
+#define FLASH_MR 4
+#define FLASH_NV 3
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -166,6 +170,10 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
     _mm256_and_pd(_mm256_set1_pd(-0.0), s))
 #define VKEEP keep_pd
+#define VANY_GT(a, b) \
+    (_mm256_movemask_pd(_mm256_cmp_pd(a, b, _CMP_GT_OQ)) != 0)
+#define FLASH_MR 4
+#define FLASH_NV 3
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

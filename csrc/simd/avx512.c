@@ -100,6 +100,9 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
 #define VKEEP keep_ps
+#define VANY_GT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0)
+#define FLASH_MR 6
+#define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -142,6 +145,9 @@ static inline __m512d div_pd(__m512d a, __m512d b)
     s, _mm512_castsi512_pd(                                            \
            _mm512_set1_epi64((long long)0x8000000000000000ull))))
 #define VKEEP keep_pd
+#define VANY_GT(a, b) (_mm512_cmp_pd_mask(a, b, _CMP_GT_OQ) != 0)
+#define FLASH_MR 6
+#define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

@@ -161,6 +161,9 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
 #define VABS vabsq_f32
 #define VCOPYSIGN copysign_f32
 #define VKEEP keep_f32
+#define VANY_GT(a, b) (vmaxvq_u32(vcgtq_f32(a, b)) != 0)
+#define FLASH_MR 6
+#define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"
@@ -193,6 +196,10 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
 #define VABS vabsq_f64
 #define VCOPYSIGN copysign_f64
 #define VKEEP keep_f64
+#define VANY_GT(a, b) \
+    (vmaxvq_u32(vreinterpretq_u32_u64(vcgtq_f64(a, b))) != 0)
+#define FLASH_MR 6
+#define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"
 #include "simd/fused.inc"

@@ -1,0 +1,148 @@
+"""The streamed forward's fused kernel (csrc/simd/flash.inc): the softmax
+inside the products, the scores in log2 units, the running max raised
+only when a score passes it by 2^8.  It runs for a dot or general score
+whose visibility is a range of keys per query (full, causal, window,
+packed sequences, sinks), no mask, bias, softcap, ALiBi or dropout, and
+finite inputs; every case below is one of those, so the kernel computes
+it on the SIMD paths (the scalar path runs the general one).
+
+* sizes that cross its panels of queries (16, 24 or 64 lanes by path),
+  its tiles of keys (3 to 8) and blocks of keys (48), against the float64
+  reference;
+* scores that climb along the keys, so the running max is raised on
+  almost every tile, and scores spread over more than the float range of
+  exp (weights flushed to exactly 0), against the reference;
+* queries that see no key (an empty key segment): out 0, lse -inf;
+* every SIMD path against the reference; bitwise identical results for
+  1, 2 and 3 threads.
+
+Tolerance: ``testing.TOL`` normwise (1e-5 float32, 1e-12 float64),
+against the float64 reference on the same (cast) values.
+"""
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import _core
+from attention_c import reference as ref
+from attention_c.testing import (DTYPES, TOL, assert_all_identical, f64,
+                                 rel_err)
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+SIMD_PATHS = list(_core._simd_paths())
+dtype_param = pytest.mark.parametrize("dtype", DTYPES,
+                                      ids=lambda d: np.dtype(d).name)
+
+# (Tq, T): panels of 16, 24 and 64 queries and one more or less, blocks
+# of 48 keys and one more or less, a key count that is no multiple of a
+# tile
+SIZES = [(9, 1), (17, 3), (63, 47), (65, 49), (64, 48), (130, 97),
+         (257, 300)]
+VARIANTS = {
+    "full": {},
+    "causal": {"causal": True},
+    "window": {"window": (13, 5)},
+    "sinks": {"causal": True, "sinks": "yes"},
+}
+
+
+def _inputs(rng, dtype, lead, Tq, T, H=8, Hv=5):
+    q = rng.standard_normal(lead + (Tq, H))
+    k = rng.standard_normal(lead[:-1] + (1,) + (T, H)) if len(lead) > 1 \
+        else rng.standard_normal(lead + (T, H))
+    v = rng.standard_normal(k.shape[:-1] + (Hv,))
+    return [x.astype(dtype) for x in (q, k, v)]
+
+
+def _run(fn, q, k, v, kw):
+    kw = dict(kw)
+    if kw.get("sinks") == "yes":
+        kw["sinks"] = np.linspace(-1, 2, q.shape[-3]).astype(q.dtype)
+    return fn(q, k, values=v, return_weights=False, **kw)
+
+
+def _check(q, k, v, kw, dtype, what):
+    out, lse = _run(ac.dot_attention, q, k, v, kw)
+    want_out, want_lse = _run(ref.dot_attention, f64(q), f64(k), f64(v), kw)
+    tol = TOL[dtype]
+    assert rel_err(out, want_out, floor=1.0) < tol, f"{what}: out"
+    seen = np.isfinite(want_lse)
+    assert np.array_equal(np.isfinite(lse), seen), f"{what}: lse -inf"
+    assert rel_err(lse[seen], want_lse[seen], floor=1.0) < tol, \
+        f"{what}: lse"
+
+
+@dtype_param
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_sizes_match_reference(size, variant, dtype):
+    """Grouped heads (4 query heads on one key head) over every size."""
+    Tq, T = size
+    q, k, v = _inputs(np.random.default_rng(Tq * 1000 + T), dtype, (2, 4),
+                      Tq, T)
+    _check(q, k, v, VARIANTS[variant], dtype, f"{variant} {size}")
+
+
+@dtype_param
+@pytest.mark.parametrize("causal", [False, True])
+def test_climbing_scores_raise_the_max(causal, dtype):
+    """Score s_it = c t (1 + noise): every key passes the running max, by
+    more than 2^8 after a few tiles (c = 1.5 per key in natural units),
+    so nearly every tile raises it; then a spread of 400 over the keys,
+    past exp's range in float32 (the far keys' weights are 0)."""
+    rng = np.random.default_rng(3)
+    Tq, T, H = 70, 150, 4
+    for step in (1.5, 400.0 / T):
+        q = np.ones((1, Tq, H)) + 0.01 * rng.standard_normal((1, Tq, H))
+        k = (np.arange(T)[:, None] * step / H * np.sqrt(H)
+             * np.ones((1, T, H))) + 0.01 * rng.standard_normal((1, T, H))
+        v = rng.standard_normal((1, T, 3))
+        q, k, v = (x.astype(dtype) for x in (q, k, v))
+        _check(q, k, v, {"causal": causal}, dtype, f"step {step}")
+        # and falling: the max of the first tile holds to the end
+        _check(q, k[:, ::-1].copy(), v, {"causal": causal}, dtype,
+               f"step -{step}")
+
+
+@dtype_param
+def test_query_seeing_nothing(dtype):
+    """Packed sequences whose second has no keys: its queries get out 0
+    and lse -inf; the others are unchanged."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 40, 8)).astype(dtype)
+    k = rng.standard_normal((2, 30, 8)).astype(dtype)
+    v = rng.standard_normal((2, 30, 6)).astype(dtype)
+    cu_q = np.array([0, 25, 40], dtype=np.int32)
+    cu_k = np.array([0, 30, 30], dtype=np.int32)
+    kw = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "causal": True}
+    out, lse = _run(ac.dot_attention, q, k, v, kw)
+    assert np.all(out[:, 25:] == 0) and np.all(lse[:, 25:] == -np.inf)
+    _check(q, k, v, kw, dtype, "segments")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@dtype_param
+def test_simd_paths_match_reference(simd, dtype):
+    _core._set_simd(simd)
+    for n, (Tq, T) in enumerate([(65, 49), (130, 97)]):
+        q, k, v = _inputs(np.random.default_rng(n), dtype, (3,), Tq, T,
+                          H=17, Hv=9)
+        for name, kw in VARIANTS.items():
+            _check(q, k, v, kw, dtype, f"{simd} {name} {Tq}x{T}")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("variant", ["full", "causal"])
+def test_threads_bitwise_identical(variant):
+    """Enough work for 3 threads (2**22 multiply-adds each)."""
+    q, k, v = _inputs(np.random.default_rng(9), np.float32, (2, 4), 600,
+                      600, H=32, Hv=32)
+    ac.set_num_threads(1)
+    one = _run(ac.dot_attention, q, k, v, VARIANTS[variant])
+    for n in (2, 3):
+        ac.set_num_threads(n)
+        assert_all_identical(_run(ac.dot_attention, q, k, v,
+                                  VARIANTS[variant]), one, f"{n} threads")
