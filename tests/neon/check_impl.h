@@ -524,6 +524,107 @@ static void SFX(family_all)(ctx *c)
     }
 }
 
+/* The streamed forward (out, lse), dot score, whose visibility is a range
+ * of keys per query: the SIMD paths run it in the fused kernel
+ * (csrc/simd/flash.inc).  Full, causal and a window; sizes across its
+ * panels of queries and blocks of keys, grouped heads (2 query sequences
+ * per key sequence), and scores that climb along the keys (kind 1), so
+ * that the running max is raised on nearly every tile. */
+static void SFX(flash_case)(ctx *c, att_fdims f, int kind)
+{
+    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
+    ptrdiff_t Bk = (B + 1) / 2;
+    snprintf(c->what, sizeof c->what, "%s flash B=%td Tq=%td T=%td H=%td "
+             "Hv=%td causal=%d window=%d climbing=%d", TYPE_NAME, B, Tq, T,
+             H, Hv, f.causal, f.window, kind);
+    c->shapes++;
+    REAL *query = SFX(rand)(c, B * Tq * H, 1);
+    REAL *keys = SFX(rand)(c, Bk * T * H, 1);
+    REAL *values = SFX(rand)(c, Bk * T * Hv, 1);
+    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
+    for (ptrdiff_t b = 0; b < B; b++) {
+        kidx[b] = b / 2;
+    }
+    for (ptrdiff_t t = 0; kind == 1 && t < Bk * T; t++) {
+        for (ptrdiff_t h = 0; h < H; h++) {     /* s_it ~ 1.2 t */
+            keys[t * H + h] = (REAL)(1.2 * (double)(t % T) / sqrt(
+                (double)H)) + (REAL)0.01 * keys[t * H + h];
+        }
+    }
+    for (ptrdiff_t i = 0; kind == 1 && i < B * Tq * H; i++) {
+        query[i] = 1 + (REAL)0.01 * query[i];
+    }
+    f.score = ATT_SCORE_DOT;
+    f.stream = 1;
+    f.Hq = H;
+    f.Bk = f.Bv = Bk;
+    ATT(family_in) in[2] = {
+        {.query = query, .keys = keys, .values = values, .kidx = kidx,
+         .vidx = kidx, .scale = (REAL)(1 / sqrt((double)H))},
+        {.query = SFX(jiggle)(c, B * Tq * H, query),
+         .keys = SFX(jiggle)(c, Bk * T * H, keys),
+         .values = SFX(jiggle)(c, Bk * T * Hv, values), .kidx = kidx,
+         .vidx = kidx, .scale = (REAL)(1 / sqrt((double)H))}};
+    REAL *out[RUNS], *lse[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        att_exec ex = SFX(exec)(c, k);
+        out[k] = SFX(nans)(B * Tq * Hv);
+        lse[k] = SFX(nans)(B * Tq);
+        ATT(family_out) fo = {.out = out[k], .lse = lse[k]};
+        void *work = SFX(workspace)(c, ATT(family_workspace)(&f, 0, &ex));
+        int st = ATT(family_forward)(&f, &ex, &in[k == 3], &fo, work);
+        c->calls++;
+        expect(c, st == ATT_OK, "forward run %d returned %d", k, st);
+        free(work);
+    }
+    /* a query that sees no key: lse -inf on every run (then 0, which
+     * the normwise error can take) */
+    for (ptrdiff_t i = 0; i < B * Tq; i++) {
+        int none = 0;
+        for (int k = 0; k < RUNS; k++) {
+            none += lse[k][i] == -(REAL)INFINITY;
+        }
+        expect(c, none == 0 || none == RUNS, "lse %td: -inf on %d runs", i,
+               none);
+        for (int k = 0; none == RUNS && k < RUNS; k++) {
+            lse[k][i] = 0;
+        }
+    }
+    SFX(judge)(c, "flash out", B * Tq * Hv, out);
+    SFX(judge)(c, "flash lse", B * Tq, lse);
+    free(query);
+    free(keys);
+    free(values);
+    free(kidx);
+    free((void *)in[1].query);
+    free((void *)in[1].keys);
+    free((void *)in[1].values);
+}
+
+static void SFX(flash_all)(ctx *c)
+{
+#define FF(B_, Tq_, T_, H_, Hv_) \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_}
+    static const att_fdims sizes[] = {
+        FF(2, 9, 1, 3, 2), FF(3, 17, 47, 8, 5), FF(2, 65, 49, 17, 9),
+        FF(1, 130, 97, 8, 8), FF(2, 257, 300, 16, 16),
+    };
+#undef FF
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        for (int v = 0; v < 3; v++) {
+            att_fdims f = sizes[s];
+            f.causal = v == 1;
+            f.window = v == 2;
+            f.wleft = 13;
+            f.wright = 5;
+            SFX(flash_case)(c, f, 0);
+        }
+        att_fdims f = sizes[s];
+        f.causal = 1;
+        SFX(flash_case)(c, f, 1);
+    }
+}
+
 /* project_keys and its backward on their own: kp (n, P) = keys W^T with
  * W (P, ldw) read in its first H columns (NaN past them). */
 static void SFX(project_case)(ctx *c, ptrdiff_t n, ptrdiff_t H, ptrdiff_t P,
@@ -866,11 +967,11 @@ static void SFX(note)(ctx *c, const char *name, double e, int raised)
 static void SFX(run_all)(ctx *c)
 {
     void (*const parts[])(ctx *) = {SFX(tanh_all), SFX(context_all),
-                                    SFX(family_all), SFX(project_all),
-                                    SFX(contain_all)};
+                                    SFX(family_all), SFX(flash_all),
+                                    SFX(project_all), SFX(contain_all)};
     static const char *const names[] = {"tanh", "context", "family",
-                                        "project", "non-finite"};
-    for (int i = 0; i < 5; i++) {
+                                        "flash", "project", "non-finite"};
+    for (int i = 0; i < 6; i++) {
         clock_t t0 = clock();
         parts[i](c);
         if (c->verbose) {
