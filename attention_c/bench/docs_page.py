@@ -378,7 +378,7 @@ def selfattn_extras(memory, long, targets):
         missed = [t for t in targets if t["status"] == "MISS"]
         passed = len(targets) - len(missed)
         busy = sum(t["disturbed"] for t in targets)
-        text = (f"- **Targets of issues 26 and 19:** {passed} of "
+        text = (f"- **Targets of issues 32, 26 and 19:** {passed} of "
                 f"{len(targets)} "
                 f"checks pass ({busy} of the checks on disturbed rows)")
         if missed:

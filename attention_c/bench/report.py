@@ -502,7 +502,7 @@ def selfattn_report(meta, rows, targets, memory=None, long=None):
         parts.append(selfattn_long_line(long))
     parts += [
         "",
-        "Targets of issues 26 and 19:",
+        "Targets of issues 32, 26 and 19:",
         selfattn_targets_table(targets),
         f"*: other processes used more than {DISTURBED:.0%} of the CPUs "
         f"while timing.  Targets: {counts.count('PASS')} PASS, "

@@ -176,7 +176,7 @@ def test_write_docs_rewrites_the_section(run):
             assert re.fullmatch(r"[\d.]+ / [\d.]+", cells[6]), line
     assert "**Peak memory**" in section
     assert "**One causal forward + backward**" in section
-    assert "**Targets of issues 26 and 19:**" in section
+    assert "**Targets of issues 32, 26 and 19:**" in section
 
 
 def test_ratios_and_targets_from_a_fake_run():

@@ -48,10 +48,12 @@ _VREG = re.compile(r"%[xyz]mm\d+")
 _MEM = re.compile(r"(?:[-\w]*)\((%\w+)?(?:,%\w+)?(?:,\d)?\)(\{1to\d+\})?")
 
 
-def mr_of(isa):
-    """MR of the path's micro-tile, from its source (#define MR n)."""
+def mr_of(isa, name="MR"):
+    """MR of the path's micro-tile, from its source (#define MR n); or
+    another of its defines (FLASH_MR, FLASH_NV: the fused forward's
+    tile, simd/flash.inc), the first (float's) when it has two."""
     text = (ROOT / "csrc" / "simd" / f"{isa}.c").read_text()
-    return int(re.search(r"^#define MR (\d+)$", text, re.M).group(1))
+    return int(re.search(rf"^#define {name} (\d+)$", text, re.M).group(1))
 
 
 def disassemble(so):
@@ -138,6 +140,20 @@ def kernel_loops(funcs, isa, dtype):
     return found
 
 
+def flash_loops(funcs, isa, dtype):
+    """[(symbol, loop)]: the fused forward's product loops (simd/
+    flash.inc), the innermost loops with more than two FMAs: the scores'
+    tile (in flash_forward, flash_tile inlined or not) and the P.V tiles
+    of flash_pv (FLASH_MR rows, then FLASH_MRV, then 1)."""
+    found = []
+    for base in ("flash_forward", "flash_tile", "flash_pv"):
+        for sym in symbols(funcs, base, isa, dtype):
+            for loop in innermost_loops(funcs[sym]):
+                if sum(is_fma(i[1]) for i in loop) > 2:
+                    found.append((sym, loop))
+    return found
+
+
 def row_loops(funcs, isa, dtype):
     """[(symbol, loop)]: the vector loop of each of ROW_FUNCS (the
     innermost loop with the most of its instructions on the path's
@@ -199,9 +215,10 @@ def stack_regs(insns):
     return ("rsp", "rbp") if frame else ("rsp",)
 
 
-def check_kernel_loop(loop, isa, dtype, mr, stack=("rsp", "rbp")):
+def check_kernel_loop(loop, isa, dtype, mr, stack=("rsp", "rbp"), nv=2):
     """The problems of one k-loop of the micro-kernel, [] if none: it must
-    hold k steps of 2 MR FMAs on the path's full vectors, each with a
+    hold k steps of nv MR FMAs (nv = 2 but in the fused forward's tiles)
+    on the path's full vectors, each with a
     broadcast operand (a vbroadcast load in the loop, or an embedded
     {1toN} memory broadcast) and the other a B vector loaded in the loop,
     into 2 MR distinct accumulator registers; no other vector
@@ -214,10 +231,10 @@ def check_kernel_loop(loop, isa, dtype, mr, stack=("rsp", "rbp")):
     on_stack = re.compile(r"\(%(?:" + "|".join(stack) + r")[,)]")
     problems = []
     fmas = [i for i in loop if is_fma(i[1])]
-    steps, rest = divmod(len(fmas), 2 * mr)
+    steps, rest = divmod(len(fmas), nv * mr)
     if rest or not steps:
-        problems.append(f"{len(fmas)} FMAs, not a multiple of 2 MR = "
-                        f"{2 * mr}")
+        problems.append(f"{len(fmas)} FMAs, not a multiple of {nv} MR = "
+                        f"{nv * mr}")
         steps = max(steps, 1)
     # the A elements broadcast (a broadcast load, or the operand of
     # embedded broadcasts), B vector loads, the FMAs' destinations
@@ -265,12 +282,12 @@ def check_kernel_loop(loop, isa, dtype, mr, stack=("rsp", "rbp")):
     if len(elements) != mr * steps:
         problems.append(f"{len(elements)} elements of A broadcast for "
                         f"{steps} k step(s), MR = {mr}")
-    if n_load > 2 * steps:
+    if n_load > nv * steps:
         problems.append(f"{n_load} vector loads for {steps} k step(s): "
-                        f"B takes 2 a step")
-    if len(set(accs)) != 2 * mr:
+                        f"B takes {nv} a step")
+    if len(set(accs)) != nv * mr:
         problems.append(f"{len(set(accs))} accumulator registers, "
-                        f"not 2 MR = {2 * mr}")
+                        f"not {nv} MR = {nv * mr}")
     if stack_scalar > 1:
         problems.append(f"{stack_scalar} scalar stack operands (spills)")
     return problems

@@ -67,6 +67,33 @@ def test_micro_kernel_loop(funcs, isa, dtype):
 
 @needs_objdump
 @pytest.mark.parametrize("isa, dtype", PATHS)
+def test_flash_loops(funcs, isa, dtype):
+    """The fused forward's products (simd/flash.inc): the scores' tile,
+    FLASH_MR keys x FLASH_NV vectors, and the P.V tiles (FLASH_MR rows of
+    V^T, then 4, then 1, each x FLASH_NV), are register tiles as the
+    micro-kernel's are: broadcasts, loaded vectors, FMAs, no spill."""
+    nv, mr = il.mr_of(isa, "FLASH_NV"), il.mr_of(isa, "FLASH_MR")
+    loops = il.flash_loops(funcs, isa, dtype)
+    rows = []
+    for sym, loop in loops:
+        fmas = sum(il.is_fma(i[1]) for i in loop)
+        accs = {il.operands(o)[-1] for _a, m, o in loop if il.is_fma(m)}
+        r = len(accs) // nv              # this tile's rows
+        rows.append(r)
+        problems = il.check_kernel_loop(loop, isa, dtype, r,
+                                        il.stack_regs(funcs[sym]), nv)
+        listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
+        assert not problems and fmas % (nv * r) == 0, (
+            f"{sym}, loop at {loop[0][0]:x}:\n  " + "\n  ".join(problems)
+            + "\n" + listing)
+    # the scores' tile and the first P.V tile (flash_pv inlined or not)
+    assert rows.count(mr) >= 2, (
+        f"not two {mr} x {nv} tiles in flash_forward_{dtype}_{isa} "
+        f"(and flash_pv): rows {sorted(rows)}")
+
+
+@needs_objdump
+@pytest.mark.parametrize("isa, dtype", PATHS)
 def test_row_loops_found(funcs, isa, dtype):
     """.ci/mca's other loops: exp_shift_row and max_row, vectorised."""
     loops = dict(il.row_loops(funcs, isa, dtype))
