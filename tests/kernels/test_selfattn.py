@@ -421,6 +421,22 @@ def test_block_sizes_match_reference(score, dtype, Tq, T):
         check_case(case, dtype)
 
 
+@pytest.mark.parametrize("kw", [
+    dict(), dict(causal=True, dropout=P_DROP), dict(mask="key", attn="TqT")],
+    ids=["full", "causal_dropout", "masks"])
+@pytest.mark.parametrize("lead", [(1,), (3,)], ids=["B1", "B3"])
+@dtype_param
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_key_segments_match_reference(score, dtype, lead, kw):
+    """Fewer than 4 sequences and no bias: the streamed backward cuts
+    each one's keys into segments (3 and 2 here, of blocks of 256 keys),
+    one task each, and sums their dquery partials after."""
+    rng = np.random.default_rng(len(lead) + len(kw))
+    case = Case(rng, score, lead, 300, 2 * SKB + 100, H=8, Hq=5, Hv=3,
+                **kw)
+    check_case(case, dtype)
+
+
 # --------------------------------------------------------------------------
 # 2. Gradients against finite differences (float64, tiny sizes)
 
@@ -642,14 +658,16 @@ def test_dropout_reproducible(score, return_weights):
 # 5. Threads and SIMD paths
 
 # (lead, Tq, T, kw): big enough for several threads (2**22 multiply-adds
-# each); the streamed backward's two passes (no bias, few sequences), a
-# shared bias summed in partials, many sequences, the stored path
+# each); the streamed backward's key segments (no bias, few sequences:
+# 2 of one sequence each, then 3 of one), a shared bias summed in
+# partials, many sequences, the stored path
 THREAD_CASES = {
-    "two_pass": ((2,), 600, 600, dict(causal=True, dropout=P_DROP)),
+    "key_segments": ((2,), 600, 600, dict(causal=True, dropout=P_DROP)),
     "shared_bias": ((3,), 300, 520, dict(bias="TqT_ninf", attn="1TqT",
                                         mask="key", dropout=P_DROP)),
     "many_seqs": ((10,), 130, 257, dict(causal=True, bias="T",
                                         dropout=P_DROP)),
+    "one_long": ((1,), 700, 700, dict(causal=True)),
 }
 
 
