@@ -14,6 +14,7 @@
  */
 #include "binding.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -275,6 +276,11 @@ static int k_family(Call *c)
     int ic = c->fn->pos[X_SOFTCAP];
     double softcap = ic >= 0 && given(c, X_SOFTCAP) ? c->num[ic] : 0;
     if (c->typenum == NPY_FLOAT) {
+        /* a cap beyond float's range computes as its nearest float that
+         * is > 0 and finite: the same scores within float's rounding
+         * (1e-300 would round to 0, which the kernel refuses) */
+        softcap = softcap <= 0 ? 0 : softcap < FLT_TRUE_MIN ? FLT_TRUE_MIN
+                  : softcap > FLT_MAX ? FLT_MAX : softcap;
         FAMILY_CALL(float, f32);
     }
     FAMILY_CALL(double, f64);
@@ -462,11 +468,12 @@ static int check_variants(Call *c)
                      w ? "window" : q ? "cu_seqlens_q" : "cu_seqlens_k");
         return -1;
     }
-    if (ic >= 0 && given(c, X_SOFTCAP) && !(c->num[ic] > 0)) {
+    if (ic >= 0 && given(c, X_SOFTCAP) &&
+        (!(c->num[ic] > 0) || !isfinite(c->num[ic]))) {
         char text[64];
         PyOS_snprintf(text, sizeof text, "%g", c->num[ic]);
-        PyErr_Format(PyExc_ValueError, "%s: softcap must be a number > 0 "
-                     "or None, got %s", name, text);
+        PyErr_Format(PyExc_ValueError, "%s: softcap must be a finite "
+                     "number > 0 or None, got %s", name, text);
         return -1;
     }
     if (q != k) {

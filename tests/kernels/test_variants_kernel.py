@@ -350,6 +350,24 @@ def test_bad_input():
     bad(ValueError, "softcap", softcap=-1.0)
     bad(ValueError, "softcap", softcap=float("nan"))
     bad(TypeError, "softcap", softcap="big")
+    bad(ValueError, "softcap", softcap=float("inf"))
+
+
+def test_softcap_beyond_float32():
+    """A softcap beyond float32's range (found by the fuzzer: 1e-300 was
+    passed on as 0, and the kernel refused its sizes) computes as the
+    nearest positive finite float32, which gives the float64 result
+    within float32 rounding: scores of about 0 for 1e-300, uncapped
+    scores for 1e300."""
+    rng = np.random.default_rng(7)
+    q, k = rng.standard_normal((2, 1, 9, 4)) * 0.3
+    for cap in (1e-300, 1e300):
+        for fn in (ac.dot_attention, ac.cosine_attention):
+            want = fn(q, k, softcap=cap)
+            got = fn(q.astype(np.float32), k.astype(np.float32),
+                     softcap=cap)
+            for g, w in zip(got, want):
+                assert np.allclose(g, w, rtol=1e-5, atol=1e-6), (fn, cap)
     cq, ck = np.array([0, 2, 4]), np.array([0, 3, 6])
     bad(ValueError, "cu_seqlens_k", cu_seqlens_q=cq)
     bad(ValueError, "cu_seqlens_q", cu_seqlens_k=ck)
