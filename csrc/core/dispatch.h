@@ -93,7 +93,8 @@
  *             times the values, lse[i] its log-sum-exp (-inf and a row
  *             of 0 when it sees nothing).  The softmax runs inside the
  *             product (simd/flash.inc); each query's result depends on
- *             the sizes, its range and the block's least lo only.
+ *             the sizes, its range and the least lo of the block and of
+ *             its panel of queries only.
  *             NULL in the scalar table.  work: flash_work(nq, d, dv)
  *             elements (-1: a size overflows), aligned for REAL.
  *             flash_nr, the queries of its panels (a multiple of vlen, at
