@@ -61,9 +61,11 @@ except ImportError as _exc:
 
 from ._version import __version__  # noqa: E402
 
-# Settings: SIMD path and threads (read from the environment at import).
+# Settings: SIMD path and threads (read from the environment at import),
+# the products float32 calls may run on.
 from ._config import (  # noqa: E402
-    get_num_threads, set_num_threads, show_config,
+    get_fp32_precision, get_num_threads, set_fp32_precision,
+    set_num_threads, show_config,
 )
 
 # The C functions of the binding's table, with their docstrings and
@@ -107,6 +109,7 @@ __all__ = [
     "weighted_sum", "weighted_sum_backward",
     "context_attention", "context_attention_backward",
     "AttentionGrads", "set_num_threads", "get_num_threads", "show_config",
+    "set_fp32_precision", "get_fp32_precision",
     "__version__",
     "additive_attention", "additive_attention_backward",
     "dot_attention", "dot_attention_backward",

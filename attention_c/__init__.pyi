@@ -2,6 +2,7 @@
 # functions of the extension _core, which has no annotations of its own).
 # tests/test_typing.py checks these against the runtime with mypy.stubtest,
 # tests/binding/test_argument_table.py against the binding's table.
+from contextlib import AbstractContextManager
 from typing import IO, Any, Literal, NamedTuple, overload
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = [
     "weighted_sum", "weighted_sum_backward",
     "context_attention", "context_attention_backward",
     "AttentionGrads", "set_num_threads", "get_num_threads", "show_config",
+    "set_fp32_precision", "get_fp32_precision",
     "__version__",
     "additive_attention", "additive_attention_backward",
     "dot_attention", "dot_attention_backward",
@@ -96,6 +98,11 @@ def context_attention_backward(
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config(file: IO[str] | None = None) -> dict[str, Any]: ...
+
+def set_fp32_precision(
+    precision: Literal["ieee", "bf16"],
+) -> AbstractContextManager[Any]: ...
+def get_fp32_precision() -> Literal["ieee", "bf16"]: ...
 
 # The attention family (docs/contract.md sections 4 and 5)
 

@@ -96,6 +96,88 @@ def get_num_threads():
     return _core._get_num_threads()
 
 
+class _Fp32Precision:
+    """What set_fp32_precision returns: the precision before the call,
+    restored when a ``with`` block ends."""
+
+    def __init__(self, previous):
+        self._previous = previous
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        _core._set_fp32_precision(self._previous)
+        return False
+
+    def __repr__(self):
+        return (f"<attention_c fp32 precision "
+                f"{_core._get_fp32_precision()!r}, restores "
+                f"{self._previous!r}>")
+
+
+def set_fp32_precision(precision):
+    """Let float32 calls run their products on bf16 units, or not.
+
+    As PyTorch's ``fp32_precision`` settings do for matrix products:
+    ``"ieee"`` (the default) keeps float32 products; ``"bf16"`` allows a
+    float32 call to round its operands to bfloat16 for the products,
+    which sum in float32, where the CPU multiplies bf16 much faster than
+    float32.  Today that is the streamed forward (``return_weights=False``
+    of :func:`dot_attention` and :func:`general_attention`, so also
+    ``scaled_dot_product_attention`` and ``flash_attn_func`` of
+    ``attention_c.torch`` in float32, without gradients) on CPUs with AMX
+    (Intel Sapphire Rapids and later; ``show_config()["bf16_products"]``
+    says whether this one runs them).  Every other call, and every call on
+    other CPUs, keeps float32 products.  Results stay float32; their
+    error grows from about 4e-7 to about 3.5e-3 (normwise, against
+    float64).
+
+    The setting is per process, shared by all Python threads.  Calling it
+    sets the precision at once; used as a context manager, the previous
+    precision comes back when the block ends.
+
+    Parameters
+    ----------
+    precision : {"ieee", "bf16"}
+
+    Returns
+    -------
+    context manager
+        It restores the precision in force before the call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attention_c as ac
+    >>> q = np.ones((1, 4, 8), np.float32)
+    >>> with ac.set_fp32_precision("bf16"):
+    ...     out, lse = ac.dot_attention(q, q, return_weights=False)
+    >>> ac.get_fp32_precision()
+    'ieee'
+    """
+    if not isinstance(precision, str):
+        raise TypeError(f"set_fp32_precision expects 'ieee' or 'bf16', got "
+                        f"{type(precision).__name__}")
+    previous = _core._get_fp32_precision()
+    _core._set_fp32_precision(precision)
+    return _Fp32Precision(previous)
+
+
+def get_fp32_precision():
+    """The products float32 calls may run on: ``"ieee"`` or ``"bf16"``.
+
+    See :func:`set_fp32_precision`.
+
+    Examples
+    --------
+    >>> import attention_c as ac
+    >>> ac.get_fp32_precision()
+    'ieee'
+    """
+    return _core._get_fp32_precision()
+
+
 def show_config(file=None):
     """Print the build and run-time configuration: version, compiler, SIMD
     path in use (and the best this CPU has), threads, NumPy version.
@@ -109,7 +191,9 @@ def show_config(file=None):
     -------
     dict
         The same facts: ``version``, ``compiler``, ``simd``, ``simd_best``,
-        ``num_threads``, ``available_cores``, ``numpy``, ``python``,
+        ``num_threads``, ``available_cores``, ``fp32_precision``,
+        ``bf16_products`` (whether float32 calls that allow bf16 run bf16
+        products on this CPU and path), ``numpy``, ``python``,
         ``machine``.
 
     Examples
@@ -134,6 +218,8 @@ def show_config(file=None):
         "simd_best": _core._simd_best(),
         "num_threads": get_num_threads(),
         "available_cores": _available_cores(),
+        "fp32_precision": get_fp32_precision(),
+        "bf16_products": _core._bf16_products(),
         "numpy": numpy.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -145,6 +231,7 @@ def show_config(file=None):
 
 
 # Documented and shown as attention_c's own (they are re-exported there).
-for _f in (set_num_threads, get_num_threads, show_config):
+for _f in (set_num_threads, get_num_threads, set_fp32_precision,
+           get_fp32_precision, show_config):
     _f.__module__ = "attention_c"
 del _f

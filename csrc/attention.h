@@ -64,12 +64,26 @@ int att_simd_best(void);
 /* 1 when this build and CPU run the instruction set `simd`, else 0. */
 int att_simd_supported(int simd);
 
-/* How the fused kernels run: instruction set and threads. */
+/* The products a float32 call may run on (PyTorch's fp32_precision):
+ * float32 FMAs, or bf16 units that round the operands to bf16 and sum
+ * in float32, where the CPU has fast ones (att_bf16_products). */
+enum att_precision {
+    ATT_PRECISION_IEEE = 0,
+    ATT_PRECISION_BF16 = 1
+};
+
+/* 1 when float32 calls on path simd that allow it run bf16 products on
+ * this CPU (today: the streamed forward, on AMX tiles; the OS must grant
+ * this process the tiles, which this call asks for), else 0. */
+int att_bf16_products(int simd);
+
+/* How the fused kernels run: instruction set, threads, precision. */
 struct att_pool;
 typedef struct {
     int simd;                 /* enum att_simd, att_simd_supported */
     int threads;              /* use at most this many threads (>= 1) */
     struct att_pool *pool;    /* threads (core/pool.h); NULL: the caller's */
+    int precision;            /* enum att_precision (float32 calls) */
 } att_exec;
 
 /* B sequences of T items with H features; A hidden units in the score. */

@@ -19,12 +19,14 @@ def rng():
 
 @pytest.fixture
 def restore_settings():
-    """The test leaves the SIMD path and the thread count as it found
-    them."""
+    """The test leaves the SIMD path, the thread count and the float32
+    precision as it found them."""
     simd, threads = _core._get_simd(), ac.get_num_threads()
+    precision = ac.get_fp32_precision()
     yield
     _core._set_simd(simd)
     ac.set_num_threads(threads)
+    ac.set_fp32_precision(precision)
 
 
 def pytest_terminal_summary(terminalreporter):

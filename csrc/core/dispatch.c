@@ -3,6 +3,9 @@
  * att_simd_best, att_simd_supported) and the one SIMD dispatch: the table
  * of kernels of a path (core/dispatch.h).  Plain C11; no Python here.
  */
+#if defined(__linux__)
+#define _GNU_SOURCE     /* syscall(), for att_bf16_products */
+#endif
 #include <stddef.h>
 
 #include "attention.h"
@@ -46,6 +49,39 @@ int att_simd_supported(int simd)
     default:
         return 0;
     }
+}
+
+#if ATT_HAVE_AMX
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux's request for the tiles' state (arch/x86/include/uapi/asm/prctl.h)
+ * and their data's feature number. */
+#define ATT_ARCH_REQ_XCOMP_PERM 0x1023
+#define ATT_XFEATURE_XTILEDATA 18
+#endif
+
+int att_bf16_products(int simd)
+{
+#if ATT_HAVE_AMX
+    unsigned a, b, c, d;
+    /* AMX-BF16 and AMX-TILE (leaf 7: EDX bits 22, 24); AVX512_BF16's
+     * conversions (leaf 7, subleaf 1: EAX bit 5) */
+    if (simd != ATT_SIMD_AVX512 || !att_simd_supported(simd) ||
+        !__get_cpuid_count(7, 0, &a, &b, &c, &d) ||
+        !(d & (1u << 22)) || !(d & (1u << 24)) ||
+        !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) {
+        return 0;
+    }
+    /* the OS enables the tiles' state per process, on request; asking
+     * again once granted is harmless */
+    return syscall(SYS_arch_prctl, ATT_ARCH_REQ_XCOMP_PERM,
+                   ATT_XFEATURE_XTILEDATA) == 0;
+#else
+    (void)simd;
+    return 0;
+#endif
 }
 
 /* Any path but the scalar one is the only SIMD path on AArch64 (neon),

@@ -21,6 +21,15 @@
 #else
 #define ATT_HAVE_X86 0
 #endif
+/* AMX's bf16 tiles (simd/flash_amx.inc): a compiler with their
+ * intrinsics, and Linux, whose arch_prctl grants a process the tiles. */
+#if ATT_HAVE_X86 && defined(__linux__) &&                                   \
+    ((defined(__clang__) && __clang_major__ >= 12) ||                        \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define ATT_HAVE_AMX 1
+#else
+#define ATT_HAVE_AMX 0
+#endif
 #if defined(__aarch64__)
 #define ATT_HAVE_NEON 1
 #else
@@ -99,6 +108,12 @@
  *             elements (-1: a size overflows), aligned for REAL.
  *             flash_nr, the queries of its panels (a multiple of vlen, at
  *             most 256), is the block of queries it runs best on.
+ *   flash_bf16  the same with the products on bf16 (Q, K, V and P
+ *             rounded to bf16, float sums), for float calls that allow
+ *             it (ATT_PRECISION_BF16) where att_bf16_products(simd);
+ *             flash_bf16_nr and flash_bf16_work as flash's (simd/
+ *             flash_amx.inc).  NULL but in the AVX-512 float table of a
+ *             build whose compiler has AMX.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
@@ -174,6 +189,14 @@
                       ptrdiff_t ldk, const R *V, ptrdiff_t ldv,              \
                       const ptrdiff_t *lo, const ptrdiff_t *hi, R *O,        \
                       ptrdiff_t ldo, R *lse, R *work);                       \
+        ptrdiff_t flash_bf16_nr;                                             \
+        ptrdiff_t (*flash_bf16_work)(ptrdiff_t nq, ptrdiff_t d,             \
+                                     ptrdiff_t dv);                          \
+        void (*flash_bf16)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale,\
+                           R sink, const R *Q, ptrdiff_t ldq, const R *K,    \
+                           ptrdiff_t ldk, const R *V, ptrdiff_t ldv,         \
+                           const ptrdiff_t *lo, const ptrdiff_t *hi, R *O,   \
+                           ptrdiff_t ldo, R *lse, R *work);                  \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

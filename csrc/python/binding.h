@@ -337,6 +337,9 @@ int check_status(int st);
  * the scratch kept between calls; all read and written with the GIL. */
 extern int simd_level;
 extern const char *const simd_names[];
+#define N_PRECISION 2
+extern int fp32_precision;
+extern const char *const precision_names[];
 #define N_SIMD 4
 #define MAX_THREADS 256
 extern int num_threads;

@@ -105,6 +105,11 @@ static void work_give(void *work)
 int simd_level = ATT_SIMD_SCALAR;
 const char *const simd_names[N_SIMD] = {"scalar", "avx2", "avx512", "neon"};
 
+/* The products float32 calls may run on (enum att_precision):
+ * set_fp32_precision.  Read and written with the GIL held. */
+int fp32_precision = ATT_PRECISION_IEEE;
+const char *const precision_names[N_PRECISION] = {"ieee", "bf16"};
+
 /* Threads of the fused kernels (set_num_threads), and the pool that runs
  * them, made on first need.  A call holds the pool (pool_users) while it
  * runs without the GIL, so it is freed only when no call uses it.  After
@@ -156,7 +161,7 @@ void drop_pool(att_pool *p)
  * thread); every begin_exec is paired with one end_exec. */
 static att_exec begin_exec(void)
 {
-    att_exec ex = {simd_level, num_threads, NULL};
+    att_exec ex = {simd_level, num_threads, NULL, fp32_precision};
     check_pool_owner();
     if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
         ex.pool = take_pool(num_threads);

@@ -331,6 +331,35 @@ static PyObject *py_set_simd(PyObject *self, PyObject *name)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_get_fp32_precision(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(precision_names[fp32_precision]);
+}
+
+static PyObject *py_set_fp32_precision(PyObject *self, PyObject *name)
+{
+    (void)self;
+    for (int i = 0; i < N_PRECISION; i++) {
+        if (PyUnicode_Check(name) &&
+            PyUnicode_CompareWithASCIIString(name, precision_names[i]) == 0) {
+            fp32_precision = i;
+            Py_RETURN_NONE;
+        }
+    }
+    return PyErr_Format(PyExc_ValueError,
+                        "fp32 precision must be 'ieee' or 'bf16', got %R",
+                        name);
+}
+
+static PyObject *py_bf16_products(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(att_bf16_products(simd_level));
+}
+
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -629,6 +658,13 @@ static PyMethodDef private_methods[] = {
      "Name of the SIMD path the fused kernels use."},
     {"_set_simd", py_set_simd, METH_O,
      "Choose the SIMD path: 'scalar', 'avx2', 'avx512' or 'neon'."},
+    {"_get_fp32_precision", py_get_fp32_precision, METH_NOARGS,
+     "The products float32 calls may run on: 'ieee' or 'bf16'."},
+    {"_set_fp32_precision", py_set_fp32_precision, METH_O,
+     "Set the products float32 calls may run on: 'ieee' or 'bf16'."},
+    {"_bf16_products", py_bf16_products, METH_NOARGS,
+     "Whether float32 calls allowing bf16 run bf16 products on this CPU "
+     "and SIMD path."},
     {"_get_num_threads", py_get_num_threads, METH_NOARGS,
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,

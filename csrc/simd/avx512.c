@@ -107,6 +107,29 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #include "simd/tile.inc"
 #include "simd/fused.inc"
 #include "simd/fused_backward.inc"
+/* The bf16 products of float calls that allow them, on AMX tiles (simd/
+ * flash_amx.inc), under a target that adds the tiles and AVX512_BF16's
+ * conversions; core/dispatch.c checks the CPU and the OS at run time. */
+#if ATT_HAVE_AMX
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target( \
+    "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16,amx-tile,amx-bf16"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target( \
+    "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16,amx-tile,amx-bf16")
+#endif
+#include "simd/flash_amx.inc"
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#define FLASH_BF16 FSFX(flash_amx)
+#define FLASH_BF16_WORK FSFX(flash_amx_work)
+#define FLASH_BF16_NR 16
+#endif
 #include "simd/ops.inc"
 #include "simd/undef.inc"
 

@@ -1,0 +1,228 @@
+"""bf16 products for float32 calls (attention_c.set_fp32_precision): the
+streamed forward on AMX tiles (csrc/simd/flash_amx.inc) where the CPU has
+them, float32 products everywhere else.
+
+* the setting: default "ieee", a context manager that restores it, bad
+  values refused, show_config reports it;
+* what it does not change (bitwise): float64 calls, calls that return the
+  weights, every call on a CPU or path without fast bf16 products;
+* where the tiles run (skipped elsewhere):
+  - the rounding, exactly: one key gives out = V rounded to bf16 (to
+    nearest even, clamped to bf16's finite range) and lse = the score of
+    Q scale log2(e) and K rounded to bf16, products exact, summed in
+    float32;
+  - sizes across the tiles (16 queries, 16 and 64 keys, 32 elements of d,
+    16 of dv) and one more or less, causal, window, sinks, grouped heads,
+    packed sequences with one that sees no key, the general score:
+    within BF16_TOL of the float64 reference, and beyond float32's
+    rounding (the tiles did run);
+  - bitwise identical results for 1, 2 and 3 threads; inputs unchanged.
+
+Tolerances: normwise against float64, BF16_TOL = 8e-3 (each operand and
+weight rounded to bf16 costs up to 2^-9 relative; the measured error is
+2.4e-3 to 3.5e-3); exact where the case is exact.
+"""
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import _core
+from attention_c import reference as ref
+from attention_c.testing import assert_all_identical, f64, rel_err
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+BF16_TOL = 8e-3
+# What float32 products stay within here (testing.TOL's float32 is 1e-5):
+# a bf16 result must be further off than this, or the tiles did not run
+FLOAT32_ERR = 1e-5
+BF16_MAX = np.float32(3.38953139e38)
+
+amx = pytest.mark.skipif(not _core._bf16_products(),
+                         reason="this CPU has no fast bf16 products (AMX)")
+
+
+def bf16(x):
+    """x (float32) rounded to bf16 as the kernel does: clamped to bf16's
+    finite range, then to nearest even (kept in float32)."""
+    x = np.clip(np.asarray(x, np.float32), -BF16_MAX, BF16_MAX)
+    u = x.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _inputs(rng, lead, Tq, T, H, Hv, kv_lead=None):
+    q = rng.standard_normal(lead + (Tq, H)).astype(np.float32)
+    kl = lead if kv_lead is None else kv_lead
+    k = rng.standard_normal(kl + (T, H)).astype(np.float32)
+    v = rng.standard_normal(kl + (T, Hv)).astype(np.float32)
+    return q, k, v
+
+
+def _forward(fn, q, k, v, precision, **kw):
+    with ac.set_fp32_precision(precision):
+        return fn(q, k, values=v, return_weights=False, **kw)
+
+
+# -- the setting --------------------------------------------------------
+
+@pytest.mark.usefixtures("restore_settings")
+def test_setting_and_context_manager():
+    assert ac.get_fp32_precision() == "ieee"
+    with ac.set_fp32_precision("bf16") as ctx:
+        assert ac.get_fp32_precision() == "bf16"
+        assert "bf16" in repr(ctx)
+        with ac.set_fp32_precision("ieee"):
+            assert ac.get_fp32_precision() == "ieee"
+        assert ac.get_fp32_precision() == "bf16"
+    assert ac.get_fp32_precision() == "ieee"
+    ac.set_fp32_precision("bf16")       # a plain call sets it for good
+    assert ac.get_fp32_precision() == "bf16"
+    ac.set_fp32_precision("ieee")
+    info = ac.show_config(file=__import__("io").StringIO())
+    assert info["fp32_precision"] == "ieee"
+    assert info["bf16_products"] is _core._bf16_products()
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("bad, err", [("tf32", ValueError),
+                                      ("BF16", ValueError),
+                                      (None, TypeError), (16, TypeError)])
+def test_bad_precision_refused(bad, err):
+    with pytest.raises(err, match="ieee.*bf16|bf16.*ieee"):
+        ac.set_fp32_precision(bad)
+    assert ac.get_fp32_precision() == "ieee"
+
+
+@pytest.mark.usefixtures("restore_settings")
+def test_unchanged_where_bf16_does_not_run():
+    """float64, the weights' path, and (on a CPU or path without fast bf16
+    products) every float32 call: bitwise as with "ieee"."""
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, (2,), 70, 90, 17, 9)
+    q64, k64, v64 = f64(q), f64(k), f64(v)
+    assert_all_identical(_forward(ac.dot_attention, q64, k64, v64, "bf16"),
+                         _forward(ac.dot_attention, q64, k64, v64, "ieee"),
+                         "float64")
+    for precision in ("bf16", "ieee"):
+        with ac.set_fp32_precision(precision):
+            got = ac.dot_attention(q, k, values=v, causal=True)
+        if precision == "bf16":
+            weights = got
+        else:
+            assert_all_identical(weights, got, "return_weights=True")
+    paths = [p for p in _core._simd_paths()]
+    for simd in paths:
+        _core._set_simd(simd)
+        if _core._bf16_products():
+            continue
+        assert_all_identical(_forward(ac.dot_attention, q, k, v, "bf16"),
+                             _forward(ac.dot_attention, q, k, v, "ieee"),
+                             f"{simd} without bf16 products")
+
+
+# -- where the tiles run ------------------------------------------------
+
+@amx
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("H", [1, 17, 64, 65])
+def test_one_key_rounds_exactly(H):
+    """One key: its weight is 1, so out is V rounded to bf16, and lse is
+    the score: (Q scale log2 e) and K rounded to bf16, exact products
+    summed in float32, times ln 2.  Values beyond bf16's range clamp."""
+    rng = np.random.default_rng(H)
+    Tq = 40          # several queries: the streamed path, not decoding
+    q = rng.standard_normal((1, Tq, H)).astype(np.float32)
+    k = rng.standard_normal((1, 1, H)).astype(np.float32)
+    v = (rng.standard_normal((1, 1, H)) *
+         np.logspace(-30, 30, H)).astype(np.float32)
+    v[0, 0, 0] = np.finfo(np.float32).max       # past bf16's range
+    out, lse = _forward(ac.dot_attention, q, k, v, "bf16")
+    np.testing.assert_array_equal(out, np.broadcast_to(bf16(v), out.shape))
+    scale = np.float32(1 / np.sqrt(H))
+    c = np.float32(scale * np.float32(1.4426950408889634))
+    s = (f64(bf16(q * c)) * f64(bf16(k))).sum(-1)     # exact, then one
+    want = s * np.log(2)                              # rounding in all
+    np.testing.assert_allclose(lse, want, rtol=2e-6, atol=2e-6 * H)
+
+
+CASES = {
+    "full": {},
+    "causal": {"causal": True},
+    "window": {"window": (20, 3)},
+    "sinks": {"causal": True, "sinks": True},
+}
+SIZES = [(17, 1), (16, 15), (33, 65), (64, 64), (65, 129), (257, 300)]
+
+
+def _check_bf16(fn, q, k, v, what, **kw):
+    if kw.pop("sinks", False):
+        kw["sinks"] = np.linspace(-1, 2, q.shape[-3]).astype(np.float32)
+    before = [x.copy() for x in (q, k, v)]
+    out, lse = _forward(fn, q, k, v, "bf16", **kw)
+    for x, b in zip((q, k, v), before):
+        np.testing.assert_array_equal(x, b)         # inputs unchanged
+    rfn = getattr(ref, fn.__name__)
+    want_out, want_lse = rfn(f64(q), f64(k), values=f64(v),
+                             return_weights=False, **kw)
+    err = rel_err(out, want_out, floor=1.0)
+    assert err < BF16_TOL, f"{what}: out {err:.2e}"
+    seen = np.isfinite(want_lse)
+    assert np.array_equal(np.isfinite(lse), seen), f"{what}: lse -inf"
+    assert np.all(out[~seen] == 0), f"{what}: out of a query seeing nothing"
+    assert rel_err(lse[seen], want_lse[seen], floor=1.0) < BF16_TOL, \
+        f"{what}: lse"
+    return err
+
+
+@amx
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_sizes_match_reference(size, case):
+    """Grouped heads (3 query heads on one key head), d = 33, dv = 17:
+    within BF16_TOL, and further off than float32 products would be."""
+    Tq, T = size
+    rng = np.random.default_rng(Tq * 1000 + T)
+    q, k, v = _inputs(rng, (2, 3), Tq, T, 33, 17, kv_lead=(2, 1))
+    err = _check_bf16(ac.dot_attention, q, k, v, f"{case} {size}",
+                      **CASES[case])
+    if T > 1:
+        assert err > FLOAT32_ERR, f"{case} {size}: bf16 products did not run"
+
+
+@amx
+@pytest.mark.usefixtures("restore_settings")
+def test_packed_sequences_and_general_score():
+    """Packed sequences, the last with no keys (out 0, lse -inf); and the
+    general score (q W against the keys)."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 90, 40)).astype(np.float32)
+    k = rng.standard_normal((2, 70, 40)).astype(np.float32)
+    v = rng.standard_normal((2, 70, 24)).astype(np.float32)
+    cu_q = np.array([0, 30, 75, 90], dtype=np.int32)
+    cu_k = np.array([0, 50, 70, 70], dtype=np.int32)
+    _check_bf16(ac.dot_attention, q, k, v, "segments", causal=True,
+                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    W = (rng.standard_normal((40, 40)) / 6).astype(np.float32)
+    with ac.set_fp32_precision("bf16"):
+        out, lse = ac.general_attention(q, k, W, values=v,
+                                        return_weights=False)
+    want, _ = ref.general_attention(f64(q), f64(k), f64(W), values=f64(v),
+                                    return_weights=False)
+    assert FLOAT32_ERR < rel_err(out, want, floor=1.0) < BF16_TOL
+
+
+@amx
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("case", ["full", "causal"])
+def test_threads_bitwise_identical(case):
+    """Enough work for 3 threads (2**22 multiply-adds each)."""
+    q, k, v = _inputs(np.random.default_rng(9), (2, 4), 600, 600, 32, 32)
+    ac.set_num_threads(1)
+    one = _forward(ac.dot_attention, q, k, v, "bf16", **CASES[case])
+    for n in (2, 3):
+        ac.set_num_threads(n)
+        assert_all_identical(_forward(ac.dot_attention, q, k, v, "bf16",
+                                      **CASES[case]), one, f"{n} threads")
