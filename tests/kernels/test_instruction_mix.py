@@ -66,6 +66,38 @@ def test_micro_kernel_loop(funcs, isa, dtype):
 
 
 @needs_objdump
+def test_amx_kernel(funcs):
+    """The bf16 products' kernel (simd/flash_amx.inc), built whatever the
+    CPU: its products on tiles (TDPBF16PS, not AVX512_BF16's vdpbf16ps,
+    which ran at half the float32 FMA rate on the Xeon it was written
+    on); its softmax loop over a panel's rows keeps its vectors in
+    registers: the degree-3 exp2 (vrndscaleps, vscalefps), P rounded to
+    bf16 in pairs of vectors, no spill."""
+    syms = [s for s in funcs if s.startswith(("flash_amx_f32_avx512",
+                                              "amx_"))]
+    if "flash_amx_f32_avx512" not in syms:
+        pytest.skip("built without AMX (compiler or OS)")
+    insns = [i for s in syms for i in funcs[s]]
+    mnems = [m for _a, m, _o in insns]
+    for m in ("ldtilecfg", "tilerelease", "tdpbf16ps", "tileloadd",
+              "tilestored", "vcvtne2ps2bf16", "vpermw"):
+        assert m in mnems, f"no {m} in {syms}"
+    assert "vdpbf16ps" not in mnems
+    rows = [(sym, loop) for sym in syms
+            for loop in il.innermost_loops(funcs[sym])
+            if sum(m == "vscalefps" for _a, m, _o in loop) == 4]
+    assert rows, "no softmax loop of 4 vectors of weights per row"
+    for sym, loop in rows:
+        stack = il.stack_regs(funcs[sym])
+        ms = [m for _a, m, _o in loop]
+        assert ms.count("vrndscaleps") == 4 and \
+            ms.count("vcvtne2ps2bf16") == 2, (sym, ms)
+        spills = [(m, o) for _a, m, o in loop
+                  if "mm" in o and any(f"(%{r}" in o for r in stack)]
+        assert not spills, f"spills in {sym}'s softmax loop: {spills}"
+
+
+@needs_objdump
 @pytest.mark.parametrize("isa, dtype", PATHS)
 def test_flash_loops(funcs, isa, dtype):
     """The fused forward's products (simd/flash.inc): the scores' tile,
