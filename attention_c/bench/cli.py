@@ -67,6 +67,13 @@ def parse_args(argv):
                              "torch's scaled_dot_product_attention instead "
                              "(attention_c.bench.selfattn; takes its "
                              "options)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="benchmark the forward's bf16 products on "
+                             "float32 inputs (set_fp32_precision('bf16')) "
+                             "against float32 products and torch's "
+                             "scaled_dot_product_attention in float32 and "
+                             "bfloat16 instead (attention_c.bench.bf16; "
+                             "takes its options)")
     parser.add_argument("--mha", action="store_true",
                         help="benchmark multi-head attention and decoding "
                              "against torch.nn.MultiheadAttention and "
@@ -124,6 +131,9 @@ def main(argv=None):
     if "--selfattn" in argv:
         from attention_c.bench import selfattn
         return selfattn.main([a for a in argv if a != "--selfattn"])
+    if "--bf16" in argv:
+        from attention_c.bench import bf16
+        return bf16.main([a for a in argv if a != "--bf16"])
     if "--mha" in argv:
         from attention_c.bench import mha
         return mha.main([a for a in argv if a != "--mha"])

@@ -1,0 +1,294 @@
+"""bf16 products of float32 calls (``set_fp32_precision("bf16")``)
+against float32 products and PyTorch's ``scaled_dot_product_attention``.
+
+``python -m attention_c.bench --bf16`` (or ``python -m
+attention_c.bench.bf16``) runs it; ``--quick`` runs tiny sizes in seconds.
+PyTorch is required (it is the baseline).
+
+Float32 inputs, (B, heads, T, d) with B * heads the first number of each
+shape, full and causal, at each thread count asked for (ours through
+``attention_c.set_num_threads``, PyTorch through ``torch.set_num_threads``).
+Timed in interleaved rounds (``harness.measure``), forward only:
+
+* ours_fp32: ``dot_attention(q, k, values=v, return_weights=False)`` with
+  ``set_fp32_precision("ieee")``;
+* ours_bf16: the same with ``"bf16"`` (Q K^T and P V on AMX bf16 tiles,
+  float32 sums, where ``show_config()["bf16_products"]``; float32 products
+  elsewhere);
+* torch_fp32 / torch_bf16: SDPA under no_grad on float32 tensors / on
+  bfloat16 copies of them (made once, outside the timing).
+
+The scale is 1 / sqrt(d) on both sides.  Before timing, each output is
+compared with SDPA in float64 on the same data (||x - r|| / ||r||).  GF/s
+count 4 B T^2 d flops (halved for causal), as a share of the measured
+float32 FMA peak of our SIMD path (bf16 products may go beyond it).
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+import attention_c as ac
+from attention_c import _core  # type: ignore[attr-defined]
+from attention_c.bench import harness
+from attention_c.bench.report import emit, format_load, format_table
+from attention_c.bench.selfattn import HEADS, split
+from attention_c.testing import rel_err
+
+SHAPES = ((8, 1024, 64), (2, 4096, 64))         # (B * heads, T, d)
+QUICK_SHAPES = ((2, 128, 16), (1, 256, 16))
+CASES = ("full", "causal")
+IMPLS = ("ours_fp32", "ours_bf16", "torch_fp32", "torch_bf16")
+TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4,
+             "ours_bf16": 2e-2, "torch_bf16": 2e-2}
+# ratios: name -> (numerator, denominator)
+RATIOS = {"bf16/fp32": ("ours_bf16", "ours_fp32"),
+          "bf16/torch_bf16": ("ours_bf16", "torch_bf16"),
+          "bf16/torch_fp32": ("ours_bf16", "torch_fp32")}
+
+
+def make_problem(shape, case, seed=0):
+    """q, k, v (B, heads, T, d), float32 standard normal, and the case."""
+    bh, T, d = shape
+    rng = np.random.default_rng([seed, bh, T, d, CASES.index(case)])
+    lead = split(bh)
+    p = {n: rng.standard_normal(lead + (T, d), dtype=np.float32)
+         for n in ("q", "k", "v")}
+    p.update(causal=case == "causal", scale=1 / math.sqrt(d))
+    return p
+
+
+def flops_forward(shape, causal):
+    """4 B T^2 d (two products), halved for causal."""
+    bh, T, d = shape
+    return 4.0 * bh * T * T * d / (2 if causal else 1)
+
+
+def ours_call(p, precision):
+    """Our forward at ``precision``; the setting is global, so each call
+    sets it (only when it differs: a get costs far less than a set)."""
+    q, k, v = p["q"], p["k"], p["v"]
+
+    def fwd():
+        if ac.get_fp32_precision() != precision:
+            ac.set_fp32_precision(precision)
+        return ac.dot_attention(q, k, values=v, causal=p["causal"],
+                                scale=p["scale"], return_weights=False)[0]
+    return fwd
+
+
+def torch_call(torch, p, dtype):
+    """SDPA's forward under no_grad on the problem converted to ``dtype``
+    (float32 shares the arrays' memory)."""
+    q, k, v = (torch.from_numpy(p[n]).to(dtype) for n in ("q", "k", "v"))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def fwd():
+        with torch.no_grad():
+            return sdpa(q, k, v, is_causal=p["causal"], scale=p["scale"])
+    return fwd
+
+
+def functions(torch, p):
+    """The four timed forwards, by IMPLS name."""
+    return {"ours_fp32": ours_call(p, "ieee"),
+            "ours_bf16": ours_call(p, "bf16"),
+            "torch_fp32": torch_call(torch, p, torch.float32),
+            "torch_bf16": torch_call(torch, p, torch.bfloat16)}
+
+
+def check(torch, p, funcs):
+    """{impl: normwise error of its output} against SDPA in float64."""
+    exact = torch_call(torch, p, torch.float64)().numpy()
+    errs = {}
+    for name, fn in funcs.items():
+        out = fn()
+        out = out.to(torch.float64).numpy() if torch.is_tensor(out) else out
+        errs[name] = rel_err(np.asarray(out, dtype=np.float64), exact)
+    return errs
+
+
+def run_row(case, shape, threads, ctx, funcs, errs):
+    """Time the four forwards on one case, shape and thread count."""
+    row = {"case": case, "shape": list(shape), "lead": list(split(shape[0])),
+           "threads": threads, "errors": errs}
+    before, start = harness.cpu_seconds(), time.perf_counter()
+    timed = harness.measure(funcs, ctx["target"], ctx["min_repeats"])
+    row["others_load"] = harness.others_load(before,
+                                             time.perf_counter() - start)
+    row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
+    row["repeats"] = {k: n for k, (_, n) in timed.items()}
+    t = row["times_ms"]
+    row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
+    flops = flops_forward(shape, case == "causal")
+    row["gflops"] = {k: flops / (ms / 1e3) / 1e9 for k, ms in t.items()}
+    row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
+    row["peak_share"] = {k: g / row["peak_gflops"]
+                         for k, g in row["gflops"].items()}
+    return row
+
+
+def run_all(options, ctx):
+    """Every shape, case and thread count; returns the rows."""
+    torch, rows = ctx["torch"], []
+    for shape in ctx["shapes"]:
+        for case in CASES:
+            p = make_problem(shape, case, ctx["seed"])
+            funcs = functions(torch, p)
+            errs = check(torch, p, funcs)       # once, before timing
+            for name, e in errs.items():
+                if not e <= TOLERANCE[name]:
+                    print(f"WARNING: {name} is inaccurate on {case} "
+                          f"{shape}: {e:.2e}", file=sys.stderr)
+            for threads in options.threads:
+                start = time.perf_counter()
+                with harness.thread_count(threads, ctx["tpc"], torch):
+                    rows.append(run_row(case, shape, threads, ctx, funcs,
+                                        errs))
+                print(f"  {case:<7} {str(shape):<16} {threads} thr "
+                      f"{time.perf_counter() - start:6.1f} s",
+                      file=sys.stderr)
+    return rows
+
+
+# --------------------------------------------------------------------------
+# Report
+
+def header(meta):
+    """The lines saying what ran where."""
+    flags = meta["peak"]["flags"]
+    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}"
+                     for f in ("amx_bf16", "avx512_bf16"))
+    share = meta["others_share"]
+    peaks = ", ".join(f"{p['threads']} thr {p['gflops']:.0f} GF/s"
+                      for p in meta["peak"]["peaks"])
+    lines = [
+        "bf16 products (set_fp32_precision('bf16')) against float32 "
+        "products and torch SDPA: float32 inputs, forward, "
+        "return_weights=False",
+        f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
+        f"attention_c {meta['config']['version']}: SIMD path "
+        f"{meta['config']['simd']}, bf16_products "
+        f"{meta['bf16_products']}; torch {meta['torch']} "
+        f"(CPU capability {meta['torch_capability']})",
+        f"Float32 FMA peak of the {meta['config']['simd']} path: {peaks}",
+        "Other processes used "
+        + ("?" if share is None else f"{share:.0%}")
+        + " of the CPUs during the run; load average at start "
+        + format_load(meta["load_start"])]
+    if not meta["bf16_products"]:
+        lines.append("NOTE: this CPU has no bf16 products for attention_c: "
+                     "the 'bf16' setting runs float32 products, so "
+                     "ours_bf16 times the same kernel as ours_fp32.")
+    return lines
+
+
+def shape_text(row):
+    """The row's 4-D shape, "1x8x1024x64"."""
+    return "x".join(map(str, row["lead"] + row["shape"][1:]))
+
+
+def report(meta, rows):
+    """The plain-text report: header, times and ratios, GF/s, errors."""
+    key = ["case", "B x h x T x d", "thr"]
+    times = [[r["case"], shape_text(r), str(r["threads"])]
+             + [f"{r['times_ms'][k]:.3f}" for k in IMPLS]
+             + [f"{r['ratios'][k]:.2f}" for k in RATIOS]
+             + ["?" if r["others_load"] is None
+                else f"{r['others_load']:.0%}"] for r in rows]
+    rates = [[r["case"], shape_text(r), str(r["threads"]),
+              f"{r['peak_gflops']:.0f}"]
+             + [f"{r['gflops'][k]:.1f} ({r['peak_share'][k]:.0%})"
+                for k in IMPLS] for r in rows]
+    seen = {}
+    for r in rows:                  # errors: once per shape and case
+        seen.setdefault((r["case"], shape_text(r)), r["errors"])
+    errors = [[c, s] + [f"{e[k]:.1e}" for k in IMPLS]
+              for (c, s), e in seen.items()]
+    return "\n".join(header(meta) + [
+        "", "Median ms per forward; ratios < 1: ours_bf16 faster",
+        format_table(key + [f"{k} ms" for k in IMPLS] + list(RATIOS)
+                     + ["others"], times, left=2),
+        "", "GF/s (share of the float32 FMA peak of the threads used)",
+        format_table(key + ["peak"] + list(IMPLS), rates, left=2),
+        "", "Error of out against SDPA in float64 (||x - r|| / ||r||)",
+        format_table(key[:2] + list(IMPLS), errors, left=2)])
+
+
+# --------------------------------------------------------------------------
+# Command line
+
+def parse_args(argv):
+    """The options of ``python -m attention_c.bench --bf16``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_c.bench --bf16",
+        description="Benchmark the streamed forward of dot_attention on "
+                    "float32 inputs with bf16 products "
+                    "(set_fp32_precision('bf16')) against float32 products "
+                    "and torch.nn.functional.scaled_dot_product_attention "
+                    "in float32 and bfloat16, with each one's error "
+                    "against float64.")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, short measurements (seconds)")
+    parser.add_argument("--threads", default="1,2",
+                        help="comma-separated thread counts; 'all' = the "
+                             "available CPUs (default: 1,2)")
+    parser.add_argument("--target", type=float,
+                        help="seconds per measurement (default 0.5, 0.01 "
+                             "with --quick)")
+    parser.add_argument("--min-repeats", type=int,
+                        help="least timed runs per measurement (default 5; "
+                             "1 with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="FILE", help="write all results")
+    return harness.finish_run_options(parser.parse_args(argv), parser)
+
+
+def setup(options, torch):
+    """The run's settings and the report's metadata."""
+    shapes = QUICK_SHAPES if options.quick else SHAPES
+    options.shapes = [str(s) for s in shapes]
+    options.dtypes = ["float32"]
+    options.no_torch, options.compile = False, False
+    ctx, meta = harness.setup(options)
+    capability = getattr(torch.backends, "cpu", None)
+    meta.update(quick=options.quick, torch=torch.__version__,
+                torch_capability=capability.get_cpu_capability()
+                if capability else "?",
+                bf16_products=bool(_core._bf16_products()),
+                peak=harness.peak_facts(meta["config"]["simd"], ["float32"],
+                                        options.threads, options.quick),
+                shape_sizes=[list(s) for s in shapes], heads=HEADS)
+    ctx.update(torch=torch, shapes=shapes, peak=meta["peak"])
+    return ctx, meta
+
+
+def main(argv=None):
+    """Entry point of ``python -m attention_c.bench --bf16``."""
+    options = parse_args(sys.argv[1:] if argv is None else list(argv))
+    torch = harness.baseline_torch()
+    if torch is None:
+        return 2
+    saved = (ac.get_fp32_precision(), ac.get_num_threads(),
+             torch.get_num_threads())
+    try:
+        before, start = harness.cpu_seconds(), time.perf_counter()
+        ctx, meta = setup(options, torch)
+        rows = run_all(options, ctx)
+        meta["wall_seconds"] = time.perf_counter() - start
+        meta["others_share"] = harness.others_load(before,
+                                                   meta["wall_seconds"])
+        meta["load_end"] = harness.load_average()
+    finally:
+        ac.set_fp32_precision(saved[0])
+        ac.set_num_threads(saved[1])
+        torch.set_num_threads(saved[2])
+    emit(options, meta, report(meta, rows), {"meta": meta, "results": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
