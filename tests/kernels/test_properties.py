@@ -24,7 +24,7 @@ bias (full, broadcast over the batch, with -inf entries), dropout with a
 seed, and the forward's lse with the backward from out= and lse=.
 
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (the default) runs 200
-derandomized examples per function, ``dev`` 50, ``long`` 2000; no example
+derandomized examples per function, ``dev`` 50, ``long`` 1000; no example
 database is written.  The number of cases run is printed at the end of
 the pytest run ("attention_c figures").
 """
@@ -50,7 +50,7 @@ _common = dict(derandomize=True, database=None, deadline=None,
                                       HealthCheck.filter_too_much])
 settings.register_profile("ci", max_examples=200, **_common)
 settings.register_profile("dev", max_examples=50, **_common)
-settings.register_profile("long", max_examples=2000, **_common)
+settings.register_profile("long", max_examples=1000, **_common)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 
 FUNCS = ["mean_context", "mean_context_backward", "additive_score",
