@@ -231,19 +231,7 @@ def parse_args(argv):
                     "and torch.nn.functional.scaled_dot_product_attention "
                     "in float32 and bfloat16, with each one's error "
                     "against float64.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, short measurements (seconds)")
-    parser.add_argument("--threads", default="1,2",
-                        help="comma-separated thread counts; 'all' = the "
-                             "available CPUs (default: 1,2)")
-    parser.add_argument("--target", type=float,
-                        help="seconds per measurement (default 0.5, 0.01 "
-                             "with --quick)")
-    parser.add_argument("--min-repeats", type=int,
-                        help="least timed runs per measurement (default 5; "
-                             "1 with --quick)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="write all results")
+    harness.add_run_options(parser, None)
     return harness.finish_run_options(parser.parse_args(argv), parser)
 
 

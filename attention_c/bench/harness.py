@@ -310,7 +310,7 @@ def baseline_torch():
 def add_run_options(parser, section, repeats_help=""):
     """The options of the issue benchmarks (``--selfattn``, ``--mha``):
     --quick, --threads, --target, --min-repeats, --seed, --json and
-    --write-docs (of the page's ``section``)."""
+    --write-docs (of the page's ``section``; none when it is None)."""
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, short measurements (seconds)")
     parser.add_argument("--threads", default="1,2",
@@ -324,6 +324,8 @@ def add_run_options(parser, section, repeats_help=""):
                              + repeats_help + "; 1 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="write all results")
+    if section is None:
+        return
     parser.add_argument("--write-docs", metavar="PAGE",
                         help=f"rewrite the '{section}' section of this page "
                              f"(docs/performance.md), keeping its prose; "
