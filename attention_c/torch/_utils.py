@@ -86,9 +86,13 @@ def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
         if t.dtype not in _FLOATS + _LOW:
             raise TypeError(f"{name} has dtype {t.dtype}; attention_c.torch "
                             f"supports {_DTYPES_TEXT}")
-        if t.dtype != ref.dtype and not autocast:
-            # NumPy would promote; autograd needs each gradient in the
-            # dtype of its input, so mixed dtypes are refused instead.
+        # NumPy would promote; autograd needs each gradient in the dtype
+        # of its input, so mixed dtypes are refused instead.  But for a
+        # bfloat16 or float16 call, computed in float32, a float32 bias
+        # (a float attn_mask, ALiBi) costs nothing and loses nothing.
+        lossless = (name == "bias" and ref.dtype in _LOW
+                    and t.dtype == torch.float32)
+        if t.dtype != ref.dtype and not autocast and not lossless:
             raise TypeError(f"{name} has dtype {t.dtype} but {first} has "
                             f"{ref.dtype}; convert them to one dtype")
     if mask is not None:

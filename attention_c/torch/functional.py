@@ -326,7 +326,8 @@ def _check_variants(query: torch.Tensor, keys: torch.Tensor,
         if cu.device.type not in ("cpu", "meta") or cu.ndim != 1:
             raise ValueError(f"{name} must be a 1-D CPU tensor (n + 1,), "
                              f"got shape {tuple(cu.shape)} on {cu.device}")
-    dtype = low or query.dtype
+    # the computation's dtype: float32 for a bfloat16 or float16 call
+    dtype = query.dtype if low is None else torch.float32
     per_seq = []
     for name, x in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if x is not None:

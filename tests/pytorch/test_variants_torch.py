@@ -408,3 +408,35 @@ def test_multihead_variants(batch_first):
     with torch.no_grad():
         fast, _ = ours(x, x, x, sinks=sinks, softcap=2.0, need_weights=False)
     assert rel_err(fast, out.detach()) <= 1e-12
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16],
+                         ids=["bf16", "f16"])
+@pytest.mark.parametrize("extra", ["alibi_slopes", "sinks", "bias"])
+@pytest.mark.parametrize("extra_dtype", ["same", "float32"])
+def test_low_precision_with_variants(low, extra, extra_dtype):
+    """A bfloat16 or float16 call with ALiBi slopes, sinks or a bias, in
+    its own dtype or in float32 (lossless: the call computes in float32),
+    is the float32 call on the same values, rounded to its dtype; each
+    gradient comes back in its input's dtype.  (Slopes and sinks of a
+    16-bit call once reached the kernels in 16 bits: "unsupported
+    ScalarType"; a float32 bias was refused.)"""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 4, 9, 16, generator=g).to(low)
+               for _ in range(3))
+    x = {"alibi_slopes": torch.rand(4, generator=g),
+         "sinks": torch.randn(4, generator=g),
+         "bias": torch.randn(9, 9, generator=g)}[extra]
+    x = x.to(low) if extra_dtype == "same" else x
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, x)]
+    out, alpha = act.dot_attention(leaves[0], leaves[1], values=leaves[2],
+                                 causal=True, **{extra: leaves[3]})
+    want, want_alpha = act.dot_attention(q.float(), k.float(),
+                                         values=v.float(),
+                                       causal=True, **{extra: x.float()})
+    assert out.dtype == low and torch.equal(out, want.to(low))
+    assert torch.equal(alpha, want_alpha.to(low))
+    out.float().sum().backward()
+    for t in leaves:
+        assert t.grad is not None and t.grad.dtype == t.dtype
+        assert torch.isfinite(t.grad.float()).all()
