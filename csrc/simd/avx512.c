@@ -112,6 +112,8 @@ static inline __m512 div_ps(__m512 a, __m512 b)
  * conversions; core/dispatch.c checks the CPU and the OS at run time. */
 #if ATT_HAVE_AMX
 #if defined(__clang__)
+/* clang keeps the outer target of nested attribute pushes: replace it */
+#pragma clang attribute pop
 #pragma clang attribute push(__attribute__((target( \
     "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16,amx-tile,amx-bf16"))), \
     apply_to = function)
@@ -123,6 +125,8 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #include "simd/flash_amx.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target( \
+    "avx512f,avx512dq,avx512bw,avx512vl,fma"))), apply_to = function)
 #else
 #pragma GCC pop_options
 #endif
