@@ -124,14 +124,14 @@ def set_fp32_precision(precision):
     float32 call to round its operands to bfloat16 for the products,
     which sum in float32, where the CPU multiplies bf16 much faster than
     float32.  Today that is the streamed forward (``return_weights=False``
-    of :func:`dot_attention` and :func:`general_attention`, so also
-    ``scaled_dot_product_attention`` and ``flash_attn_func`` of
-    ``attention_c.torch`` in float32, without gradients) on CPUs with AMX
-    (Intel Sapphire Rapids and later; ``show_config()["bf16_products"]``
-    says whether this one runs them).  Every other call, and every call on
-    other CPUs, keeps float32 products.  Results stay float32; their
-    error grows from about 4e-7 to about 3.5e-3 (normwise, against
-    float64).
+    of :func:`dot_attention` and :func:`general_attention`, so also the
+    forward of ``scaled_dot_product_attention`` and ``flash_attn_func`` of
+    ``attention_c.torch`` in float32) on CPUs with AMX (Intel Sapphire
+    Rapids and later; ``show_config()["bf16_products"]`` says whether this
+    one runs them).  Every other call (backwards included: they take the
+    forward's ``out`` and ``lse`` as they are), and every call on other
+    CPUs, keeps float32 products.  Results stay float32; their error
+    grows from about 4e-7 to about 3.5e-3 (normwise, against float64).
 
     The setting is per process, shared by all Python threads.  Calling it
     sets the precision at once; used as a context manager, the previous
