@@ -260,18 +260,27 @@ static PyObject *py_table(PyObject *self, PyObject *noargs)
  * Private: the instruction set, threads; the tests' hooks
  */
 
-static int simd_from_name(PyObject *name)
+/* The index of the str `name` in names[0 .. n), or -1 */
+static int name_index(PyObject *name, const char *const *names, int n)
 {
-    for (int i = 0; i < N_SIMD; i++) {
+    for (int i = 0; i < n; i++) {
         if (PyUnicode_Check(name) &&
-            PyUnicode_CompareWithASCIIString(name, simd_names[i]) == 0) {
+            PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
             return i;
         }
     }
-    PyErr_Format(PyExc_ValueError,
-                 "unknown SIMD path %R; expected 'scalar', 'avx2', "
-                 "'avx512' or 'neon'", name);
     return -1;
+}
+
+static int simd_from_name(PyObject *name)
+{
+    int i = name_index(name, simd_names, N_SIMD);
+    if (i < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "unknown SIMD path %R; expected 'scalar', 'avx2', "
+                     "'avx512' or 'neon'", name);
+    }
+    return i;
 }
 
 static PyObject *py_simd_best(PyObject *self, PyObject *noargs)
@@ -341,16 +350,14 @@ static PyObject *py_get_fp32_precision(PyObject *self, PyObject *noargs)
 static PyObject *py_set_fp32_precision(PyObject *self, PyObject *name)
 {
     (void)self;
-    for (int i = 0; i < N_PRECISION; i++) {
-        if (PyUnicode_Check(name) &&
-            PyUnicode_CompareWithASCIIString(name, precision_names[i]) == 0) {
-            fp32_precision = i;
-            Py_RETURN_NONE;
-        }
+    int i = name_index(name, precision_names, N_PRECISION);
+    if (i < 0) {
+        return PyErr_Format(PyExc_ValueError,
+                            "fp32 precision must be 'ieee' or 'bf16', got "
+                            "%R", name);
     }
-    return PyErr_Format(PyExc_ValueError,
-                        "fp32 precision must be 'ieee' or 'bf16', got %R",
-                        name);
+    fp32_precision = i;
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_bf16_products(PyObject *self, PyObject *noargs)
