@@ -135,6 +135,13 @@
  *                        lanes, each in [1, 3) once settled (so none is
  *                        dropped, and core/peak.c checks it).
  */
+/* The arguments of flash and flash_bf16 (above) */
+#define ATT_FLASH_ARGS(R)                                                    \
+    (ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale, R sink, const R *Q,   \
+     ptrdiff_t ldq, const R *K, ptrdiff_t ldk, const R *V, ptrdiff_t ldv,    \
+     const ptrdiff_t *lo, const ptrdiff_t *hi, R *O, ptrdiff_t ldo, R *lse,  \
+     R *work)
+
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \
         ptrdiff_t vlen;                                                      \
@@ -184,19 +191,11 @@
                                  R *const *out);                             \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
-        void (*flash)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale,     \
-                      R sink, const R *Q, ptrdiff_t ldq, const R *K,         \
-                      ptrdiff_t ldk, const R *V, ptrdiff_t ldv,              \
-                      const ptrdiff_t *lo, const ptrdiff_t *hi, R *O,        \
-                      ptrdiff_t ldo, R *lse, R *work);                       \
+        void (*flash) ATT_FLASH_ARGS(R);                                     \
         ptrdiff_t flash_bf16_nr;                                             \
         ptrdiff_t (*flash_bf16_work)(ptrdiff_t nq, ptrdiff_t d,             \
                                      ptrdiff_t dv);                          \
-        void (*flash_bf16)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale,\
-                           R sink, const R *Q, ptrdiff_t ldq, const R *K,    \
-                           ptrdiff_t ldk, const R *V, ptrdiff_t ldv,         \
-                           const ptrdiff_t *lo, const ptrdiff_t *hi, R *O,   \
-                           ptrdiff_t ldo, R *lse, R *work);                  \
+        void (*flash_bf16) ATT_FLASH_ARGS(R);                                \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -130,9 +130,6 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #else
 #pragma GCC pop_options
 #endif
-#define FLASH_BF16 FSFX(flash_amx)
-#define FLASH_BF16_WORK FSFX(flash_amx_work)
-#define FLASH_BF16_NR 16
 #endif
 #include "simd/ops.inc"
 #include "simd/undef.inc"
