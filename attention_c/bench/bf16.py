@@ -115,12 +115,7 @@ def run_row(case, shape, threads, ctx, funcs, errs):
     """Time the four forwards on one case, shape and thread count."""
     row = {"case": case, "shape": list(shape), "lead": list(split(shape[0])),
            "threads": threads, "errors": errs}
-    before, start = harness.cpu_seconds(), time.perf_counter()
-    timed = harness.measure(funcs, ctx["target"], ctx["min_repeats"])
-    row["others_load"] = harness.others_load(before,
-                                             time.perf_counter() - start)
-    row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
-    row["repeats"] = {k: n for k, (_, n) in timed.items()}
+    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
     flops = flops_forward(shape, case == "causal")

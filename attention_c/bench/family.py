@@ -317,12 +317,7 @@ def run_row(case, mask, threads, ctx):
     funcs = {}
     for name, (fwd, fwdbwd, _) in forms.items():
         funcs[f"{name}_fwd"], funcs[f"{name}_fwdbwd"] = fwd, fwdbwd
-    before, start = harness.cpu_seconds(), time.perf_counter()
-    timed = harness.measure(funcs, ctx["target"], ctx["min_repeats"])
-    row["others_load"] = harness.others_load(before,
-                                             time.perf_counter() - start)
-    row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
-    row["repeats"] = {k: n for k, (_, n) in timed.items()}
+    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     return row
 
 

@@ -403,6 +403,18 @@ def measure(funcs, target, min_repeats):
 # --------------------------------------------------------------------------
 # Accuracy
 
+def measure_into(row, funcs, target, min_repeats):
+    """:func:`measure` the ``funcs`` and record in ``row``: ``times_ms``
+    and ``repeats`` by name, and ``others_load``, the share of the CPUs
+    other processes used meanwhile."""
+    before, start = cpu_seconds(), time.perf_counter()
+    timed = measure(funcs, target, min_repeats)
+    row["others_load"] = others_load(before, time.perf_counter() - start)
+    row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
+    row["repeats"] = {k: n for k, (_, n) in timed.items()}
+    return row
+
+
 def errors(result, exact):
     """{name: normwise relative error} of each array of ``result`` (a dict
     of arrays) that ``exact`` has too: ||x - r|| / ||r|| in float64

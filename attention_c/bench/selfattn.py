@@ -238,12 +238,7 @@ def run_row(case, index, shape, threads, ctx, exact):
     funcs.update(sdpa_functions(torch, p, sdpa_tensors(torch, p)))
     repeats = (min(ctx["min_repeats"], HEAVY_REPEATS)
                if shape[1] >= HEAVY_T else ctx["min_repeats"])
-    before, start = harness.cpu_seconds(), time.perf_counter()
-    timed = harness.measure(funcs, ctx["target"], repeats)
-    row["others_load"] = harness.others_load(before,
-                                             time.perf_counter() - start)
-    row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
-    row["repeats"] = {k: n for k, (_, n) in timed.items()}
+    harness.measure_into(row, funcs, ctx["target"], repeats)
     row["fwd_gflops"] = (flops_forward(shape, case == "causal")
                          / (row["times_ms"]["ours_fwd"] / 1e3) / 1e9)
     # forward + backward: 4 + 10 B T^2 d flops (the backward recomputes
