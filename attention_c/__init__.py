@@ -16,8 +16,9 @@ functions run a whole layer in one call each way.
 
 All functions take array-likes with any number of leading batch axes,
 never modify their inputs and return new arrays.  float32 and float64 are
-computed natively; other dtypes are promoted like ``np.result_type``
-(integers compute in float64, float16 in float32).  Masks are boolean,
+computed natively; float16 and bfloat16 (``ml_dtypes``) in float32, and
+returned in their dtype; other dtypes are promoted like ``np.result_type``
+(integers compute in float64).  Masks are boolean,
 True = valid.  A row with no valid item gives zeros, never NaN.
 
 The required arguments come by position (data first, then parameters);

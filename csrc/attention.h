@@ -254,11 +254,24 @@ typedef struct {
  * of value sequence j of Bv at values + (voff ? voff[j] : j T Hv) +
  * t (vrs ? vrs : Hv), in elements (offsets and strides may be negative;
  * the last axis is contiguous).  Elsewhere koff, voff, krs, vrs must be
- * NULL or 0.
+ * NULL or 0.  Where it also says ATT_STORED16_KEYS (_VALUES: float calls)
+ * they may be stored in 16 bits: kstore (vstore) ATT_STORE_BF16 or
+ * ATT_STORE_F16, keys (values) then pointing at uint16_t elements, each
+ * widened to float exactly as it is loaded (the result is the float
+ * call's on the widened arrays, bit for bit); ATT_STORE_NATIVE (0)
+ * everywhere else.
  */
 enum att_strided {
     ATT_STRIDED_KEYS = 1,
-    ATT_STRIDED_VALUES = 2
+    ATT_STRIDED_VALUES = 2,
+    ATT_STORED16_KEYS = 4,      /* and as stored in 16 bits (kstore) */
+    ATT_STORED16_VALUES = 8     /* (vstore) */
+};
+
+enum att_store {
+    ATT_STORE_NATIVE = 0,
+    ATT_STORE_BF16 = 1,
+    ATT_STORE_F16 = 2
 };
 
 #define ATT_FAMILY_DECLARE(R, SFX)                                           \
@@ -278,6 +291,7 @@ enum att_strided {
         R softcap;                    /* > 0 when f->softcap */            \
         att_view alibi, sinks;        /* REAL, element b at VIEW_AT */     \
         att_view sharpness;           /* cosine: REAL beta (b, i) */       \
+        int kstore, vstore;           /* enum att_store: keys, values */   \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \

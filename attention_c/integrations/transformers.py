@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 import attention_c as ac
+from attention_c.torch._utils import _np, _reads_as_stored
 
 
 
@@ -276,11 +277,6 @@ def mask_forward(batch_size: int, q_length: int, kv_length: int,
 # The kernel, as a torch.autograd.Function
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    a: np.ndarray = t.detach().numpy()
-    return a
-
-
 def _npo(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else _np(t)
 
@@ -494,9 +490,15 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
     low = None
     if query.dtype not in (torch.float32, torch.float64):
         low = query.dtype
-        query, key, value = query.float(), key.float(), value.float()
+        query = query.float()
     dt = query.dtype
-    if key.dtype != dt or value.dtype != dt:
+    # Inference on a 16-bit cache: the keys and values as they are (a
+    # decoding step reads them in place, widening as it loads).
+    grads = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (query, key, value))
+    stored = (low is not None and not grads and _reads_as_stored(key)
+              and _reads_as_stored(value))
+    if not stored and (key.dtype != dt or value.dtype != dt):
         key, value = key.to(dt), value.to(dt)
     # Grouped heads in place: query (B, Hkv, G, Tq, d), keys (B, Hkv, 1, T,
     # d), a view each.

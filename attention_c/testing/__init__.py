@@ -58,6 +58,7 @@ __all__ = [
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
     "FIGURES", "record_figure", "assert_identical", "assert_all_identical",
+    "HALF_DTYPES", "assert_rounded",
     "run_quick_bench", "page_section",
     "torch_context_attention", "torch_masked_softmax",
     "torch_additive_attention", "torch_dot_attention",
@@ -85,6 +86,20 @@ ILL_FACTOR = 8.0
 FD_RTOL = 1e-6
 
 DTYPES = [np.float32, np.float64]
+
+
+def _half_dtypes():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return [np.float16]
+    return [np.float16, ml_dtypes.bfloat16]
+
+
+# The 16-bit dtypes NumPy can hold here: float16, and ml_dtypes' bfloat16
+# when it is installed.  They compute in float32 and come back in their own
+# dtype (the log-sum-exp in float32).
+HALF_DTYPES = _half_dtypes()
 
 # Masks every test should meet: none, random (with at least one fully
 # masked row when there are several), all masked, one valid item per row.
@@ -459,6 +474,19 @@ def assert_all_identical(got, want, what=""):
     want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
     assert len(got) == len(want), what
     for i, (g, w) in enumerate(zip(got, want)):
+        assert_identical(g, w, f"{what} output {i}")
+
+
+def assert_rounded(got, want, dtype, what="", lse=None):
+    """The outputs of a 16-bit call (``got``) are those of the float32
+    call (``want``) rounded once to ``dtype``, bit for bit, but for output
+    number ``lse``, which stays float32."""
+    got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w is not None and i != lse:
+            w = w.astype(dtype)
         assert_identical(g, w, f"{what} output {i}")
 
 

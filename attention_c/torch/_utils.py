@@ -21,9 +21,28 @@ _DTYPES_TEXT = ("torch.float32, torch.float64 (computed natively), "
 _tracing: Any = getattr(torch.jit, "is_tracing")
 
 
+try:
+    import ml_dtypes
+    _BF16: Any = np.dtype(ml_dtypes.bfloat16)
+except ImportError:         # the bfloat16 extra: without it, float32 copies
+    _BF16 = None
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a checked CPU tensor: shared memory, any strides."""
-    return t.detach().numpy()
+    """A NumPy view of a checked CPU tensor: shared memory, any strides; a
+    bfloat16 one as ml_dtypes' bfloat16 (see :func:`_reads_as_stored`)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def _reads_as_stored(t: torch.Tensor) -> bool:
+    """Whether the kernels may take ``t`` (keys or values of an inference
+    call) in its own 16-bit dtype: they read it in place where they
+    decode, and widen a copy elsewhere.  bfloat16 needs ml_dtypes."""
+    return (t.dtype == torch.float16
+            or (t.dtype == torch.bfloat16 and _BF16 is not None))
 
 
 def _np_opt(t: torch.Tensor | None) -> np.ndarray | None:

@@ -13,6 +13,19 @@
 #include "core/philox.h"
 #include "core/testhooks.h"
 
+#if ATT_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+
+/* F16C (leaf 1: ECX bit 29), binary16's conversions, which the avx2 path
+ * widens 16-bit keys and values with: every AVX2 CPU has it, but
+ * libgcc's check cannot ask for it under every compiler. */
+static int x86_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 int att_simd_best(void)
 {
 #if ATT_HAVE_NEON
@@ -28,7 +41,8 @@ int att_simd_best(void)
         __builtin_cpu_supports("avx512vl")) {
         return ATT_SIMD_AVX512;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        x86_has_f16c()) {
         return ATT_SIMD_AVX2;
     }
 #endif
@@ -52,7 +66,6 @@ int att_simd_supported(int simd)
 }
 
 #if ATT_HAVE_AMX
-#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 

@@ -93,6 +93,11 @@
  *                        the bits dot_keys (sum_values) gives the query
  *                        alone (so a query's result does not depend on
  *                        its group).
+ *   dot_keys_multi16, sum_values_multi16  the same on 16-bit keys
+ *                        (values), [0] bfloat16, [1] binary16, each
+ *                        element widened exactly as it is loaded: the
+ *                        bits of the two above on the widened rows.
+ *                        float only (NULL in the double tables).
  *   flash     the streamed forward of nq queries (dot or general score,
  *             every input finite) whose visibility is a range of keys:
  *             query i (Q + i ldq, d wide) sees keys [lo[i], hi[i]) of K
@@ -189,6 +194,15 @@
                                  ptrdiff_t ldv,                              \
                                  const unsigned char *const *use,            \
                                  R *const *out);                             \
+        void (*dot_keys_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
+                                    R alpha, const R *const *q,              \
+                                    const void *K, ptrdiff_t ldk,            \
+                                    R *const *s);                            \
+        void (*sum_values_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
+                                      const R *const *w, const void *V,      \
+                                      ptrdiff_t ldv,                         \
+                                      const unsigned char *const *use,       \
+                                      R *const *out);                        \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
         void (*flash) ATT_FLASH_ARGS(R);                                     \

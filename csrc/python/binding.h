@@ -236,6 +236,11 @@ struct Call {
     att_dims d;                       /* B = prod(lead), T, H, A */
     int several;                      /* the family: several queries */
     int typenum;                      /* NPY_FLOAT or NPY_DOUBLE */
+    PyArray_Descr *ret;               /* the results' 16-bit dtype when
+                                         every floating input has it,
+                                         else NULL (owned) */
+    int store[MAX_ARGS];              /* enum att_store of keys and
+                                         values read in place */
     PyObject *out[MAX_OUTS];          /* owned until returned */
     void *work;
     att_exec ex;
@@ -311,6 +316,9 @@ static inline int stream_of(const Call *c)
 int take_args(Call *c, PyObject *const *args, Py_ssize_t nargs,
               PyObject *kwnames);
 int view_args(Call *c);
+/* A 16-bit floating dtype (attention.h's att_store): NumPy's float16,
+ * ml_dtypes' bfloat16; ATT_STORE_NATIVE for any other. */
+int half_store(const PyArray_Descr *dt);
 
 /* shapes.c: step 3, every shape checked and the symbols bound; the
  * patterns parsed at import. */

@@ -528,11 +528,36 @@ static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
     return result;
 }
 
+/* The outputs in the inputs' 16-bit dtype (c->ret), rounded to nearest
+ * even; the log-sum-exp stays float32. */
+static int round_outputs(Call *c)
+{
+    for (int k = 0; c->ret != NULL && k < c->fn->nouts; k++) {
+        if (c->out[k] == NULL || c->fn->outs[k].id == Y_LSE) {
+            continue;
+        }
+        if (ALLOC_POINT("rounding of", out_names[c->fn->outs[k].id], 1) < 0) {
+            return -1;
+        }
+        Py_INCREF(c->ret);             /* PyArray_CastToType steals it */
+        PyObject *r = PyArray_CastToType((PyArrayObject *)c->out[k], c->ret,
+                                         0);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_SETREF(c->out[k], r);
+    }
+    return 0;
+}
+
 /* The result: one array, or a tuple with None for outputs not made; the
  * public function of a backward gives its named tuple (grads). */
 static PyObject *take_result(Call *c, PyTypeObject *grads)
 {
     const FuncSpec *fn = c->fn;
+    if (round_outputs(c) < 0) {
+        return NULL;
+    }
     if (fn->nouts == 1) {
         PyObject *r = c->out[0];
         c->out[0] = NULL;
@@ -639,6 +664,7 @@ done:
     for (int k = 0; k < fn->nouts; k++) {
         Py_XDECREF(c.out[k]);
     }
+    Py_XDECREF(c.ret);
     return result;
 }
 

@@ -345,8 +345,25 @@ static int take_number(Call *c, int i, PyObject *obj)
     return 0;
 }
 
+int half_store(const PyArray_Descr *dt)
+{
+    if (dt->type_num == NPY_HALF) {
+        return ATT_STORE_F16;
+    }
+    /* ml_dtypes' bfloat16 is a user dtype, known by its scalar type's
+     * name: no import of ml_dtypes, an optional dependency */
+    if (dt->kind == 'V' && PyDataType_ELSIZE(dt) == 2 &&
+        dt->typeobj != NULL) {
+        const char *name = strrchr(dt->typeobj->tp_name, '.');
+        name = name != NULL ? name + 1 : dt->typeobj->tp_name;
+        return strcmp(name, "bfloat16") == 0 ? ATT_STORE_BF16
+                                              : ATT_STORE_NATIVE;
+    }
+    return ATT_STORE_NATIVE;
+}
+
 /* Step 2 for an array argument: its dtype, a mask's boolean, the others'
- * real floating or integer. */
+ * real floating (16-bit ones included) or integer. */
 static int check_dtype(const Call *c, int i)
 {
     const ArgSpec *a = &c->fn->args[i];
@@ -381,11 +398,12 @@ static int check_dtype(const Call *c, int i)
         return -1;
     }
     else if (!((dt->kind == 'f' && PyArray_ITEMSIZE(c->arr[i]) <= 8) ||
-               dt->kind == 'i' || dt->kind == 'u')) {
+               dt->kind == 'i' || dt->kind == 'u' || half_store(dt))) {
         PyErr_Format(PyExc_TypeError,
                      "%s has dtype %S; attention_c computes in float32 or "
-                     "float64 and accepts real floating or integer "
-                     "input%s", name, (PyObject *)dt,
+                     "float64 and accepts float16, bfloat16 (ml_dtypes), "
+                     "float32, float64 or integer input%s", name,
+                     (PyObject *)dt,
                      dt->type_num == NPY_BOOL && c->fn->pos[X_MASK] >= 0
                      ? " (a boolean array is a mask: did you mean "
                        "mask=...?)" : "");

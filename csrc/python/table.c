@@ -195,6 +195,14 @@ static att_view view_of(const Call *c, int id)
     return i >= 0 && c->arr[i] != NULL ? c->view[i] : none;
 }
 
+/* How the keys or values (id) are stored where read in place (read_rows):
+ * attention.h's att_store. */
+static int store_of(const Call *c, int id)
+{
+    int i = c->fn->pos[id];
+    return i >= 0 ? c->store[i] : ATT_STORE_NATIVE;
+}
+
 /* The bias gradient, laid out as the bias made C-contiguous (make_views),
  * or nothing. */
 static att_view dbias_view(const Call *c)
@@ -240,7 +248,8 @@ static att_view grad_view(const Call *c, int g, int id)
             .cu_q = IN(X_CU_SEQLENS_Q), .cu_k = IN(X_CU_SEQLENS_K),          \
             .softcap = (R)softcap, .alibi = view_of(c, X_ALIBI_SLOPES),      \
             .sinks = view_of(c, X_SINKS),                                    \
-            .sharpness = view_of(c, X_SHARPNESS)};                           \
+            .sharpness = view_of(c, X_SHARPNESS),                            \
+            .kstore = store_of(c, X_KEYS), .vstore = store_of(c, X_VALUES)};  \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \

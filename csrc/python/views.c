@@ -56,8 +56,13 @@ static int read_rows(Call *c, int i)
                ? att_family_reads_strided_f32(&f, backward)
                : att_family_reads_strided_f64(&f, backward);
     npy_intp item = PyArray_ITEMSIZE(x);
+    /* 16-bit keys and values read as stored, where the kernel can */
+    int store = what & (id == X_KEYS ? ATT_STORED16_KEYS
+                                     : ATT_STORED16_VALUES)
+                ? half_store(PyArray_DESCR(x)) : ATT_STORE_NATIVE;
     if (!(what & (id == X_KEYS ? ATT_STRIDED_KEYS : ATT_STRIDED_VALUES)) ||
-        PyArray_TYPE(x) != c->typenum || !PyArray_ISNOTSWAPPED(x) ||
+        (PyArray_TYPE(x) != c->typenum && store == ATT_STORE_NATIVE) ||
+        !PyArray_ISNOTSWAPPED(x) ||
         !PyArray_ISALIGNED(x) ||
         (PyArray_DIM(x, nd - 1) > 1 && PyArray_STRIDE(x, nd - 1) != item) ||
         (PyArray_DIM(x, nd - 2) > 1 && PyArray_STRIDE(x, nd - 2) == 0)) {
@@ -81,6 +86,7 @@ static int read_rows(Call *c, int i)
     c->view[i] = (att_view){PyArray_DATA(x), c->offs[i], 0,
                             PyArray_DIM(x, nd - 2) > 1
                             ? PyArray_STRIDE(x, nd - 2) / item : 0, 1};
+    c->store[i] = store;
     return 1;
 }
 
@@ -125,10 +131,50 @@ static int broadcast_lead(Call *c, int i)
     return 0;
 }
 
-/* Step 4: the floating arrays in one dtype, C-contiguous and aligned
- * (np.result_type of them; float16 computes in float32, integers in
- * float64), but for the keys and values a decoding call reads where they
- * are (read_rows); masks C-contiguous. */
+/* The call's dtype from its floating arguments' (neither all float32
+ * nor all float64).  16-bit ones compute in float32 (with the others,
+ * as a float32 would: NumPy cannot promote bfloat16 with float16 or an
+ * integer) and, when every one has the same 16-bit dtype, the results
+ * come back in it (c->ret); otherwise np.result_type of them: float16
+ * and float32 compute in float32, the rest (integers) in float64. */
+static int result_type(Call *c, int count, PyArrayObject **arrs)
+{
+    PyArrayObject *full[MAX_ARGS];
+    PyArray_Descr *half = NULL;
+    int nfull = 0, nhalf = 0, mixed = 0;
+    for (int k = 0; k < count; k++) {
+        PyArray_Descr *dt = PyArray_DESCR(arrs[k]);
+        if (half_store(dt) == ATT_STORE_NATIVE) {
+            full[nfull++] = arrs[k];
+            continue;
+        }
+        mixed |= half != NULL && half_store(half) != half_store(dt);
+        half = dt;
+        nhalf++;
+    }
+    if (nfull == 0) {
+        c->typenum = NPY_FLOAT;
+        if (!mixed) {
+            c->ret = (PyArray_Descr *)Py_NewRef(half);
+        }
+        return 0;
+    }
+    PyArray_Descr *f32 = PyArray_DescrFromType(NPY_FLOAT);
+    PyArray_Descr *rt = PyArray_ResultType(nfull, full, nhalf > 0,
+                                           &f32);
+    Py_DECREF(f32);
+    if (rt == NULL) {
+        return -1;
+    }
+    c->typenum = rt->kind == 'f' && PyDataType_ELSIZE(rt) <= 4
+                 ? NPY_FLOAT : NPY_DOUBLE;
+    Py_DECREF(rt);
+    return 0;
+}
+
+/* Step 4: the floating arrays in one dtype (result_type), C-contiguous
+ * and aligned, but for the keys and values a decoding call reads where
+ * they are, as stored (read_rows); masks C-contiguous. */
 int cast_args(Call *c)
 {
     const FuncSpec *fn = c->fn;
@@ -152,14 +198,8 @@ int cast_args(Call *c)
                  PyArray_TYPE(arrs[0]) == NPY_DOUBLE)) {
         c->typenum = PyArray_TYPE(arrs[0]);
     }
-    else if (count > 0) {
-        PyArray_Descr *rt = PyArray_ResultType(count, arrs, 0, NULL);
-        if (rt == NULL) {
-            return -1;
-        }
-        c->typenum = rt->kind == 'f' && PyDataType_ELSIZE(rt) <= 4
-                     ? NPY_FLOAT : NPY_DOUBLE;
-        Py_DECREF(rt);
+    else if (count > 0 && result_type(c, count, arrs) < 0) {
+        return -1;
     }
     for (int i = 0; i < fn->nargs; i++) {
         if (c->arr[i] == NULL || (fn->args[i].flags & F_INDEX)) {

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "core/dispatch.h"
+#include "core/half.h"
 #include "core/philox.h"
 #include "ref/scalar.h"
 
@@ -52,32 +53,73 @@ SCALAR_FMA_LOOP(f64)
 APPLY_KEEP(float, f32)
 APPLY_KEEP(double, f64)
 
-#define SCALAR_TABLE(SFX)                                                    \
+/* dot_keys_multi16 and sum_values_multi16 (core/dispatch.h): the loops
+ * of ref/scalar.inc's dot_keys and sum_values, each element widened as
+ * it is read (core/half.h), so the bits are theirs on the widened rows. */
+#define SCALAR_MULTI16(NAME, STORE)                                          \
+    static void dot_keys_multi_##NAME(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
+                                      float alpha, const float *const *q,    \
+                                      const void *K, ptrdiff_t ldk,          \
+                                      float *const *s)                       \
     {                                                                        \
-        .vlen = 1,                                                           \
-        .gemm_work = 0,                                                      \
-        .gemm = gemm_##SFX,                                                  \
-        .gemv = gemv_##SFX,                                                  \
-        .add_scores = add_scores_##SFX,                                      \
-        .add_scores_backward = add_scores_backward_##SFX,                    \
-        .softmax = family_softmax_##SFX,                                     \
-        .softmax_backward = seq_softmax_backward_##SFX,                      \
-        .exp_shift = exp_shift_##SFX,                                        \
-        .max_row = max_row_##SFX,                                            \
-        .ds_row = ds_row_##SFX,                                              \
-        .dot_keys = dot_keys_##SFX,                                          \
-        .sum_values = sum_values_##SFX,                                      \
-        .keep_row = att_keep_row,                                            \
-        .apply_keep = apply_keep_##SFX,                                      \
-        .dot_keys_multi = dot_keys_multi_##SFX,                              \
-        .sum_values_multi = sum_values_multi_##SFX,                          \
-        .workspace = NULL,                                                   \
-        .context_attention = NULL,                                           \
-        .context_attention_backward = NULL,                                  \
-        .tanh = tanh_all_##SFX,                                              \
-        .fma_loop = fma_loop_##SFX,                                          \
-        .fma_accs = 12,                                                      \
+        for (ptrdiff_t r = 0; r < g; r++) {                                  \
+            for (ptrdiff_t t = 0; t < n; t++) {                              \
+                float acc = 0;                                               \
+                for (ptrdiff_t c = 0; c < d; c++) {                          \
+                    acc += q[r][c] * att_half_at(STORE, K, t * ldk + c);     \
+                }                                                            \
+                s[r][t] = alpha * acc;                                       \
+            }                                                                \
+        }                                                                    \
+    }                                                                        \
+    static void sum_values_multi_##NAME(ptrdiff_t g, ptrdiff_t n,            \
+                                        ptrdiff_t d, const float *const *w,  \
+                                        const void *V, ptrdiff_t ldv,        \
+                                        const unsigned char *const *use,     \
+                                        float *const *out)                   \
+    {                                                                        \
+        for (ptrdiff_t r = 0; r < g; r++) {                                  \
+            fill_zero_f32(d, out[r]);                                        \
+            for (ptrdiff_t t = 0; t < n; t++) {                              \
+                for (ptrdiff_t c = 0; VALID(use[r], t) && c < d; c++) {      \
+                    out[r][c] += w[r][t] * att_half_at(STORE, V,             \
+                                                       t * ldv + c);         \
+                }                                                            \
+            }                                                                \
+        }                                                                    \
     }
 
-const att_ops_f32 att_ops_table_f32_scalar = SCALAR_TABLE(f32);
-const att_ops_f64 att_ops_table_f64_scalar = SCALAR_TABLE(f64);
+SCALAR_MULTI16(bf16, ATT_STORE_BF16)
+SCALAR_MULTI16(f16, ATT_STORE_F16)
+
+#define SCALAR_ENTRIES(SFX)                                                  \
+    .vlen = 1,                                                               \
+    .gemm_work = 0,                                                          \
+    .gemm = gemm_##SFX,                                                      \
+    .gemv = gemv_##SFX,                                                      \
+    .add_scores = add_scores_##SFX,                                          \
+    .add_scores_backward = add_scores_backward_##SFX,                        \
+    .softmax = family_softmax_##SFX,                                         \
+    .softmax_backward = seq_softmax_backward_##SFX,                          \
+    .exp_shift = exp_shift_##SFX,                                            \
+    .max_row = max_row_##SFX,                                                \
+    .ds_row = ds_row_##SFX,                                                  \
+    .dot_keys = dot_keys_##SFX,                                              \
+    .sum_values = sum_values_##SFX,                                          \
+    .keep_row = att_keep_row,                                                \
+    .apply_keep = apply_keep_##SFX,                                          \
+    .dot_keys_multi = dot_keys_multi_##SFX,                                  \
+    .sum_values_multi = sum_values_multi_##SFX,                              \
+    .workspace = NULL,                                                       \
+    .context_attention = NULL,                                               \
+    .context_attention_backward = NULL,                                      \
+    .tanh = tanh_all_##SFX,                                                  \
+    .fma_loop = fma_loop_##SFX,                                              \
+    .fma_accs = 12
+
+const att_ops_f32 att_ops_table_f32_scalar = {
+    SCALAR_ENTRIES(f32),
+    .dot_keys_multi16 = {dot_keys_multi_bf16, dot_keys_multi_f16},
+    .sum_values_multi16 = {sum_values_multi_bf16, sum_values_multi_f16},
+};
+const att_ops_f64 att_ops_table_f64_scalar = {SCALAR_ENTRIES(f64)};

@@ -7,11 +7,11 @@
 #if defined(__x86_64__) || defined(_M_X64)
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), \
                              apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 #include <immintrin.h>
@@ -135,6 +135,11 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VKEEP keep_ps
 #define VANY_GT(a, b) \
     (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0)
+/* 8 bfloat16 (binary16) at p widened to float: zero-extended, shifted
+ * into the upper half (F16C's conversion) */
+#define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(                 \
+    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define FLASH_MR 4
 #define FLASH_NV 3
 #include "simd/vmath.inc"

@@ -101,6 +101,11 @@ static inline __m512 div_ps(__m512 a, __m512 b)
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
 #define VKEEP keep_ps
 #define VANY_GT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0)
+/* 16 bfloat16 (binary16) at p widened to float: zero-extended, shifted
+ * into the upper half (AVX-512F's conversion) */
+#define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(                 \
+    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define FLASH_MR 6
 #define FLASH_NV 4
 #include "simd/vmath.inc"

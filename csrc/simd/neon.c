@@ -163,6 +163,12 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
 #define VKEEP keep_f32
 #define VANY_GT(a, b) (vmaxvq_u32(vcgtq_f32(a, b)) != 0)
 #define FLASH_MR 6
+/* 4 bfloat16 (binary16) at p widened to float: shifted into the upper
+ * half (the base conversion of AArch64) */
+#define VLOAD_BF16(p) \
+    vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(p)), 16))
+#define VLOAD_F16(p) \
+    vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(p))))
 #define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"

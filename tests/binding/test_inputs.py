@@ -22,8 +22,9 @@ import pytest
 
 import attention_c as ac
 from attention_c import _core, _core_tests, reference
-from attention_c.testing import (DTYPES, LAYER_FUNCTIONS, SIGNATURES,
-                                 Problem, assert_close)
+from attention_c.testing import (DTYPES, HALF_DTYPES, LAYER_FUNCTIONS,
+                                 SIGNATURES, Problem, assert_close,
+                                 assert_rounded)
 
 # --------------------------------------------------------------------------
 # The ten functions: their arguments (docs/contract.md's names, in order),
@@ -375,22 +376,23 @@ def test_int64_with_float32_follows_result_type(fn, rng):
     assert_identical(call(fn, args), want, fn)
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES,
+                         ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fn", FUNCS)
-def test_float16_computes_in_float32(fn, rng):
-    """float16 inputs give float32 outputs, equal to the float32 call."""
-    args = make_args(fn, rng, dtype=np.float16)
+def test_half_computes_in_float32(fn, dtype, rng):
+    """float16 and bfloat16 inputs compute in float32 and come back in
+    their dtype: the float32 call's results rounded once."""
+    args = make_args(fn, rng, dtype=dtype)
     want = call(fn, {n: x if n == "mask" or x is None else
                      x.astype(np.float32) for n, x in args.items()})
-    got = call(fn, args)
-    assert_identical(got, want, f"{fn} float16")
-    assert all(g is None or g.dtype == np.float32 for g in as_tuple(got))
+    assert_rounded(call(fn, args), want, dtype, f"{fn} {np.dtype(dtype)}")
     if "alpha" in args:
-        # alpha rounded to float16 no longer sums to 1, which the backward
+        # alpha rounded to 16 bits no longer sums to 1, which the backward
         # kernels assume; the float32 comparison above is the check here.
         return
-    for i, (g, r) in enumerate(zip(as_tuple(got), _ref_outputs(fn, args))):
+    for i, (w, r) in enumerate(zip(as_tuple(want), _ref_outputs(fn, args))):
         if r is not None:
-            assert_close(g, r, np.float32, f"{fn} float16 output {i}")
+            assert_close(w, r, np.float32, f"{fn} {dtype} output {i}")
 
 
 def _bad_dtype(kind, x):

@@ -329,7 +329,8 @@ def check_result(res):
         if o is None:
             continue
         assert type(o) is np.ndarray, type(o)
-        assert o.dtype in (np.float32, np.float64), o.dtype
+        assert o.dtype in (np.float16, np.float32, np.float64) or (
+            o.dtype.name == "bfloat16"), o.dtype
         assert o.flags.c_contiguous and o.flags.owndata
 
 

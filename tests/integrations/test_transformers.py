@@ -182,6 +182,40 @@ def test_output_attentions(arch):
         assert bool((a1[0][..., 10, :5] == 0).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_cache_read_as_stored(dtype):
+    """Inference on 16-bit keys and values (a decoding step, GQA, strided
+    cache views, and a prefill): the bits of the call on float32 copies,
+    rounded once to the dtype; with gradients, the float32 path."""
+    module = torch.nn.Module()
+    g = _gen(11)
+    for Tq, T in ((1, 40), (3, 40), (17, 17)):
+        q = torch.randn(2, 4, Tq, 8, generator=g).to(dtype)
+        cache = torch.randn(2, 2, 2, 50, 8, generator=g).to(dtype)
+        k, v = cache[0, ..., :T, :], cache[1, ..., :T, :]
+        wide = [x.float() for x in (q, k, v)]
+        with torch.no_grad():
+            got, _ = act.attention_forward(module, q, k, v, None)
+            want, _ = act.attention_forward(module, *wide, None)
+        assert got.dtype == dtype
+        assert torch.equal(got, want.to(dtype))
+    q.requires_grad_(True)
+    out, _ = act.attention_forward(module, q, k, v, None)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == dtype
+
+
+def test_bf16_greedy_tokens_equal_sdpa():
+    """A bfloat16 model generating greedily (its cache bfloat16): the
+    tokens of transformers' sdpa backend."""
+    ours, theirs = _pair(*DECODERS["qwen3"], torch.bfloat16, ref="sdpa")
+    ids = torch.randint(0, V, (2, 9), generator=_gen(12))
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw),
+                           theirs.generate(ids, **kw))
+
+
 def test_static_cache_generate():
     ours, theirs = _pair(*DECODERS["llama"], torch.float32)
     ids = torch.randint(0, V, (2, 7), generator=_gen(4))

@@ -31,10 +31,11 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import (DTYPES, FAMILY_FUNCTIONS, FD_RTOL, ILL_FACTOR,
-                                 MASK_KINDS, Problem, SIGNATURES, TOL,
+from attention_c.testing import (DTYPES, FAMILY_FUNCTIONS, FD_RTOL,
+                                 HALF_DTYPES, ILL_FACTOR, MASK_KINDS,
+                                 Problem, SIGNATURES, TOL,
                                  assert_all_identical, assert_identical,
-                                 numerical_grad, rel_err)
+                                 assert_rounded, numerical_grad, rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -1179,15 +1180,44 @@ def test_integer_inputs_compute_in_float64(fn, itype, rng):
     assert_all_identical(got, want, f"{fn} with {np.dtype(itype).name}")
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES,
+                         ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fn", FUNCS)
-def test_float16_computes_in_float32(fn, rng):
-    """float16 inputs give float32 outputs, equal to the float32 call."""
+def test_half_computes_in_float32(fn, dtype, rng):
+    """float16 and bfloat16 inputs compute in float32 and come back in
+    their dtype: the float32 call's results rounded once."""
+    args = make_args(fn, rng, dtype)
+    want = call(fn, {n: a if n in NOT_FLOAT or a is None else
+                     a.astype(np.float32) for n, a in args.items()})
+    assert_rounded(call(fn, args), want, dtype, f"{fn} {np.dtype(dtype)}")
+
+
+@pytest.mark.parametrize("fn", ["dot_attention", "general_attention"])
+def test_half_lse_stays_float32(fn, rng):
+    """The log-sum-exp of a 16-bit call is float32, the out 16-bit."""
     args = make_args(fn, rng, np.float16)
+    args["return_weights"] = False
     want = call(fn, {n: a if n in NOT_FLOAT or a is None else
                      a.astype(np.float32) for n, a in args.items()})
     got = call(fn, args)
-    assert all(g is None or g.dtype == np.float32 for g in as_tuple(got))
-    assert_all_identical(got, want, f"{fn} float16")
+    assert got[0].dtype == np.float16 and got[1].dtype == np.float32
+    assert_rounded(got, want, np.float16, fn, lse=1)
+
+
+def test_mixed_half_dtypes_compute_in_float32(rng):
+    """float16 with bfloat16 (which NumPy cannot promote) computes and
+    returns float32, as PyTorch promotes them; with float64, float64."""
+    if len(HALF_DTYPES) < 2:
+        pytest.skip("ml_dtypes is not installed")
+    args = make_args("dot_attention", rng, np.float16)
+    args["keys"] = args["keys"].astype(HALF_DTYPES[1])
+    want = call("dot_attention", {
+        n: a if n in NOT_FLOAT or a is None else a.astype(np.float32)
+        for n, a in args.items()})
+    assert_all_identical(call("dot_attention", args), want, "mixed")
+    args["values"] = args["values"].astype(np.float64)
+    assert all(g.dtype == np.float64
+               for g in call("dot_attention", args))
 
 
 @pytest.mark.parametrize("kind", ["complex", "bool", "object"])

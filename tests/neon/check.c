@@ -19,7 +19,9 @@
  *   - the path's tanh within an ulp bound of libm over a sweep, exact at
  *     the special values;
  *   - the FMA peak's loop of every path: its flop count on 1 and 2
- *     threads run together.
+ *     threads run together;
+ *   - decoding against 16-bit keys and values: the bits of the widened
+ *     arrays', every 16-bit pattern widened exactly.
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -35,6 +37,7 @@
 #include <time.h>
 
 #include "attention.h"
+#include "core/half.h"
 #include "core/testhooks.h"
 #include "core/peak.h"
 #include "core/pool.h"
@@ -284,6 +287,97 @@ static void check_keep_rows(ctx *c)
     expect(c, bad == 0, "%ld of them differ from the scalar path's", bad);
 }
 
+/* Decoding with keys and values stored in 16 bits (bfloat16, binary16;
+ * float calls): the bits of the same call on the widened arrays, on the
+ * path under test, with every 16-bit pattern widened exactly (one key of
+ * weight 1: out = its value row), and sizes around the vectors. */
+static void check_half_decode(ctx *c)
+{
+    static const att_fdims sizes[] = {
+        {.B = 1, .Tq = 1, .T = 1, .H = 1, .Hv = 65536},
+        {.B = 1, .Tq = 1, .T = 1, .H = 1, .Hv = 65521},
+        {.B = 3, .Tq = 1, .T = 17, .H = 3, .Hv = 65},
+        {.B = 2, .Tq = 3, .T = 65, .H = 17, .Hv = 17},
+        {.B = 4, .Tq = 4, .T = 300, .H = 64, .Hv = 33},
+    };
+    for (int store = ATT_STORE_BF16; store <= ATT_STORE_F16; store++) {
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            att_fdims f = sizes[s];
+            int patterns = f.T == 1;
+            f.score = ATT_SCORE_DOT;
+            f.stream = 1;
+            f.Hq = f.H;
+            f.Bk = f.Bv = 1;          /* every query sequence on one cache */
+            f.causal = s == 3;
+            snprintf(c->what, sizeof c->what, "16-bit decode store=%d B=%td "
+                     "Tq=%td T=%td H=%td Hv=%td", store, f.B, f.Tq, f.T, f.H,
+                     f.Hv);
+            c->shapes++;
+            ptrdiff_t nk = f.T * f.H, nv = f.T * f.Hv, nq = f.B * f.Tq * f.H;
+            uint16_t *k16 = xmalloc((size_t)(nk + nv) * sizeof(uint16_t));
+            uint16_t *v16 = k16 + nk;
+            float *wide = xmalloc((size_t)(nk + nv + nq) * sizeof(float));
+            float *q = wide + nk + nv;
+            for (ptrdiff_t i = 0; i < nk + nv; i++) {
+                float x;
+                do {        /* a random pattern, finite; or every one */
+                    k16[i] = patterns && i >= nk ? (uint16_t)(i - nk)
+                             : (uint16_t)next_u64(c);
+                    x = att_half_at(store, k16, i);
+                } while (!(patterns && i >= nk) && !(fabsf(x) <= 8));
+                wide[i] = x;
+            }
+            for (ptrdiff_t i = 0; i < nq; i++) {
+                q[i] = patterns ? 1 : (float)(2 * uniform(c) - 1);
+            }
+            ptrdiff_t *kidx = xmalloc((size_t)f.B * sizeof(ptrdiff_t));
+            ptrdiff_t off[1] = {0};
+            memset(kidx, 0, (size_t)f.B * sizeof(ptrdiff_t));
+            att_family_in_f32 in[2] = {
+                {.query = q, .keys = (const float *)(const void *)k16,
+                 .values = (const float *)(const void *)v16, .kidx = kidx,
+                 .vidx = kidx, .koff = off, .voff = off, .scale = 0.25f,
+                 .kstore = store, .vstore = store},
+                {.query = q, .keys = wide, .values = wide + nk,
+                 .kidx = kidx, .vidx = kidx, .koff = off, .voff = off,
+                 .scale = 0.25f}};
+            float *out[2], *lse[2];
+            att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE};
+            for (int k = 0; k < 2; k++) {
+                out[k] = xmalloc((size_t)(f.B * f.Tq * f.Hv) * sizeof(float));
+                lse[k] = xmalloc((size_t)(f.B * f.Tq) * sizeof(float));
+                att_family_out_f32 fo = {.out = out[k], .lse = lse[k]};
+                ptrdiff_t bytes = att_family_workspace_f32(&f, 0, &ex);
+                void *work = xmalloc(bytes > 0 ? (size_t)bytes : 1);
+                int st = att_family_forward_f32(&f, &ex, &in[k], &fo, work);
+                c->calls++;
+                expect(c, st == ATT_OK, "forward %d returned %d", k, st);
+                free(work);
+            }
+            size_t n = (size_t)(f.B * f.Tq * f.Hv);
+            expect(c, memcmp(out[0], out[1], n * sizeof(float)) == 0 &&
+                      memcmp(lse[0], lse[1], (size_t)(f.B * f.Tq) *
+                             sizeof(float)) == 0,
+                   "16-bit rows differ from the widened ones");
+            for (size_t i = 0; patterns && i < n; i++) {
+                float x = out[0][i], w = wide[nk + (ptrdiff_t)i];
+                if (!(x == w || (isnan(x) && isnan(w)))) {
+                    expect(c, 0, "pattern %zu widened to %a, not %a", i,
+                           (double)x, (double)w);
+                    break;
+                }
+            }
+            for (int k = 0; k < 2; k++) {
+                free(out[k]);
+                free(lse[k]);
+            }
+            free(k16);
+            free(wide);
+            free(kidx);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     ctx c;
@@ -308,6 +402,7 @@ int main(int argc, char **argv)
         run_all_f32(&c);
         run_all_f64(&c);
         check_keep_rows(&c);
+        check_half_decode(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);
