@@ -1,5 +1,6 @@
-"""bf16 products of float32 calls (``set_fp32_precision("bf16")``)
-against float32 products and PyTorch's ``scaled_dot_product_attention``.
+"""bf16 products of float32 calls (``set_fp32_precision("bf16")``) and of
+bfloat16 calls, against float32 products and PyTorch's
+``scaled_dot_product_attention``.
 
 ``python -m attention_c.bench --bf16`` (or ``python -m
 attention_c.bench.bf16``) runs it; ``--quick`` runs tiny sizes in seconds.
@@ -15,6 +16,9 @@ Timed in interleaved rounds (``harness.measure``), forward only:
 * ours_bf16: the same with ``"bf16"`` (Q K^T and P V on AMX bf16 tiles,
   float32 sums, where ``show_config()["bf16_products"]``; float32 products
   elsewhere);
+* ours_bf16_in: the ``"ieee"`` call on ml_dtypes bfloat16 copies of the
+  inputs (made once, outside the timing), which returns bfloat16 and takes
+  the bf16 products by itself;
 * torch_fp32 / torch_bf16: SDPA under no_grad on float32 tensors / on
   bfloat16 copies of them (made once, outside the timing).
 
@@ -41,13 +45,15 @@ from attention_c.testing import rel_err
 SHAPES = ((8, 1024, 64), (2, 4096, 64))         # (B * heads, T, d)
 QUICK_SHAPES = ((2, 128, 16), (1, 256, 16))
 CASES = ("full", "causal")
-IMPLS = ("ours_fp32", "ours_bf16", "torch_fp32", "torch_bf16")
-TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4,
-             "ours_bf16": 2e-2, "torch_bf16": 2e-2}
+IMPLS = ("ours_fp32", "ours_bf16", "ours_bf16_in", "torch_fp32",
+         "torch_bf16")
+TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4, "ours_bf16": 2e-2,
+             "ours_bf16_in": 2e-2, "torch_bf16": 2e-2}
 # ratios: name -> (numerator, denominator)
 RATIOS = {"bf16/fp32": ("ours_bf16", "ours_fp32"),
           "bf16/torch_bf16": ("ours_bf16", "torch_bf16"),
-          "bf16/torch_fp32": ("ours_bf16", "torch_fp32")}
+          "bf16/torch_fp32": ("ours_bf16", "torch_fp32"),
+          "bf16_in/torch_bf16": ("ours_bf16_in", "torch_bf16")}
 
 
 def make_problem(shape, case, seed=0):
@@ -67,10 +73,11 @@ def flops_forward(shape, causal):
     return 4.0 * bh * T * T * d / (2 if causal else 1)
 
 
-def ours_call(p, precision):
-    """Our forward at ``precision``; the setting is global, so each call
-    sets it (only when it differs: a get costs far less than a set)."""
-    q, k, v = p["q"], p["k"], p["v"]
+def ours_call(p, precision, dtype=np.float32):
+    """Our forward at ``precision`` on the inputs in ``dtype``; the setting
+    is global, so each call sets it (only when it differs: a get costs far
+    less than a set)."""
+    q, k, v = (p[n].astype(dtype, copy=False) for n in ("q", "k", "v"))
 
     def fwd():
         if ac.get_fp32_precision() != precision:
@@ -93,9 +100,11 @@ def torch_call(torch, p, dtype):
 
 
 def functions(torch, p):
-    """The four timed forwards, by IMPLS name."""
+    """The timed forwards, by IMPLS name."""
+    import ml_dtypes
     return {"ours_fp32": ours_call(p, "ieee"),
             "ours_bf16": ours_call(p, "bf16"),
+            "ours_bf16_in": ours_call(p, "ieee", ml_dtypes.bfloat16),
             "torch_fp32": torch_call(torch, p, torch.float32),
             "torch_bf16": torch_call(torch, p, torch.bfloat16)}
 
@@ -107,12 +116,12 @@ def check(torch, p, funcs):
     for name, fn in funcs.items():
         out = fn()
         out = out.to(torch.float64).numpy() if torch.is_tensor(out) else out
-        errs[name] = rel_err(np.asarray(out, dtype=np.float64), exact)
+        errs[name] = rel_err(out.astype(np.float64), exact)
     return errs
 
 
 def run_row(case, shape, threads, ctx, funcs, errs):
-    """Time the four forwards on one case, shape and thread count."""
+    """Time the forwards on one case, shape and thread count."""
     row = {"case": case, "shape": list(shape), "lead": list(split(shape[0])),
            "threads": threads, "errors": errs}
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
@@ -162,7 +171,8 @@ def header(meta):
                       for p in meta["peak"]["peaks"])
     lines = [
         "bf16 products (set_fp32_precision('bf16')) against float32 "
-        "products and torch SDPA: float32 inputs, forward, "
+        "products and torch SDPA: float32 inputs (bfloat16 for "
+        "ours_bf16_in), forward, "
         "return_weights=False",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "

@@ -296,6 +296,12 @@ def _plain(args: tuple[Any, ...]) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
+def _infers(*args: Any) -> bool:
+    """Whether :func:`_call` with these tensors among its arguments runs
+    the op's body as plain eager inference (see :func:`_plain`)."""
+    return not (torch.compiler.is_compiling() or _tracing()) and _plain(args)
+
+
 def _call(kind: str, *args: Any) -> Any:
     """The op of ``kind`` through its autograd.Function (eager, torch.func)
     or directly: torch.compile traces the op with its registered autograd,

@@ -34,6 +34,7 @@ import attention_c as _ac
 from . import _pure
 from .._functions import TABLE
 from ._autograd import _call as _call  # what the functions call
+from ._autograd import _infers as _infers
 from ._autograd import _register, _Spec
 from ._utils import _np, _np_opt
 

@@ -139,6 +139,16 @@ def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
     return out.to(low), alpha.to(low)
 
 
+def _kv(t: torch.Tensor | None, low: torch.dtype | None, infer: bool
+        ) -> torch.Tensor | None:
+    """Keys or values for the kernels: in their 16-bit dtype in plain
+    inference (``infer``), which a decoding kernel reads in place, widening
+    as it loads; else :func:`_f32`."""
+    if infer and t is not None and low is not None and _reads_as_stored(t):
+        return t
+    return _f32(t, low)
+
+
 def _f32(t: torch.Tensor | None, low: torch.dtype | None
          ) -> torch.Tensor | None:
     """``t`` in float32 when computing a low-precision call (differentiable:

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 import attention_c as _ac
 
-from ._ops import _call
-from ._utils import _back, _check_tensors, _f32, _tracing
+from ._ops import _call, _infers
+from ._utils import _back, _check_tensors, _f32, _kv, _tracing
 
 __all__ = ["context_attention", "additive_attention", "dot_attention",
            "general_attention", "project_keys",
@@ -453,9 +453,10 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                         f"{type(scale).__name__}")
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
-    out, second = _call("dot", _f32(query, low), _f32(keys, low), mask,
+    infer = _infers(query, keys, values, bias, mask, attn_mask, *var[2:4])
+    out, second = _call("dot", _f32(query, low), _kv(keys, low, infer), mask,
                         attn_mask, causal, _f32(bias, low), p, seed_t,
-                        _f32(values, low),
+                        _kv(values, low, infer),
                         None if scale is None else float(scale),
                         bool(return_weights), *var, cu_seqlens_q,
                         cu_seqlens_k)
@@ -514,9 +515,11 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     p, seed_t = _dropout_seed(dropout, seed)
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
+    infer = _infers(query, keys, W, values, bias, mask, attn_mask,
+                    *var[2:4])
     out, second = _call("general", _f32(query, low), _f32(keys, low),
                         _f32(W, low), mask, attn_mask, causal,
-                        _f32(bias, low), p, seed_t, _f32(values, low),
+                        _f32(bias, low), p, seed_t, _kv(values, low, infer),
                         _f32(key_proj, low), bool(return_weights), *var,
                         cu_seqlens_q, cu_seqlens_k)
     return _back(out, second, low)

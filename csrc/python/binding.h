@@ -168,7 +168,7 @@ typedef struct {
     npy_intp B;
     const void *pool;
     npy_intp nbias;
-    int typenum, several, simd, threads, pool_threads;
+    int typenum, several, simd, threads, pool_threads, precision;
     int causal, bias, bias_shared, dropout, stream;
     int window, segments, softcap, alibi;
 } WorkKey;

@@ -420,6 +420,7 @@ static ptrdiff_t work_size(Call *c)
     key.alibi = given(c, X_ALIBI_SLOPES);
     key.nbias = bias_arg(c) != NULL ? PyArray_SIZE(bias_arg(c)) : 0;
     key.simd = c->ex.simd;
+    key.precision = c->ex.precision;     /* the bf16 kernels' scratch */
     key.threads = c->ex.threads;
     key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
     if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {
@@ -602,6 +603,18 @@ static int tiny_call(const Call *c)
     return w < (double)(1 << 14);
 }
 
+/* A bfloat16 call (every floating input bfloat16) takes bf16 products
+ * where the kernels have fast ones, as set_fp32_precision("bf16") lets a
+ * float32 call: its operands are bf16 already. */
+static int exec_for_dtype(Call *c)
+{
+    if (c->fn->fused && c->ret != NULL &&
+        half_store(c->ret) == ATT_STORE_BF16) {
+        c->ex.precision = ATT_PRECISION_BF16;
+    }
+    return 0;
+}
+
 /* Steps 1-6 for the function of row fn; grads: see take_result. */
 PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames,
@@ -621,7 +634,7 @@ PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
     }
     if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
         check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
-        cast_args(&c) < 0 || make_views(&c) < 0 ||
+        cast_args(&c) < 0 || exec_for_dtype(&c) < 0 || make_views(&c) < 0 ||
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }

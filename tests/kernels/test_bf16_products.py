@@ -9,7 +9,7 @@ them, float32 products everywhere else.
 * where the tiles run (skipped elsewhere):
   - the rounding, exactly: one key gives out = V rounded to bf16 (to
     nearest even, clamped to bf16's finite range) and lse = the score of
-    Q scale log2(e) and K rounded to bf16, products exact, summed in
+    Q and K rounded to bf16, products exact, summed in float32, scaled in
     float32;
   - sizes across the tiles (16 queries, 16 and 64 keys, 32 elements of d,
     16 of dv) and one more or less, causal, window, sinks, grouped heads,
@@ -129,8 +129,9 @@ def test_unchanged_where_bf16_does_not_run():
 @pytest.mark.parametrize("H", [1, 17, 64, 65])
 def test_one_key_rounds_exactly(H):
     """One key: its weight is 1, so out is V rounded to bf16, and lse is
-    the score: (Q scale log2 e) and K rounded to bf16, exact products
-    summed in float32, times ln 2.  Values beyond bf16's range clamp."""
+    the score: Q and K rounded to bf16, exact products summed in float32,
+    times scale log2 e in float32, times ln 2.  Values beyond bf16's range
+    clamp."""
     rng = np.random.default_rng(H)
     Tq = 40          # several queries: the streamed path, not decoding
     q = rng.standard_normal((1, Tq, H)).astype(np.float32)
@@ -142,8 +143,8 @@ def test_one_key_rounds_exactly(H):
     np.testing.assert_array_equal(out, np.broadcast_to(bf16(v), out.shape))
     scale = np.float32(1 / np.sqrt(H))
     c = np.float32(scale * np.float32(1.4426950408889634))
-    s = (f64(bf16(q * c)) * f64(bf16(k))).sum(-1)     # exact, then one
-    want = s * np.log(2)                              # rounding in all
+    s = (f64(bf16(q)) * f64(bf16(k))).sum(-1)     # exact, then one
+    want = s * f64(c) * np.log(2)                 # rounding in all
     np.testing.assert_allclose(lse, want, rtol=2e-6, atol=2e-6 * H)
 
 

@@ -403,6 +403,53 @@ def test_low_precision(kind, dtype):
         assert rel_err(p.grad, p32.grad) <= LOW_TOL[dtype]
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inference_on_a_cache(dtype, mode, monkeypatch):
+    """Inference against a 16-bit cache (the kernels read it in place
+    where they decode): the float32 call's results on the widened
+    tensors, rounded once, for the dot and general scores, one and three
+    queries per head, grouped heads on a strided cache view, and SDPA;
+    the kernels are handed the cache in its own dtype."""
+    seen = []
+    real_np = act._ops._np
+
+    def spy(t):
+        seen.append(t.dtype)
+        return real_np(t)
+
+    monkeypatch.setattr(act._ops, "_np", spy)
+    monkeypatch.setattr(act._ops, "_np_opt",
+                        lambda t: None if t is None else spy(t))
+    g = torch.Generator().manual_seed(7)
+    ctx = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    cache = torch.randn(2, 2, 70, 3, 40, generator=g).to(dtype)
+    W = torch.randn(24, 40, generator=g).to(dtype)
+    for tq in (1, 3):
+        q = torch.randn(2, 3, 2, tq, 40, generator=g).to(dtype)
+        k = cache[0, :, :61].permute(0, 2, 1, 3)[:, :, None]  # (2, 3, 1, ..)
+        v = cache[1, :, :61].permute(0, 2, 1, 3)[:, :, None]
+        qg = torch.randn(2, 3, 2, tq, 24, generator=g).to(dtype)
+        calls = {
+            "dot": lambda q, k, v, W: act.dot_attention(
+                q, k, values=v, causal=True, return_weights=False),
+            "general": lambda q, k, v, W: act.general_attention(
+                qg if q.dtype == dtype else qg.float(), k, W, values=v),
+            "sdpa": lambda q, k, v, W: act.scaled_dot_product_attention(
+                q, k.expand(-1, -1, 2, -1, -1), v.expand(-1, -1, 2, -1, -1)),
+        }
+        for name, f in calls.items():
+            with ctx():
+                got = f(q, k, v, W)
+                want = f(q.float(), k.float(), v.float(), W.float())
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            for x, y in zip(got, want):
+                assert x.dtype == dtype, name
+                assert torch.equal(x, y.to(dtype)), (name, tq)
+    assert dtype in seen and torch.float32 in seen
+
+
 def test_autocast_bfloat16():
     """Under torch.autocast('cpu', torch.bfloat16) the model runs forward
     and backward; the attention layers compute in float32 (their output
