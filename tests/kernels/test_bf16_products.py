@@ -29,7 +29,8 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import assert_all_identical, f64, rel_err
+from attention_c.testing import (assert_all_identical, assert_rounded, f64,
+                                 rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -120,6 +121,27 @@ def test_unchanged_where_bf16_does_not_run():
         assert_all_identical(_forward(ac.dot_attention, q, k, v, "bf16"),
                              _forward(ac.dot_attention, q, k, v, "ieee"),
                              f"{simd} without bf16 products")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_inputs_take_bf16_products(causal):
+    """A call on bfloat16 inputs (ml_dtypes) takes the bf16 products by
+    itself, whatever the setting: the float32 call with "bf16" on the
+    widened inputs, rounded once (lse float32); float32 products where
+    the CPU has no fast bf16 ones."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(5)
+    q, k, v = (x.astype(ml_dtypes.bfloat16)
+               for x in _inputs(rng, (2, 3), 70, 150, 40, 24))
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    want = _forward(ac.dot_attention, *wide, "bf16", causal=causal)
+    for setting in ("ieee", "bf16"):
+        got = _forward(ac.dot_attention, q, k, v, setting, causal=causal)
+        assert_rounded(got, want, ml_dtypes.bfloat16, setting, lse=1)
+    if _core._bf16_products():
+        ieee = _forward(ac.dot_attention, *wide, "ieee", causal=causal)
+        assert not np.array_equal(want[0], ieee[0])
 
 
 # -- where the tiles run ------------------------------------------------
