@@ -309,3 +309,29 @@ def test_mca_on_a_tile():
         assert float(neck.split()[-1]) == pytest.approx(12 / peak, rel=0.05)
         ran += 1
     assert ran, f"{LLVM_MCA} knows none of haswell, skylake, znver3"
+
+
+WIDEN = {"bf16": ("vpmovzxwd", "vpslld"), "f16": ("vcvtph2ps",)}
+
+
+@needs_objdump
+@pytest.mark.parametrize("fmt", sorted(WIDEN))
+@pytest.mark.parametrize("isa", il.ISAS)
+def test_half_cache_widens_in_registers(funcs, isa, fmt):
+    """Decoding's 16-bit primitives (simd/decode.inc per format) widen
+    each vector of keys or values in registers (a zero extension and a
+    shift for bfloat16, the conversion instruction for float16) and feed
+    the path's FMAs, with no call out of the loop (core/half.h's scalar
+    widening serves the columns past the last vector, inlined)."""
+    reg = "zmm" if isa == "avx512" else "ymm"
+    for base in ("dot_keys_multi", "sum_values_multi"):
+        sym = f"{base}_{fmt}_f32_{isa}"
+        assert sym in funcs, f"no {sym} in {_core.__file__}"
+        insns = funcs[sym]
+        mnems = [m for _a, m, _o in insns]
+        for m in WIDEN[fmt]:
+            assert m in mnems, f"no {m} in {sym}"
+        assert any(m == "vfmadd231ps" and reg in o for _a, m, o in insns), \
+            f"no {reg} FMA in {sym}"
+        assert not [o for _a, m, o in insns if m == "call"], \
+            f"{sym} calls out"
