@@ -36,7 +36,7 @@ from .._functions import TABLE
 from ._autograd import _call as _call  # what the functions call
 from ._autograd import _infers as _infers
 from ._autograd import _register, _Spec
-from ._utils import _np, _np_opt
+from ._utils import _from_np, _np, _np_opt
 
 # The C extension itself, for the backward's private stop_at_key_proj=True
 # (it has no type stub: the public functions' are in __init__.pyi).
@@ -387,7 +387,7 @@ def _dot_op(query: torch.Tensor, keys: torch.Tensor,
         **_sec5(mask, attn_mask, causal, bias, dropout, seed),
         **_variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
                        cu_seqlens_k))
-    return torch.from_numpy(out), torch.from_numpy(second)
+    return _from_np(out), _from_np(second)
 
 
 @_dot_op.register_fake
@@ -465,7 +465,7 @@ def _general_op(query: torch.Tensor, keys: torch.Tensor, W: torch.Tensor,
         **_sec5(mask, attn_mask, causal, bias, dropout, seed),
         **_variants_kw(window, softcap, alibi_slopes, sinks, cu_seqlens_q,
                        cu_seqlens_k))
-    return torch.from_numpy(out), torch.from_numpy(second)
+    return _from_np(out), _from_np(second)
 
 
 @_general_op.register_fake

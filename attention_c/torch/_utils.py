@@ -37,6 +37,13 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _from_np(a: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``a``'s memory (ml_dtypes' bfloat16 too)."""
+    if a.dtype == _BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _reads_as_stored(t: torch.Tensor) -> bool:
     """Whether the kernels may take ``t`` (keys or values of an inference
     call) in its own 16-bit dtype: they read it in place where they
@@ -141,11 +148,12 @@ def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
 
 def _kv(t: torch.Tensor | None, low: torch.dtype | None, infer: bool
         ) -> torch.Tensor | None:
-    """Keys or values for the kernels: in their 16-bit dtype in plain
-    inference (``infer``), which a decoding kernel reads in place, widening
-    as it loads; else :func:`_f32`."""
-    if infer and t is not None and low is not None and _reads_as_stored(t):
-        return t
+    """Queries, keys or values for the kernels: in their 16-bit dtype in
+    plain inference (``infer``), where a decoding kernel reads keys and
+    values in place, widening as it loads, and a call on bfloat16 alone
+    takes the bf16 products; else :func:`_f32`."""
+    if infer and t is not None and low in _LOW and _reads_as_stored(t):
+        return t                 # (not autocast's float32: low is its own)
     return _f32(t, low)
 
 

@@ -454,9 +454,9 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
     infer = _infers(query, keys, values, bias, mask, attn_mask, *var[2:4])
-    out, second = _call("dot", _f32(query, low), _kv(keys, low, infer), mask,
-                        attn_mask, causal, _f32(bias, low), p, seed_t,
-                        _kv(values, low, infer),
+    out, second = _call("dot", _kv(query, low, infer),
+                        _kv(keys, low, infer), mask, attn_mask, causal,
+                        _f32(bias, low), p, seed_t, _kv(values, low, infer),
                         None if scale is None else float(scale),
                         bool(return_weights), *var, cu_seqlens_q,
                         cu_seqlens_k)
@@ -517,8 +517,9 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                           cu_seqlens_q, cu_seqlens_k, low)
     infer = _infers(query, keys, W, values, bias, mask, attn_mask,
                     *var[2:4])
-    out, second = _call("general", _f32(query, low), _f32(keys, low),
-                        _f32(W, low), mask, attn_mask, causal,
+    out, second = _call("general", _kv(query, low, infer),
+                        _kv(keys, low, infer), _kv(W, low, infer), mask,
+                        attn_mask, causal,
                         _f32(bias, low), p, seed_t, _kv(values, low, infer),
                         _f32(key_proj, low), bool(return_weights), *var,
                         cu_seqlens_q, cu_seqlens_k)

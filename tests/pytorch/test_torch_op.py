@@ -11,6 +11,7 @@ compilations (one torch.compile, one torch.export), to keep the file fast.
 import copy
 import io
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -448,6 +449,39 @@ def test_low_precision_inference_on_a_cache(dtype, mode, monkeypatch):
                 assert x.dtype == dtype, name
                 assert torch.equal(x, y.to(dtype)), (name, tq)
     assert dtype in seen and torch.float32 in seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inference_is_the_numpy_call(dtype):
+    """Plain inference on 16-bit tensors (a prefill: the streamed path)
+    is the NumPy call on the same 16-bit data, bit for bit: for bfloat16
+    the bf16 products where the CPU has them; with gradients recorded,
+    the float32 path."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    np_dtype = {torch.bfloat16: ml_dtypes.bfloat16,
+                torch.float16: np.float16}[dtype]
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 3, 70, 40, generator=g).to(dtype)
+               for _ in range(3))
+
+    def arr(t):
+        return t.view(torch.int16).numpy().view(np_dtype)
+
+    with torch.no_grad():
+        out, lse = act.dot_attention(q, k, values=v, causal=True,
+                                     return_weights=False)
+    want, want_lse = ac.dot_attention(arr(q), arr(k), values=arr(v),
+                                      causal=True, return_weights=False)
+    assert out.dtype == dtype
+    assert np.array_equal(arr(out), want)
+    assert torch.equal(lse, torch.from_numpy(want_lse).to(dtype))
+    q.requires_grad_(True)
+    out2, _ = act.dot_attention(q, k, values=v, causal=True,
+                                return_weights=False)
+    f32 = ac.dot_attention(*(arr(t).astype(np.float32) for t in (q, k)),
+                           values=arr(v).astype(np.float32), causal=True,
+                           return_weights=False)[0]
+    assert np.array_equal(arr(out2.detach()), f32.astype(np_dtype))
 
 
 def test_autocast_bfloat16():
