@@ -9,11 +9,45 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .._keywords import keyword_only
 from ._common import Array, _positive
 
 __all__ = ["KVCache"]
+
+_ACCEPTED = ("float16, bfloat16 (ml_dtypes), float32, float64 or None "
+             "(the layer's dtype)")
+
+
+def _storage_dtype(dtype: npt.DTypeLike | None) -> np.dtype[Any] | None:
+    """The dtype ``KVCache(dtype=...)`` stores its keys and values in;
+    None for the layer's own.  TypeError for anything else."""
+    if dtype is None:               # np.dtype(None) would be float64
+        return None
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        # NumPy knows the name only once ml_dtypes is imported
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise ImportError(
+                "KVCache(dtype='bfloat16') needs ml_dtypes: pip install "
+                "ml_dtypes (or pip install \"attention_c[bfloat16]\")"
+            ) from e
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"dtype must be one of {_ACCEPTED}; got "
+                        f"{dtype!r}") from None
+    # bfloat16 told by its scalar type's name, as the C binding tells it
+    # (csrc/python/parse.c): no import of ml_dtypes
+    if dt in (np.float16, np.float32, np.float64) or (
+            dt.kind == "V" and dt.itemsize == 2
+            and dt.type.__name__ == "bfloat16"):
+        return dt
+    raise TypeError(f"dtype must be one of {_ACCEPTED}; got {dt}")
 
 
 class KVCache:
@@ -36,17 +70,34 @@ class KVCache:
         For cross-attention to a fixed memory (an encoder's output): the
         first call projects its ``key``/``value`` and keeps them; later
         calls reuse them and ignore ``key`` and ``value``.  Default False.
+    dtype : dtype, optional
+        The dtype the keys and values are stored in: float16, bfloat16
+        (``ml_dtypes.bfloat16`` or ``"bfloat16"``, with ``pip install
+        "attention_c[bfloat16]"``), float32 or float64.  Default None:
+        the layer's dtype.  A float32 layer with a 16-bit cache keeps
+        half the memory, and a decoding step reads half the bytes: the
+        kernel reads the 16-bit buffer in place, widening each element as
+        it loads it.  Each new position's keys and values are rounded to
+        ``dtype`` as they are written (NumPy's cast: to nearest even,
+        but a float64 layer's go to bfloat16 through float32); the
+        results, in the layer's dtype, are then those of the layer on
+        the rounded keys and values.
 
     Attributes
     ----------
     keys, values : ndarray (..., h, n, d) or None
-        Views of the cached projected keys and values (None when empty).
+        Views of the cached projected keys and values, in the storage
+        dtype (None when empty).
+    dtype : numpy.dtype or None
+        The storage dtype given (None: the layer's).
 
     Notes
     -----
     A cache belongs to one layer and one batch shape, fixed by its first
     call; :meth:`reset` empties it for a new sequence (a non-static cache
-    keeps its buffer, so a new sequence allocates nothing).
+    keeps its buffer, so a new sequence allocates nothing).  float16
+    ends at 65504: a larger projected key or value is stored as inf
+    (bfloat16 has float32's range).
 
     Examples
     --------
@@ -61,11 +112,22 @@ class KVCache:
     >>> full = mha(x, causal=True)
     >>> bool(np.allclose(np.concatenate(steps, axis=1), full))
     True
+
+    A float32 layer with a float16 cache:
+
+    >>> mha32 = MultiHeadAttention(8, 2, seed=0, dtype=np.float32)
+    >>> half = KVCache(max_len=5, dtype=np.float16)
+    >>> steps = [mha32(x[:, t:t + 1], cache=half) for t in range(5)]
+    >>> half.keys.dtype, steps[-1].dtype
+    (dtype('float16'), dtype('float32'))
+    >>> bool(np.allclose(np.concatenate(steps, axis=1), full, atol=1e-3))
+    True
     """
 
     @keyword_only
     def __init__(self, max_len: int | None = None, *,
-                 static: bool = False) -> None:
+                 static: bool = False,
+                 dtype: npt.DTypeLike | None = None) -> None:
         if max_len is not None:
             if isinstance(max_len, bool) or not isinstance(
                     max_len, (int, np.integer)):
@@ -75,6 +137,7 @@ class KVCache:
             max_len = int(max_len)
         self.max_len = max_len
         self.static = bool(static)
+        self.dtype: np.dtype[Any] | None = _storage_dtype(dtype)
         self._k: Array | None = None       # (..., h, capacity, d)
         self._v: Array | None = None
         self._n = 0
@@ -97,18 +160,24 @@ class KVCache:
             self._k = self._v = None
 
     def __repr__(self) -> str:
+        dt = "" if self.dtype is None else f"dtype={self.dtype.name}, "
         return (f"KVCache(max_len={self.max_len}, static={self.static}, "
-                f"len={self._n})")
+                f"{dt}len={self._n})")
 
     # ------------------------------------------------------------------
     # Used by MultiHeadAttention: check, write beyond the end, then commit
     # once the attention has succeeded (a failed call changes nothing
     # visible).
 
+    def _storage(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
+        """The dtype of the buffer for a layer of ``dtype``."""
+        return dtype if self.dtype is None else self.dtype
+
     def _check_new(self, lead: tuple[int, ...], h: int, dv: int, d: int,
                    dtype: np.dtype[Any], t: int) -> None:
         """ValueError unless keys (lead, h, t, d) and values (lead, h, t,
-        dv) can join the cache."""
+        dv) of a layer of ``dtype`` can join the cache."""
+        dtype = self._storage(dtype)
         if self._k is not None and self._v is not None:
             have = self._k.shape[:-2], self._k.shape[-1], self._v.shape[-1]
             if (have != ((*lead, h), d, dv)
@@ -128,11 +197,15 @@ class KVCache:
 
     def _stage(self, lead: tuple[int, ...], k: Array, v: Array
                ) -> tuple[Array, Array]:
-        """Write k, v (..., h, t, d) after the cached positions; the views
-        of every position, the new ones included.  :meth:`_commit` makes
-        them part of the cache."""
+        """Write k, v (..., h, t, d) after the cached positions, rounded
+        to the storage dtype; the views of every position, the new ones
+        included.  :meth:`_commit` makes them part of the cache."""
         n, t = self._n, k.shape[-2]
+        dtype = self._storage(k.dtype)
         if self.static:                        # the memory itself
+            # converted once, here; in the layer's dtype, not copied
+            k = k.astype(dtype, copy=False)
+            v = v.astype(dtype, copy=False)
             self._k, self._v = k, v
             return k, v
         cap = 0 if self._k is None else self._k.shape[-2]
@@ -140,8 +213,8 @@ class KVCache:
             new = (self.max_len if self.max_len is not None
                    else max(16, n + t, 2 * cap))
             h = k.shape[-3]
-            kb = np.empty((*lead, h, new, k.shape[-1]), k.dtype)
-            vb = np.empty((*lead, h, new, v.shape[-1]), v.dtype)
+            kb = np.empty((*lead, h, new, k.shape[-1]), dtype)
+            vb = np.empty((*lead, h, new, v.shape[-1]), dtype)
             if n:
                 assert self._k is not None and self._v is not None
                 kb[..., :n, :] = self._k[..., :n, :]

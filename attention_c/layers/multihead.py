@@ -401,7 +401,7 @@ class MultiHeadAttention:
                 if (cache._k.shape[:-3] != lead
                         or cache._k.shape[-3] != h
                         or cache._k.shape[-1] != self.head_dim
-                        or cache._k.dtype != self.dtype):
+                        or cache._k.dtype != cache._storage(self.dtype)):
                     raise ValueError(
                         f"this static cache holds a memory of keys "
                         f"{cache._k.shape} (batch shape, heads, S, head "
@@ -487,8 +487,11 @@ class MultiHeadAttention:
             Decoding: ``key``/``value`` (default the query) are the new
             positions only; they are projected and appended to the cache,
             and the query attends to every cached position.  A static
-            cache keeps the first call's keys and values.  No
-            :meth:`backward` after such a call.
+            cache keeps the first call's keys and values.  A
+            ``KVCache(dtype=np.float16)`` (or bfloat16) stores them in 16
+            bits, which a float32 decoding step reads in place; the
+            results stay in the layer's dtype.  No :meth:`backward` after
+            such a call.
         window : (left, right), optional
             Sliding window: key t visible to query i iff ``i' - left <= t
             <= i' + right`` (``i' = i + (S - Tq)``; None: that side
@@ -564,6 +567,11 @@ class MultiHeadAttention:
             o, lse = dot_attention(q, k, **kw, return_weights=False)
             saved = {"out": o, "lse": lse}
             alpha = None
+        if o.dtype != self.dtype:
+            # a cache wider than the layer (float64 under float32) made
+            # the call compute in float64: the results in the layer's
+            o = o.astype(self.dtype)
+            alpha = None if alpha is None else alpha.astype(self.dtype)
         if cache is not None:
             cache._commit(S)
         o2 = _merge_heads(o)                   # (..., Tq, E)
