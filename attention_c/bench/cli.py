@@ -74,6 +74,12 @@ def parse_args(argv):
                              "scaled_dot_product_attention in float32 and "
                              "bfloat16 instead (attention_c.bench.bf16; "
                              "takes its options)")
+    parser.add_argument("--cache", action="store_true",
+                        help="benchmark a GQA decode step on key/value "
+                             "caches in float32, bfloat16 and float16 "
+                             "against the host's read bandwidth and torch's "
+                             "scaled_dot_product_attention instead "
+                             "(attention_c.bench.cache; takes its options)")
     parser.add_argument("--mha", action="store_true",
                         help="benchmark multi-head attention and decoding "
                              "against torch.nn.MultiheadAttention and "
@@ -134,6 +140,9 @@ def main(argv=None):
     if "--bf16" in argv:
         from attention_c.bench import bf16
         return bf16.main([a for a in argv if a != "--bf16"])
+    if "--cache" in argv:
+        from attention_c.bench import cache
+        return cache.main([a for a in argv if a != "--cache"])
     if "--mha" in argv:
         from attention_c.bench import mha
         return mha.main([a for a in argv if a != "--mha"])
