@@ -247,10 +247,7 @@ def setup(options, torch):
     options.dtypes = ["float32"]
     options.no_torch, options.compile = False, False
     ctx, meta = harness.setup(options)
-    capability = getattr(torch.backends, "cpu", None)
-    meta.update(quick=options.quick, torch=torch.__version__,
-                torch_capability=capability.get_cpu_capability()
-                if capability else "?",
+    meta.update(harness.torch_facts(torch), quick=options.quick,
                 bf16_products=bool(_core._bf16_products()),
                 peak=harness.peak_facts(meta["config"]["simd"], ["float32"],
                                         options.threads, options.quick),
@@ -265,20 +262,11 @@ def main(argv=None):
     torch = harness.baseline_torch()
     if torch is None:
         return 2
-    saved = (ac.get_fp32_precision(), ac.get_num_threads(),
-             torch.get_num_threads())
-    try:
-        before, start = harness.cpu_seconds(), time.perf_counter()
+
+    def run():
         ctx, meta = setup(options, torch)
-        rows = run_all(options, ctx)
-        meta["wall_seconds"] = time.perf_counter() - start
-        meta["others_share"] = harness.others_load(before,
-                                                   meta["wall_seconds"])
-        meta["load_end"] = harness.load_average()
-    finally:
-        ac.set_fp32_precision(saved[0])
-        ac.set_num_threads(saved[1])
-        torch.set_num_threads(saved[2])
+        return meta, run_all(options, ctx)
+    meta, rows = harness.run_baseline_bench(torch, run)
     emit(options, meta, report(meta, rows), {"meta": meta, "results": rows})
     return 0
 

@@ -477,12 +477,9 @@ def setup(options, torch):
     options.dtypes = list(DTYPES)
     options.no_torch, options.compile = False, False
     ctx, meta = harness.setup(options)
-    capability = getattr(torch.backends, "cpu", None)
     l3 = l3_bytes()
     size = bandwidth_bytes(options.quick, l3)
-    meta.update(quick=options.quick, torch=torch.__version__,
-                torch_capability=capability.get_cpu_capability()
-                if capability else "?",
+    meta.update(harness.torch_facts(torch), quick=options.quick,
                 heads=list(heads), sizes=[list(s) for s in sizes],
                 slack=SLACK, l3_bytes=l3, bandwidth_mib=size >> 20,
                 tolerance=TOLERANCE)
@@ -501,21 +498,12 @@ def main(argv=None):
         print("ml_dtypes is required (the bfloat16 cache): pip install "
               "attention_c[bfloat16]", file=sys.stderr)
         return 2
-    saved = (ac.get_fp32_precision(), ac.get_num_threads(),
-             torch.get_num_threads())
-    try:
+
+    def run():
         ac.set_fp32_precision("ieee")       # float32 products throughout
-        before, start = harness.cpu_seconds(), time.perf_counter()
         ctx, meta = setup(options, torch)
-        bandwidth, rows = run_all(options, ctx)
-        meta["wall_seconds"] = time.perf_counter() - start
-        meta["others_share"] = harness.others_load(before,
-                                                   meta["wall_seconds"])
-        meta["load_end"] = harness.load_average()
-    finally:
-        ac.set_fp32_precision(saved[0])
-        ac.set_num_threads(saved[1])
-        torch.set_num_threads(saved[2])
+        return meta, run_all(options, ctx)
+    meta, (bandwidth, rows) = harness.run_baseline_bench(torch, run)
     emit(options, meta, report(meta, bandwidth, rows),
          {"meta": meta, "bandwidth": bandwidth, "results": rows})
     return 0

@@ -307,6 +307,35 @@ def baseline_torch():
     return torch
 
 
+def torch_facts(torch):
+    """The report's facts about the PyTorch baseline: its version and the
+    CPU capability its kernels dispatch to."""
+    capability = getattr(torch.backends, "cpu", None)
+    return {"torch": torch.__version__,
+            "torch_capability": capability.get_cpu_capability()
+            if capability else "?"}
+
+
+def run_baseline_bench(torch, run):
+    """``run()`` -> (meta, results), timed as a whole: our float32
+    precision and both libraries' thread counts restored after it, the
+    run's wall seconds, the CPU share others used meanwhile and the load
+    at its end in meta.  Returns (meta, results)."""
+    saved = (ac.get_fp32_precision(), ac.get_num_threads(),
+             torch.get_num_threads())
+    try:
+        before, start = cpu_seconds(), time.perf_counter()
+        meta, results = run()
+        meta["wall_seconds"] = time.perf_counter() - start
+        meta["others_share"] = others_load(before, meta["wall_seconds"])
+        meta["load_end"] = load_average()
+    finally:
+        ac.set_fp32_precision(saved[0])
+        ac.set_num_threads(saved[1])
+        torch.set_num_threads(saved[2])
+    return meta, results
+
+
 def add_run_options(parser, section, repeats_help=""):
     """The options of the issue benchmarks (``--selfattn``, ``--mha``):
     --quick, --threads, --target, --min-repeats, --seed, --json and
