@@ -28,10 +28,8 @@ count 4 B T^2 d flops (halved for causal), as a share of the measured
 float32 FMA peak of our SIMD path (bf16 products may go beyond it).
 """
 
-import argparse
 import math
 import sys
-import time
 
 import numpy as np
 
@@ -143,18 +141,10 @@ def run_all(options, ctx):
             p = make_problem(shape, case, ctx["seed"])
             funcs = functions(torch, p)
             errs = check(torch, p, funcs)       # once, before timing
-            for name, e in errs.items():
-                if not e <= TOLERANCE[name]:
-                    print(f"WARNING: {name} is inaccurate on {case} "
-                          f"{shape}: {e:.2e}", file=sys.stderr)
-            for threads in options.threads:
-                start = time.perf_counter()
-                with harness.thread_count(threads, ctx["tpc"], torch):
-                    rows.append(run_row(case, shape, threads, ctx, funcs,
-                                        errs))
-                print(f"  {case:<7} {str(shape):<16} {threads} thr "
-                      f"{time.perf_counter() - start:6.1f} s",
-                      file=sys.stderr)
+            harness.warn_inaccurate(errs, TOLERANCE, f"{case} {shape}")
+            rows += harness.rows_by_threads(
+                options.threads, ctx, torch, f"{case:<7} {str(shape):<16}",
+                lambda n: run_row(case, shape, n, ctx, funcs, errs))
     return rows
 
 
@@ -228,16 +218,15 @@ def report(meta, rows):
 
 def parse_args(argv):
     """The options of ``python -m attention_c.bench --bf16``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attention_c.bench --bf16",
-        description="Benchmark the streamed forward of dot_attention on "
-                    "float32 inputs with bf16 products "
-                    "(set_fp32_precision('bf16')) against float32 products "
-                    "and torch.nn.functional.scaled_dot_product_attention "
-                    "in float32 and bfloat16, with each one's error "
-                    "against float64.")
-    harness.add_run_options(parser, None)
-    return harness.finish_run_options(parser.parse_args(argv), parser)
+    return harness.parse_mode_args(
+        "bf16",
+        "Benchmark the streamed forward of dot_attention on "
+        "float32 inputs with bf16 products "
+        "(set_fp32_precision('bf16')) against float32 products "
+        "and torch.nn.functional.scaled_dot_product_attention "
+        "in float32 and bfloat16, with each one's error "
+        "against float64.",
+        argv)
 
 
 def setup(options, torch):

@@ -54,7 +54,6 @@ computation (NumPy) on the same rounded cache values widened to float64
 and the float32 query, normwise (||x - r|| / ||r||).
 """
 
-import argparse
 import concurrent.futures
 import math
 import os
@@ -321,17 +320,10 @@ def run_all(options, ctx):
         p = make_problem(ctx["heads"], B, T, ctx["seed"])
         funcs = functions(torch, p)
         errs = check(torch, p, funcs)           # once, before timing
-        for name, e in errs.items():
-            if not e <= TOLERANCE[name]:
-                print(f"WARNING: {name} is inaccurate at B={B} T={T}: "
-                      f"{e:.2e} > {TOLERANCE[name]:.0e}", file=sys.stderr)
-        for threads in options.threads:
-            start = time.perf_counter()
-            with harness.thread_count(threads, ctx["tpc"], torch):
-                rows.append(run_row(p, threads, ctx, funcs, errs,
-                                    by_threads[threads]))
-            print(f"  B={B:<2} T={T:<6} {threads} thr "
-                  f"{time.perf_counter() - start:6.1f} s", file=sys.stderr)
+        harness.warn_inaccurate(errs, TOLERANCE, f"B={B} T={T}")
+        rows += harness.rows_by_threads(
+            options.threads, ctx, torch, f"B={B:<2} T={T:<6}",
+            lambda n: run_row(p, n, ctx, funcs, errs, by_threads[n]))
         del p, funcs                            # free the caches
     return bandwidth, rows
 
@@ -457,16 +449,15 @@ def report(meta, bandwidth, rows):
 
 def parse_args(argv):
     """The options of ``python -m attention_c.bench --cache``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attention_c.bench --cache",
-        description="Benchmark a GQA decode step of dot_attention on "
-                    "key/value caches in float32, bfloat16 and float16 "
-                    "(strided views, read in place) against the host's "
-                    "measured read bandwidth and torch.nn.functional."
-                    "scaled_dot_product_attention with the same cache "
-                    "dtype, with each one's error against float64.")
-    harness.add_run_options(parser, None)
-    return harness.finish_run_options(parser.parse_args(argv), parser)
+    return harness.parse_mode_args(
+        "cache",
+        "Benchmark a GQA decode step of dot_attention on "
+        "key/value caches in float32, bfloat16 and float16 "
+        "(strided views, read in place) against the host's "
+        "measured read bandwidth and torch.nn.functional."
+        "scaled_dot_product_attention with the same cache "
+        "dtype, with each one's error against float64.",
+        argv)
 
 
 def setup(options, torch):

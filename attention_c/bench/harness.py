@@ -3,6 +3,7 @@ CPU time other processes take, read from /proc where there is one),
 thread counts, the timing loop, the peak-memory watch and the accuracy
 check."""
 
+import argparse
 import contextlib
 import datetime
 import gc
@@ -336,6 +337,16 @@ def run_baseline_bench(torch, run):
     return meta, results
 
 
+def parse_mode_args(mode, description, argv):
+    """The options of ``python -m attention_c.bench --<mode>``: the run
+    options alone (no docs page to write)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m attention_c.bench --{mode}",
+        description=description)
+    add_run_options(parser, None)
+    return finish_run_options(parser.parse_args(argv), parser)
+
+
 def add_run_options(parser, section, repeats_help=""):
     """The options of the issue benchmarks (``--selfattn``, ``--mha``):
     --quick, --threads, --target, --min-repeats, --seed, --json and
@@ -395,6 +406,28 @@ def thread_count(n, tpc, torch):
 
 # --------------------------------------------------------------------------
 # Timing
+
+def warn_inaccurate(errs, tolerance, where):
+    """A warning on stderr for each implementation whose error (``errs``,
+    by name) passes its ``tolerance``."""
+    for name, e in errs.items():
+        if not e <= tolerance[name]:
+            print(f"WARNING: {name} is inaccurate on {where}: {e:.2e} > "
+                  f"{tolerance[name]:.0e}", file=sys.stderr)
+
+
+def rows_by_threads(threads, ctx, torch, label, make_row):
+    """``make_row(n)`` at each thread count n (ours and torch set to it),
+    its seconds on stderr after ``label``; the rows."""
+    rows = []
+    for n in threads:
+        start = time.perf_counter()
+        with thread_count(n, ctx["tpc"], torch):
+            rows.append(make_row(n))
+        print(f"  {label} {n} thr {time.perf_counter() - start:6.1f} s",
+              file=sys.stderr)
+    return rows
+
 
 def measure(funcs, target, min_repeats):
     """Median seconds per call of each callable, and its number of samples.
