@@ -274,6 +274,15 @@ enum att_store {
     ATT_STORE_F16 = 2
 };
 
+/* n elements of 16-bit kind store (ATT_STORE_BF16, ATT_STORE_F16) at src
+ * widened to float at dst (widen), exactly; or n floats at src rounded to
+ * it at dst (!widen), to nearest even (NaN: the quiet NaN of its sign for
+ * bfloat16, as ml_dtypes gives it; sign and payload's top for binary16,
+ * as the conversion instructions give them).  On SIMD path simd (a
+ * supported one).  Returns ATT_OK, or ATT_EINVAL for a bad argument. */
+int att_convert16(int simd, int store, int widen, ptrdiff_t n,
+                  const void *src, void *dst);
+
 #define ATT_FAMILY_DECLARE(R, SFX)                                           \
     typedef struct {                                                         \
         const R *query, *keys, *kproj, *values, *W, *v, *b;                  \

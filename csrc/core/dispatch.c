@@ -146,3 +146,20 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
     }
     return ATT_OK;
 }
+
+int att_convert16(int simd, int store, int widen, ptrdiff_t n,
+                  const void *src, void *dst)
+{
+    if (!att_simd_supported(simd) || n < 0 || (n > 0 && (!src || !dst)) ||
+        (store != ATT_STORE_BF16 && store != ATT_STORE_F16)) {
+        return ATT_EINVAL;
+    }
+    const att_ops_f32 *ops = att_ops_for_f32(simd);
+    if (widen) {
+        ops->widen16[store - 1](n, src, dst);
+    }
+    else {
+        ops->round16[store - 1](n, src, dst);
+    }
+    return ATT_OK;
+}

@@ -93,6 +93,9 @@
  *                        the bits dot_keys (sum_values) gives the query
  *                        alone (so a query's result does not depend on
  *                        its group).
+ *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
+ *                        widened to R, or n R rounded to them
+ *                        (attention.h's att_convert16).  float only.
  *   dot_keys_multi16, sum_values_multi16  the same on 16-bit keys
  *                        (values), [0] bfloat16, [1] binary16, each
  *                        element widened exactly as it is loaded: the
@@ -194,6 +197,8 @@
                                  ptrdiff_t ldv,                              \
                                  const unsigned char *const *use,            \
                                  R *const *out);                             \
+        void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
+        void (*round16[2])(ptrdiff_t n, const R *src, uint16_t *dst);        \
         void (*dot_keys_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
                                     R alpha, const R *const *q,              \
                                     const void *K, ptrdiff_t ldk,            \

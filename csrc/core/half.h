@@ -1,12 +1,14 @@
 /*
  * core/half.h - internal: 16-bit floats (bfloat16, IEEE binary16) widened
- * to float, one element at a time.  Both widen exactly; the SIMD paths
- * widen whole vectors the same way (their VLOAD_BF16, VLOAD_F16) and use
- * these for the columns past the last whole vector.
+ * to float and float rounded to them, one element at a time.  Widening is
+ * exact; rounding is to nearest even.  The SIMD paths convert whole
+ * vectors the same way (their VLOAD_BF16, VLOAD_F16, VSTORE_BF16,
+ * VSTORE_F16) and use these for the elements past the last vector.
  */
 #ifndef ATTENTION_C_CORE_HALF_H
 #define ATTENTION_C_CORE_HALF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -42,6 +44,48 @@ static inline float att_f16_to_f32(uint16_t h)
     float x;
     memcpy(&x, &u, sizeof x);
     return x;
+}
+
+/* x rounded to bfloat16, to nearest even (a finite x past bf16's range
+ * gives inf, as IEEE rounding does); a NaN gives the quiet NaN of its
+ * sign, 0x7fc0 or 0xffc0, as ml_dtypes does. */
+static inline uint16_t att_f32_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)((u >> 16) & 0x8000u) | 0x7fc0u;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* x rounded to binary16, to nearest even: subnormal results kept, a
+ * finite x past 65520 gives inf; a NaN keeps its sign and the top of its
+ * payload with the quiet bit set (the conversion instructions' result;
+ * NumPy's too for a quiet NaN). */
+static inline uint16_t att_f32_to_f16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) {                       /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    }
+    if (a >= 0x477ff000u) {                      /* 65520 and up: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (a < 0x38800000u) {                       /* below 2^-14 */
+        /* m 2^-24 for m = round(|x| 2^24), exact in float arithmetic
+         * (the product is exact; rint rounds to nearest even) */
+        float f;
+        memcpy(&f, &a, sizeof f);
+        return (uint16_t)(sign | (uint16_t)nearbyintf(f * 0x1p24f));
+    }
+    /* normal: rebias, then round the 13 dropped bits to nearest even */
+    a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (a >> 13));
 }
 
 /* Element i of a 16-bit array of kind store (ATT_STORE_BF16, _F16). */

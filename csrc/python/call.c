@@ -529,22 +529,31 @@ static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
     return result;
 }
 
-/* The outputs in the inputs' 16-bit dtype (c->ret), rounded to nearest
- * even; the log-sum-exp stays float32. */
+/* The outputs (C-contiguous float32, make_outputs) in the inputs' 16-bit
+ * dtype (c->ret), rounded to nearest even by the kernels' conversion
+ * (att_convert16); the log-sum-exp stays float32. */
 static int round_outputs(Call *c)
 {
     for (int k = 0; c->ret != NULL && k < c->fn->nouts; k++) {
         if (c->out[k] == NULL || c->fn->outs[k].id == Y_LSE) {
             continue;
         }
+        PyArrayObject *o = (PyArrayObject *)c->out[k];
         if (ALLOC_POINT("rounding of", out_names[c->fn->outs[k].id], 1) < 0) {
             return -1;
         }
-        Py_INCREF(c->ret);             /* PyArray_CastToType steals it */
-        PyObject *r = PyArray_CastToType((PyArrayObject *)c->out[k], c->ret,
-                                         0);
+        Py_INCREF(c->ret);          /* PyArray_NewFromDescr steals it */
+        PyObject *r = PyArray_NewFromDescr(&PyArray_Type, c->ret,
+                                           PyArray_NDIM(o), PyArray_DIMS(o),
+                                           NULL, NULL, 0, NULL);
         if (r == NULL) {
             return -1;
+        }
+        if (att_convert16(simd_level, half_store(c->ret), 0,
+                          PyArray_SIZE(o), PyArray_DATA(o),
+                          PyArray_DATA((PyArrayObject *)r)) != ATT_OK) {
+            Py_DECREF(r);
+            return check_status(ATT_EINVAL);
         }
         Py_SETREF(c->out[k], r);
     }

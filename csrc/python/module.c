@@ -617,6 +617,48 @@ done:
     return y;
 }
 
+/* _convert16(x, fmt, simd): x (uint16 bits of fmt "bf16"/"f16") widened
+ * to float32, or x (float32) rounded to them (uint16 bits), by one
+ * path's att_convert16. */
+static PyObject *py_convert16(PyObject *self, PyObject *args)
+{
+    PyObject *obj, *name, *y = NULL;
+    const char *fmt;
+    int level;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OsU:_convert16", &obj, &fmt, &name) ||
+        (level = simd_from_name(name)) < 0) {
+        return NULL;
+    }
+    int store = strcmp(fmt, "bf16") == 0 ? ATT_STORE_BF16
+                : strcmp(fmt, "f16") == 0 ? ATT_STORE_F16 : -1;
+    if (store < 0 || !att_simd_supported(level)) {
+        return PyErr_Format(PyExc_ValueError, "bad format or path");
+    }
+    PyArrayObject *x = (PyArrayObject *)PyArray_FromAny(
+        obj, NULL, 0, 0, NPY_ARRAY_IN_ARRAY, NULL);
+    if (x == NULL) {
+        return NULL;
+    }
+    int widen = PyArray_TYPE(x) == NPY_UINT16;
+    if (!widen && PyArray_TYPE(x) != NPY_FLOAT) {
+        PyErr_SetString(PyExc_TypeError, "_convert16 takes uint16 (bits) "
+                        "or float32");
+        goto done;
+    }
+    y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x),
+                          widen ? NPY_FLOAT : NPY_UINT16);
+    if (y != NULL &&
+        check_status(att_convert16(level, store, widen, PyArray_SIZE(x),
+                                   PyArray_DATA(x),
+                                   PyArray_DATA((PyArrayObject *)y))) < 0) {
+        Py_CLEAR(y);
+    }
+done:
+    Py_DECREF(x);
+    return y;
+}
+
 /* _keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep bytes
  * (uint8, 0 or 1) of keys [t0, t0 + n) by one path's keep_row. */
 static PyObject *py_keep_row(PyObject *self, PyObject *args)
@@ -700,6 +742,9 @@ static PyMethodDef private_methods[] = {
      "trace=True), or None."},
     {"_tanh", py_tanh, METH_VARARGS,
      "_tanh(x, simd): tanh of a float32/float64 array by one path."},
+    {"_convert16", py_convert16, METH_VARARGS,
+     "_convert16(x, fmt, simd): 16-bit bits (uint16) widened to float32, "
+     "or float32 rounded to them, by one path."},
     {"_keep_row", py_keep_row, METH_VARARGS,
      "_keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep "
      "bytes of keys t0 .. t0 + n by one path."},

@@ -92,6 +92,24 @@ APPLY_KEEP(double, f64)
 SCALAR_MULTI16(bf16, ATT_STORE_BF16)
 SCALAR_MULTI16(f16, ATT_STORE_F16)
 
+/* widen16 and round16: core/half.h's conversions, one by one */
+#define SCALAR_CONVERT16(NAME, TO32, TO16)                                   \
+    static void widen_##NAME(ptrdiff_t n, const uint16_t *s, float *d)       \
+    {                                                                        \
+        for (ptrdiff_t i = 0; i < n; i++) {                                  \
+            d[i] = TO32(s[i]);                                               \
+        }                                                                    \
+    }                                                                        \
+    static void round_##NAME(ptrdiff_t n, const float *s, uint16_t *d)       \
+    {                                                                        \
+        for (ptrdiff_t i = 0; i < n; i++) {                                  \
+            d[i] = TO16(s[i]);                                               \
+        }                                                                    \
+    }
+
+SCALAR_CONVERT16(bf16, att_bf16_to_f32, att_f32_to_bf16)
+SCALAR_CONVERT16(f16, att_f16_to_f32, att_f32_to_f16)
+
 #define SCALAR_ENTRIES(SFX)                                                  \
     .vlen = 1,                                                               \
     .gemm_work = 0,                                                          \
@@ -119,6 +137,8 @@ SCALAR_MULTI16(f16, ATT_STORE_F16)
 
 const att_ops_f32 att_ops_table_f32_scalar = {
     SCALAR_ENTRIES(f32),
+    .widen16 = {widen_bf16, widen_f16},
+    .round16 = {round_bf16, round_f16},
     .dot_keys_multi16 = {dot_keys_multi_bf16, dot_keys_multi_f16},
     .sum_values_multi16 = {sum_values_multi_bf16, sum_values_multi_f16},
 };

@@ -140,6 +140,27 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(                 \
     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* 8 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
+ * and the kept lowest bit, NaN to the quiet NaN of its sign (core/
+ * half.h), packed in lane order; to binary16 by F16C's conversion */
+static inline void store_bf16_ps(uint16_t *p, __m256 x)
+{
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256i u = _mm256_castps_si256(x), hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(
+        u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                            _mm256_and_si256(hi, one))), 16);
+    __m256i qnan = _mm256_or_si256(
+        _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
+        _mm256_set1_epi32(0x7fc0));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(
+                               _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(pk));
+}
+#define VSTORE_BF16(p, x) store_bf16_ps(p, x)
+#define VSTORE_F16(p, x) _mm_storeu_si128((__m128i *)(p),                   \
+    _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define FLASH_MR 4
 #define FLASH_NV 3
 #include "simd/vmath.inc"

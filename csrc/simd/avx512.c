@@ -106,6 +106,26 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(                 \
     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+/* 16 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
+ * and the kept lowest bit (no AVX512_BF16 needed), NaN to the quiet NaN
+ * of its sign (core/half.h); to binary16 by the conversion instruction */
+static inline void store_bf16_ps(uint16_t *p, __m512 x)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                            _mm512_and_si512(hi, one))), 16);
+    __m512i qnan = _mm512_or_si512(
+        _mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+        _mm512_set1_epi32(0x7fc0));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                              qnan);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+#define VSTORE_BF16(p, x) store_bf16_ps(p, x)
+#define VSTORE_F16(p, x) _mm256_storeu_si256((__m256i *)(p),                 \
+    _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define FLASH_MR 6
 #define FLASH_NV 4
 #include "simd/vmath.inc"

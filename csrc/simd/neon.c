@@ -169,6 +169,21 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
     vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(p)), 16))
 #define VLOAD_F16(p) \
     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(p))))
+/* 4 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
+ * and the kept lowest bit, NaN to the quiet NaN of its sign (core/
+ * half.h); to binary16 by the conversion instruction (FPCR: nearest) */
+static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
+{
+    uint32x4_t u = vreinterpretq_u32_f32(x), hi = vshrq_n_u32(u, 16);
+    uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(
+        vdupq_n_u32(0x7fff), vandq_u32(hi, vdupq_n_u32(1)))), 16);
+    uint32x4_t qnan = vorrq_u32(vandq_u32(hi, vdupq_n_u32(0x8000)),
+                                vdupq_n_u32(0x7fc0));
+    vst1_u16(p, vmovn_u32(vbslq_u32(vceqq_f32(x, x), r, qnan)));
+}
+#define VSTORE_BF16(p, x) store_bf16_f32(p, x)
+#define VSTORE_F16(p, x) \
+    vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)))
 #define FLASH_NV 4
 #include "simd/vmath.inc"
 #include "simd/tile.inc"

@@ -21,7 +21,8 @@
  *   - the FMA peak's loop of every path: its flop count on 1 and 2
  *     threads run together;
  *   - decoding against 16-bit keys and values: the bits of the widened
- *     arrays', every 16-bit pattern widened exactly.
+ *     arrays', every 16-bit pattern widened exactly;
+ *   - the 16-bit conversions (att_convert16) against the scalar path's.
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -378,6 +379,49 @@ static void check_half_decode(ctx *c)
     }
 }
 
+/* att_convert16 on the path under test against the scalar path, bit for
+ * bit: every 16-bit pattern widened (NaN: both NaN), random and edge
+ * floats rounded, lengths off the vectors. */
+static void check_convert16(ctx *c)
+{
+    enum { N = 65536 + 13 };
+    uint16_t *h = xmalloc(N * sizeof(uint16_t));
+    uint16_t *h2 = xmalloc(N * sizeof(uint16_t));
+    float *f = xmalloc(N * sizeof(float)), *f2 = xmalloc(N * sizeof(float));
+    for (int store = ATT_STORE_BF16; store <= ATT_STORE_F16; store++) {
+        snprintf(c->what, sizeof c->what, "convert16 store=%d", store);
+        for (ptrdiff_t i = 0; i < N; i++) {
+            h[i] = (uint16_t)i;
+        }
+        int st = att_convert16(c->simd, store, 1, N, h, f) |
+                 att_convert16(ATT_SIMD_SCALAR, store, 1, N, h, f2);
+        long bad = 0;
+        for (ptrdiff_t i = 0; i < N; i++) {
+            bad += !(isnan(f[i]) ? isnan(f2[i])
+                     : memcmp(f + i, f2 + i, sizeof(float)) == 0);
+        }
+        expect(c, st == ATT_OK && bad == 0, "widening: %ld differ", bad);
+        for (ptrdiff_t i = 0; i < N; i++) {
+            uint32_t u = (uint32_t)next_u64(c);
+            if (i % 7 == 0) {       /* near 1 and near float16's edges */
+                u = (i % 3 ? 0x3f800000u : 0x477fe000u) + (u & 0x3fffu);
+            }
+            memcpy(f + i, &u, sizeof u);
+        }
+        st = att_convert16(c->simd, store, 0, N, f, h) |
+             att_convert16(ATT_SIMD_SCALAR, store, 0, N, f, h2);
+        expect(c, st == ATT_OK && memcmp(h, h2, N * sizeof(uint16_t)) == 0,
+               "rounding differs from the scalar path's");
+        st = att_convert16(c->simd, store, 0, 17, f + 3, h + 1);
+        expect(c, st == ATT_OK && memcmp(h + 1, h2 + 3, 17 * 2) == 0,
+               "17 elements off the vectors differ");
+    }
+    free(h);
+    free(h2);
+    free(f);
+    free(f2);
+}
+
 int main(int argc, char **argv)
 {
     ctx c;
@@ -403,6 +447,7 @@ int main(int argc, char **argv)
         run_all_f64(&c);
         check_keep_rows(&c);
         check_half_decode(&c);
+        check_convert16(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);
