@@ -92,7 +92,13 @@
  *                        read from memory once for all g, each result
  *                        the bits dot_keys (sum_values) gives the query
  *                        alone (so a query's result does not depend on
- *                        its group).
+ *                        its group).  With `add`, sum_values_multi adds
+ *                        to out (the sums continue, in t order, from the
+ *                        values there) instead of starting from 0: rows
+ *                        met in pieces (a paged cache) sum as one run.
+ *                        pf: hint the rows a few ahead (at ldk, ldv) to
+ *                        the cache; 0 where those are not the next read
+ *                        (a paged cache's block ends).
  *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
  *                        widened to R, or n R rounded to them
  *                        (attention.h's att_convert16).  float only.
@@ -191,23 +197,23 @@
                            const R *x, R *y);                                \
         void (*dot_keys_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,        \
                                R alpha, const R *const *q, const R *K,       \
-                               ptrdiff_t ldk, R *const *s);                  \
+                               ptrdiff_t ldk, R *const *s, int pf);          \
         void (*sum_values_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,      \
                                  const R *const *w, const R *V,              \
                                  ptrdiff_t ldv,                              \
                                  const unsigned char *const *use,            \
-                                 R *const *out);                             \
+                                 R *const *out, int add, int pf);            \
         void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
         void (*round16[2])(ptrdiff_t n, const R *src, uint16_t *dst);        \
         void (*dot_keys_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
                                     R alpha, const R *const *q,              \
                                     const void *K, ptrdiff_t ldk,            \
-                                    R *const *s);                            \
+                                    R *const *s, int pf);                    \
         void (*sum_values_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
                                       const R *const *w, const void *V,      \
                                       ptrdiff_t ldv,                         \
                                       const unsigned char *const *use,       \
-                                      R *const *out);                        \
+                                      R *const *out, int add, int pf);       \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
         void (*flash) ATT_FLASH_ARGS(R);                                     \

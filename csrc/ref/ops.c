@@ -60,8 +60,9 @@ APPLY_KEEP(double, f64)
     static void dot_keys_multi_##NAME(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
                                       float alpha, const float *const *q,    \
                                       const void *K, ptrdiff_t ldk,          \
-                                      float *const *s)                       \
+                                      float *const *s, int pf)               \
     {                                                                        \
+        (void)pf;                                                            \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
             for (ptrdiff_t t = 0; t < n; t++) {                              \
                 float acc = 0;                                               \
@@ -76,10 +77,13 @@ APPLY_KEEP(double, f64)
                                         ptrdiff_t d, const float *const *w,  \
                                         const void *V, ptrdiff_t ldv,        \
                                         const unsigned char *const *use,     \
-                                        float *const *out)                   \
+                                        float *const *out, int add, int pf)  \
     {                                                                        \
+        (void)pf;                                                            \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
-            fill_zero_f32(d, out[r]);                                        \
+            if (!add) {                                                      \
+                fill_zero_f32(d, out[r]);                                    \
+            }                                                                \
             for (ptrdiff_t t = 0; t < n; t++) {                              \
                 for (ptrdiff_t c = 0; VALID(use[r], t) && c < d; c++) {      \
                     out[r][c] += w[r][t] * att_half_at(STORE, V,             \
