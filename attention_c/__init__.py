@@ -102,6 +102,8 @@ from .layers import (  # noqa: E402
     CosineAttention, LocationAttention, LocationInputGrads,
 )
 from .optim import adam_step, sgd_step  # noqa: E402
+# decoding against a key/value cache, contiguous or paged, read in place
+from .cache import cache_attention  # noqa: E402
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -125,4 +127,5 @@ __all__ = [
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
     "LocationAttention", "CosineAttention", "LocationInputGrads",
+    "cache_attention",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
     "LocationAttention", "CosineAttention", "LocationInputGrads",
+    "cache_attention",
 ]
 
 _Array = npt.NDArray[np.floating[Any]]
@@ -290,3 +291,34 @@ def cosine_attention_backward(
 def project_keys(keys: npt.ArrayLike, W: npt.ArrayLike) -> _Array: ...
 def project_keys_backward(grad_proj: npt.ArrayLike, keys: npt.ArrayLike,
                           W: npt.ArrayLike) -> tuple[_Array, _Array]: ...
+
+@overload
+def cache_attention(
+    query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
+    v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
+    k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
+    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    causal: bool = True, window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
+    sinks: npt.ArrayLike | None = None,
+    return_lse: Literal[False] = False) -> _Array: ...
+@overload
+def cache_attention(
+    query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
+    v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
+    k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
+    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    causal: bool = True, window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
+    sinks: npt.ArrayLike | None = None,
+    return_lse: Literal[True]) -> tuple[_Array, _Array]: ...
+@overload
+def cache_attention(
+    query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
+    v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
+    k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
+    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    causal: bool = True, window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
+    sinks: npt.ArrayLike | None = None,
+    return_lse: bool = False) -> _Array | tuple[_Array, _Array]: ...

@@ -335,6 +335,64 @@ ATT_FAMILY_DECLARE(double, f64)
 
 #undef ATT_FAMILY_DECLARE
 
+/*
+ * Attention against a cache of keys and values (docs/contract.md section
+ * 13): B sequences, each with Tq new queries (B, Tq, Hq, d) and lens[b]
+ * keys and values in a cache of blocks of `block` rows, (nblocks, block,
+ * Hkv, d) and (nblocks, block, Hkv, dv); position t of sequence b is row
+ * t % block of block table[b maxblocks + t / block] (table NULL: block
+ * b, a contiguous cache, maxblocks 1).  Query head h reads kv head
+ * h / (Hq / Hkv).  Query i of sequence b is at position p = lens[b] - Tq
+ * + i and sees key t < lens[b] iff (!causal or t <= p) and p - wleft <=
+ * t <= p + wright (a side of -1: unbounded).  Scores scale q . k_t,
+ * then softcap tanh(s / softcap) (softcap > 0), then -slope |p - t|
+ * (alibi NULL: none; slope (b, h) at alibi[b alibi_bs + h]); sinks (Hq,)
+ * one more logit per head (NULL: none).  out (B, Tq, Hq, dv) and lse
+ * (B, Tq, Hq), C-contiguous; a query that sees no key gets out 0 and lse
+ * -inf (or its sink).  The query's rows and the caches' rows have a
+ * contiguous last axis and any other strides (elements: of REAL, or of
+ * the 16-bit store kstore / vstore, attention.h's att_store, for float).
+ * The cache is read where it is, never written.  Results are bitwise
+ * the same for any thread count, and for any block size and table that
+ * place the same rows at the same positions.  Returns ATT_EINVAL for bad
+ * sizes, a length beyond the capacity (maxblocks block) or a block
+ * index out of range, before reading anything.
+ */
+typedef struct {
+    ptrdiff_t B, Tq, Hq, Hkv, d, dv;
+    ptrdiff_t nblocks, block, maxblocks;
+    int causal;
+    ptrdiff_t wleft, wright;
+} att_cache_dims;
+
+#define ATT_CACHE_DECLARE(R, SFX)                                            \
+    typedef struct {                                                         \
+        const R *query;                                                      \
+        ptrdiff_t qbs, qis, qhs;        /* strides: b, i, head */          \
+        const void *kc, *vc;                                                 \
+        int kstore, vstore;                                                  \
+        ptrdiff_t kbs, krs, khs;        /* strides: block, row, head */    \
+        ptrdiff_t vbs, vrs, vhs;                                             \
+        const int64_t *lens;            /* (B,) */                         \
+        const int64_t *table;           /* (B, maxblocks) or NULL */       \
+        R scale, softcap;                                                    \
+        const R *alibi;                                                      \
+        ptrdiff_t alibi_bs;                                                  \
+        const R *sinks;                                                      \
+    } att_cache_in_##SFX;                                                    \
+    ptrdiff_t att_cache_workspace_##SFX(const att_cache_dims *c,             \
+                                        const int64_t *lens,                 \
+                                        const att_exec *ex);                 \
+    int att_cache_attention_##SFX(const att_cache_dims *c,                   \
+                                  const att_exec *ex,                        \
+                                  const att_cache_in_##SFX *in, R *out,      \
+                                  R *lse, void *work);
+
+ATT_CACHE_DECLARE(float, f32)
+ATT_CACHE_DECLARE(double, f64)
+
+#undef ATT_CACHE_DECLARE
+
 #ifdef __cplusplus
 }
 #endif

@@ -359,6 +359,13 @@ void release_exec_state(void);
  * be started (then a job runs on the calling thread). */
 att_pool *take_pool(int threads);
 void drop_pool(att_pool *p);
+/* The att_exec of one kernel call (simd, threads, pool, precision):
+ * takes the pool; every begin_exec is paired with one end_exec. */
+att_exec begin_exec(void);
+void end_exec(const att_exec *ex);
+
+/* attention_c._core._cache_attention (cache.c) */
+PyObject *py_cache_attention(PyObject *self, PyObject *args);
 
 /* table.c: the rows of the table. */
 extern FuncSpec funcs[];

@@ -159,7 +159,7 @@ void drop_pool(att_pool *p)
 
 /* The att_exec of one fused call: takes the pool (or NULL with one
  * thread); every begin_exec is paired with one end_exec. */
-static att_exec begin_exec(void)
+att_exec begin_exec(void)
 {
     att_exec ex = {simd_level, num_threads, NULL, fp32_precision};
     check_pool_owner();
@@ -169,7 +169,7 @@ static att_exec begin_exec(void)
     return ex;
 }
 
-static void end_exec(const att_exec *ex)
+void end_exec(const att_exec *ex)
 {
     drop_pool(ex->pool);
 }

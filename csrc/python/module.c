@@ -726,6 +726,10 @@ static PyMethodDef private_methods[] = {
      "simd for dtype (float32, float64), iters steps, on `threads` threads "
      "at once; returns the flops performed, threads x 2 x lanes x "
      "accumulators x iters (the caller times the call)."},
+    {"_cache_attention", py_cache_attention, METH_VARARGS,
+     "_cache_attention(query, k_cache, v_cache, lens, table, scale, causal, "
+     "wleft, wright, softcap, alibi, sinks, out, lse): the kernel of "
+     "attention_c.cache_attention, whose arguments it takes checked."},
     {"_table", py_table, METH_NOARGS,
      "_table(): {name: (arguments, outputs)} of every public function: "
      "each argument (name, kind, shape, required, positional, default), "
