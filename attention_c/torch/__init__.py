@@ -51,11 +51,12 @@ PyTorch transcription of docs/contract.md and are exact.  bfloat16 and
 float16 are computed in float32 and returned in their dtype; under
 ``torch.autocast('cpu')`` the layers compute in float32 and return float32.
 
-FlashAttention-2's ``flash_attn_func`` and ``flash_attn_varlen_func``
-(:mod:`attention_c.torch.flash_attn_interface`) run code written for
-flash_attn on the CPU by changing the import: (B, T, heads, d) layouts,
-packed sequences, sliding windows, soft-capping, ALiBi, grouped queries,
-and attention sinks.
+FlashAttention-2's ``flash_attn_func``, ``flash_attn_varlen_func`` and
+``flash_attn_with_kvcache`` (:mod:`attention_c.torch.flash_attn_interface`)
+run code written for flash_attn on the CPU by changing the import: (B, T,
+heads, d) layouts, packed sequences, key-value caches (paged too) written
+in place, sliding windows, soft-capping, ALiBi, grouped queries, and
+attention sinks.
 
 The package is laid out as PyTorch's own: :mod:`attention_c.torch.functional`
 (as ``torch.nn.functional``) and :mod:`attention_c.torch.modules` (as
@@ -67,7 +68,8 @@ autograd in ``_autograd``, the pure-PyTorch transcriptions in ``_pure``).
 
 import torch
 
-from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from .flash_attn_interface import (flash_attn_func, flash_attn_varlen_func,
+                                   flash_attn_with_kvcache)
 from .functional import (additive_attention, context_attention,
                          dot_attention, general_attention, project_keys,
                          scaled_dot_product_attention)
@@ -84,7 +86,8 @@ __all__ = ["context_attention", "ContextAttention",
            "location_attention", "LocationAttention",
            "cosine_attention", "CosineAttention",
            "scaled_dot_product_attention", "MultiheadAttention", "KVCache",
-           "flash_attn_func", "flash_attn_varlen_func"]
+           "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache"]
 
 # torch.fx.symbolic_trace records calls of the functions looked up here
 # (attention_c.torch.dot_attention(...)) as leaves, run at call time: its
@@ -93,6 +96,6 @@ for _name in ("context_attention", "additive_attention", "dot_attention",
               "general_attention", "project_keys", "location_attention",
               "cosine_attention",
               "scaled_dot_product_attention", "flash_attn_func",
-              "flash_attn_varlen_func"):
+              "flash_attn_varlen_func", "flash_attn_with_kvcache"):
     torch.fx.wrap(_name)
 del _name
