@@ -1,6 +1,8 @@
 """A decode step on a key/value cache held in float32, bfloat16 or float16,
 against the host's read bandwidth and PyTorch's
-``scaled_dot_product_attention``.
+``scaled_dot_product_attention``: ``dot_attention`` on strided views of
+the cache and ``cache_attention`` on the cache itself, contiguous and
+paged.
 
 ``python -m attention_c.bench --cache`` (or ``python -m
 attention_c.bench.cache``) runs it; ``--quick`` runs tiny sizes in seconds.
@@ -25,33 +27,58 @@ attention_c[bfloat16]``) are required.
    sharing Hkv = 8 key/value heads (G = 4), d = 128; caches of T = 4096
    (B = 1 and 8 sequences) and T = 32768 (B = 1 only: at B = 8 the float32
    keys and values take 2.1 GB, slow to make and check for little more to
-   learn).  Every sequence of a batch has the same length: a ragged batch
-   (a key mask per sequence) is not timed here.  The cache is laid out
-   as a serving engine keeps it: a (B, T_max, Hkv, d) buffer per keys and
-   values, T_max = T + 64, in the cache dtype; the step reads its view
-   ``[:, :T]`` transposed to (B, Hkv, 1, T, d), strided, without a copy.
-   Timed in interleaved rounds (``harness.measure``) at each thread count
-   (ours through ``attention_c.set_num_threads``, PyTorch through
+   learn).  Every sequence of these batches has the same length.  The
+   cache is laid out as a serving engine keeps it: a (B, T_max, Hkv, d)
+   buffer per keys and values, T_max = T + 64, in the cache dtype,
+   rounded from the same float32 values for every dtype.  Timed in
+   interleaved rounds (``harness.measure``) at each thread count (ours
+   through ``attention_c.set_num_threads``, PyTorch through
    ``torch.set_num_threads``):
 
    * ours_<dtype>: ``dot_attention(q, k, values=v, return_weights=False)``
-     with the float32 query q (B, Hkv, G, 1, d) and the strided cache
-     views; the 16-bit caches are read in place, widened as loaded;
+     with the float32 query q (B, Hkv, G, 1, d) and the buffers' views
+     ``[:, :T]`` transposed to (B, Hkv, 1, T, d), strided, without a
+     copy; the 16-bit caches are read in place, widened as loaded;
    * sdpa_<dtype>: ``scaled_dot_product_attention(q, k, v,
      enable_gqa=True)`` under no_grad with q (B, Hq, 1, d) in the cache
      dtype (as a user of a 16-bit model holds it; query head h uses key
      head h // G, as ours) and contiguous (B, Hkv, T, d) copies of the
-     cache (made once, outside the timing).
+     cache (made once, outside the timing);
+   * cache_<dtype>: ``cache_attention(q, k_cache, v_cache,
+     cache_seqlens)`` (causal, as by default: with one query per
+     sequence it sees every key) with the same float32 query as
+     (B, 1, Hq, d), the (B, T_max, Hkv, d) buffers themselves and
+     cache_seqlens = T (int32) for every sequence;
+   * paged_<dtype>: the same call on a paged copy of the same buffers,
+     ``block_table=``: blocks of BLOCK_SIZE = 16 positions, num_blocks =
+     B ceil(T_max / 16) blocks of (16, Hkv, d) each, given to the
+     sequences' blocks in a shuffled order (a permutation drawn from
+     ``--seed``: a sequence's blocks are scattered over the pool).
 
-   The scale is 1 / sqrt(d) on both sides.  Bytes per step: the keys and
-   values read, B T Hkv d 2 itemsize (the query and out are negligible);
+   Then one **ragged** batch of B = 8 sequences of lengths evenly spread
+   from T/8 to T (T = 4096: 512, 1024, ..., 4096, in an order drawn from
+   ``--seed``), in (8, T + 64, Hkv, d) buffers: cache_<dtype> and
+   paged_<dtype> alone (dot_attention and SDPA would need the batch
+   padded to T and a key mask), cache_seqlens = the lengths.
+
+   The scale is 1 / sqrt(d) everywhere.  Bytes per step: the keys and
+   values read, (sum of the lengths) Hkv d 2 itemsize (B T Hkv d 2
+   itemsize when every length is T; the query and out are negligible);
    GB/s = that / the time, and its share of the read bandwidth measured
    at the same thread count.  Caches that fit in the L3 cache are marked:
    repeated steps may then read them from L3, beyond the DRAM bandwidth.
+   Ratios: ours and cache_attention on the 16-bit caches against the
+   float32 one, ours against SDPA, paged against contiguous and
+   cache_attention against ours, on the same cache.  The targets of issue
+   34 (TARGETS): paged <= 1.1 contiguous on every cache dtype, a
+   bfloat16 cache <= 0.55 the float32 one, at every row and thread count
+   (PASS / MISS; tiny and in L3 with ``--quick``: indicative only).
 
 Before timing, once per shape, every output is compared with a float64
-computation (NumPy) on the same rounded cache values widened to float64
-and the float32 query, normwise (||x - r|| / ||r||).
+computation (NumPy, per sequence on its own length for the ragged batch)
+on the same rounded cache values widened to float64 and the float32
+query, normwise (||x - r|| / ||r||); and the paged output with the
+contiguous one bit for bit, as ``cache_attention`` promises.
 """
 
 import concurrent.futures
@@ -72,10 +99,15 @@ HEADS = (32, 8, 128)                    # (Hq, Hkv, d)
 QUICK_HEADS = (8, 2, 16)
 SIZES = ((1, 4096), (8, 4096), (1, 32768))      # (B, T)
 QUICK_SIZES = ((1, 64), (2, 64), (1, 128), (2, 128))
+RAGGED_SIZES = ((8, 4096),)             # (B, longest T): cache_attention
+QUICK_RAGGED_SIZES = ((8, 128),)
 SLACK = 64                              # T_max = T + SLACK
+BLOCK_SIZE = 16                         # of the paged cache
 DTYPES = ("float32", "bfloat16", "float16")
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 IMPLS = tuple(f"{who}_{dt}" for who in ("ours", "sdpa") for dt in DTYPES)
+LAYOUTS = ("cache", "paged")            # cache_attention's rows
+CACHE_IMPLS = tuple(f"{lay}_{dt}" for lay in LAYOUTS for dt in DTYPES)
 BANDWIDTH_MIB = 256                     # at least, per thread
 QUICK_BANDWIDTH_MIB = 16
 # Ours computes in float32 on exactly the values the reference widens
@@ -83,14 +115,27 @@ QUICK_BANDWIDTH_MIB = 16
 # only float32 rounding.  SDPA rounds its query to the cache dtype and
 # returns out in it: their unit roundoff (float16 2^-11 = 4.9e-4,
 # bfloat16 2^-9 = 2.0e-3) bounds what it can reach, hence looser limits.
+# cache_attention computes in float32 on the cache read in place, as ours.
 TOLERANCE = {"ours_float32": 1e-5, "ours_bfloat16": 1e-5,
              "ours_float16": 1e-5, "sdpa_float32": 1e-5,
-             "sdpa_float16": 2e-3, "sdpa_bfloat16": 1e-2}
-# ratios: name -> (numerator, denominator)
+             "sdpa_float16": 2e-3, "sdpa_bfloat16": 1e-2,
+             **{impl: 1e-5 for impl in CACHE_IMPLS}}
+# ratios: name -> (numerator, denominator); RATIOS on the rows of equal
+# lengths, CACHE_RATIOS on every row (the ragged one has only those).
 RATIOS = {"bf16/f32": ("ours_bfloat16", "ours_float32"),
           "f16/f32": ("ours_float16", "ours_float32"),
           **{f"{SHORT[dt]}/sdpa": (f"ours_{dt}", f"sdpa_{dt}")
+             for dt in DTYPES},
+          **{f"cache/ours {SHORT[dt]}": (f"cache_{dt}", f"ours_{dt}")
              for dt in DTYPES}}
+CACHE_RATIOS = {**{f"paged/cache {SHORT[dt]}": (f"paged_{dt}",
+                                                f"cache_{dt}")
+                   for dt in DTYPES},
+                "cache bf16/f32": ("cache_bfloat16", "cache_float32"),
+                "cache f16/f32": ("cache_float16", "cache_float32")}
+# The targets of issue 34: ratio name -> its largest value.
+TARGETS = {**{f"paged/cache {SHORT[dt]}": 1.1 for dt in DTYPES},
+           "cache bf16/f32": 0.55}
 
 
 def np_dtype(name):
@@ -200,23 +245,64 @@ def measure_bandwidth(counts, size, target, min_repeats):
 # --------------------------------------------------------------------------
 # Decode rows
 
-def make_problem(heads, B, T, seed=0):
+def ragged_lengths(B, T, seed=0):
+    """B lengths evenly spread from T // 8 to T, in an order drawn from
+    ``seed`` (the same on every run)."""
+    rng = np.random.default_rng([seed, B, T, 1])
+    return [int(n) for n in
+            rng.permutation(np.linspace(T // 8, T, B).round().astype(int))]
+
+
+def paged_copy(buffers, rng):
+    """The paged layout of ``buffers`` {dtype: (k, v)}, each (B, T_max,
+    Hkv, d): (block_table (B, ceil(T_max / BLOCK_SIZE)) int32, {dtype:
+    (k, v)} each (num_blocks, BLOCK_SIZE, Hkv, d)); the B ceil(T_max /
+    BLOCK_SIZE) blocks in the order of a permutation from ``rng``."""
+    B, T_max = next(iter(buffers.values()))[0].shape[:2]
+    per = -(-T_max // BLOCK_SIZE)
+    table = rng.permutation(B * per).astype(np.int32).reshape(B, per)
+    paged = {}
+    for name, kv in buffers.items():
+        pair = []
+        for buf in kv:
+            blocks = np.zeros((B, per * BLOCK_SIZE) + buf.shape[2:],
+                              buf.dtype)
+            blocks[:, :T_max] = buf
+            out = np.empty_like(blocks).reshape(
+                (B * per, BLOCK_SIZE) + buf.shape[2:])
+            out[table.ravel()] = blocks.reshape(out.shape)
+            pair.append(out)
+        paged[name] = tuple(pair)
+    return table, paged
+
+
+def make_problem(heads, B, T, seed=0, ragged=False):
     """The caches of every dtype and the query of one shape: a dict of
-    ``q`` (B, Hkv, G, 1, d) float32, ``caches`` {dtype: (k, v)} strided
-    (B, Hkv, 1, T, d) views of (B, T + SLACK, Hkv, d) buffers, rounded
-    from the same float32 normal values, and the sizes."""
+    ``q`` (B, Hkv, G, 1, d) float32 and the same values as ``q_rows``
+    (B, 1, Hq, d), ``buffers`` {dtype: (k, v)} (B, T + SLACK, Hkv, d)
+    rounded from the same float32 normal values, ``caches`` {dtype: (k,
+    v)} their strided (B, Hkv, 1, T, d) views, ``paged`` {dtype: (k, v)}
+    and its ``block_table`` (:func:`paged_copy`), the ``lengths`` (all T,
+    or :func:`ragged_lengths` when ``ragged``) and ``seqlens`` (them as
+    int32), and the sizes."""
     Hq, Hkv, d = heads
     rng = np.random.default_rng([seed, B, T, Hq, Hkv, d])
     full = [rng.standard_normal((B, T + SLACK, Hkv, d), dtype=np.float32)
             for _ in range(2)]
-    caches = {}
+    buffers, caches = {}, {}
     for name in DTYPES:
-        kv = [b.astype(np_dtype(name)) for b in full]
+        buffers[name] = tuple(b.astype(np_dtype(name)) for b in full)
         caches[name] = tuple(b[:, :T].transpose(0, 2, 1, 3)[:, :, None]
-                             for b in kv)
+                             for b in buffers[name])
     q = rng.standard_normal((B, Hkv, Hq // Hkv, 1, d), dtype=np.float32)
-    return {"q": q, "caches": caches, "B": B, "T": T, "heads": heads,
-            "scale": 1 / math.sqrt(d)}
+    table, paged = paged_copy(
+        buffers, np.random.default_rng([seed, B, T, Hq, Hkv, d, 1]))
+    lengths = ragged_lengths(B, T, seed) if ragged else [T] * B
+    return {"q": q, "q_rows": np.ascontiguousarray(q.reshape(B, 1, Hq, d)),
+            "buffers": buffers, "caches": caches, "paged": paged,
+            "block_table": table, "lengths": lengths,
+            "seqlens": np.array(lengths, np.int32), "ragged": ragged,
+            "B": B, "T": T, "heads": heads, "scale": 1 / math.sqrt(d)}
 
 
 def ours_call(p, name):
@@ -251,15 +337,42 @@ def sdpa_call(torch, p, name):
     return step
 
 
+def cache_call(p, name, layout):
+    """cache_attention's step on the cache of dtype ``name``, its buffers
+    (layout "cache") or their paged copy ("paged")."""
+    paged = layout == "paged"
+    k, v = p["paged" if paged else "buffers"][name]
+    q, seqlens = p["q_rows"], p["seqlens"]
+    table = p["block_table"] if paged else None
+
+    def step():
+        return ac.cache_attention(q, k, v, seqlens, block_table=table,
+                                  scale=p["scale"])
+    return step
+
+
 def functions(torch, p):
-    """The timed steps, by IMPLS name."""
-    funcs = {f"ours_{n}": ours_call(p, n) for n in DTYPES}
-    funcs.update({f"sdpa_{n}": sdpa_call(torch, p, n) for n in DTYPES})
+    """The timed steps, by IMPLS and CACHE_IMPLS name (CACHE_IMPLS alone
+    on a ragged batch)."""
+    funcs = {} if p["ragged"] else {f"ours_{n}": ours_call(p, n)
+                                    for n in DTYPES}
+    if not p["ragged"]:
+        funcs.update({f"sdpa_{n}": sdpa_call(torch, p, n) for n in DTYPES})
+    funcs.update({f"{lay}_{n}": cache_call(p, n, lay)
+                  for lay in LAYOUTS for n in DTYPES})
     return funcs
 
 
 def exact(p, name):
-    """out in float64 of the cache of dtype ``name``, (B, Hkv, G, 1, d)."""
+    """out in float64 of the cache of dtype ``name``, (B, Hkv, G, 1, d);
+    of a ragged batch, sequence by sequence on its own length."""
+    if p["ragged"]:
+        out = np.empty(p["q"].shape)
+        for b, n in enumerate(p["lengths"]):
+            one = {**p, "q": p["q"][b:b + 1], "ragged": False, "caches": {
+                name: tuple(x[b:b + 1, :, :, :n] for x in p["caches"][name])}}
+            out[b:b + 1] = exact(one, name)
+        return out
     k, v = (x.astype(np.float64) for x in p["caches"][name])
     s = p["q"].astype(np.float64) @ k.swapaxes(-1, -2) * p["scale"]
     w = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -267,34 +380,57 @@ def exact(p, name):
 
 
 def check(torch, p, funcs):
-    """{impl: normwise error of its out} against float64 on the same
-    cache values."""
-    errs = {}
+    """({impl: normwise error of its out} against float64 on the same
+    cache values, {dtype: whether the paged out is bitwise the
+    contiguous one})."""
+    errs, same = {}, {}
     for name in DTYPES:
         ref = exact(p, name)
-        for impl in (f"ours_{name}", f"sdpa_{name}"):
-            out = funcs[impl]()
+        outs = {}
+        for impl in (f"{who}_{name}" for who in ("ours", "sdpa") + LAYOUTS):
+            if impl not in funcs:
+                continue
+            out = outs[impl] = funcs[impl]()
             if torch.is_tensor(out):
                 out = out.to(torch.float64).numpy()
             errs[impl] = rel_err(
                 np.asarray(out, np.float64).reshape(ref.shape), ref)
-    return errs
+        a, b = outs[f"cache_{name}"], outs[f"paged_{name}"]
+        same[name] = a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return errs, same
 
 
 def step_bytes(p, name):
-    """Bytes of keys and values one step reads: B T Hkv d 2 itemsize."""
+    """Bytes of keys and values one step reads: (sum of the lengths) Hkv
+    d 2 itemsize."""
     _, Hkv, d = p["heads"]
-    return p["B"] * p["T"] * Hkv * d * 2 * np_dtype(name).itemsize
+    return sum(p["lengths"]) * Hkv * d * 2 * np_dtype(name).itemsize
 
 
-def run_row(p, threads, ctx, funcs, errs, bandwidth):
+def evaluate_targets(row):
+    """The row's TARGETS: dicts of target, limit, value, status and the
+    row's case (B, T, threads)."""
+    case = (f"B={row['B']} T{'<=' if row['ragged'] else '='}{row['T']} "
+            f"{row['threads']} thr")
+    return [{"target": name, "limit": limit, "value": row["ratios"][name],
+             "status": "PASS" if row["ratios"][name] <= limit else "MISS",
+             "case": case} for name, limit in TARGETS.items()]
+
+
+def run_row(p, threads, ctx, funcs, checked, bandwidth):
     """Time the steps on one shape and thread count."""
     Hq, Hkv, d = p["heads"]
+    errs, same = checked
     row = {"B": p["B"], "T": p["T"], "T_max": p["T"] + SLACK, "Hq": Hq,
-           "Hkv": Hkv, "d": d, "threads": threads, "errors": errs}
+           "Hkv": Hkv, "d": d, "ragged": p["ragged"],
+           "lengths": p["lengths"], "block_size": BLOCK_SIZE,
+           "threads": threads, "errors": errs, "paged_identical": same}
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
-    row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
+    row["ratios"] = {r: t[a] / t[b]
+                     for r, (a, b) in {**RATIOS, **CACHE_RATIOS}.items()
+                     if a in t and b in t}
+    row["targets"] = evaluate_targets(row)
     row["bytes"] = {n: step_bytes(p, n) for n in DTYPES}
     row["in_l3"] = {n: bool(ctx["l3"]) and b <= ctx["l3"]
                     for n, b in row["bytes"].items()}
@@ -316,14 +452,22 @@ def run_all(options, ctx):
     print(f"  bandwidth {time.perf_counter() - start:6.1f} s",
           file=sys.stderr)
     by_threads = {b["threads"]: b["gbps"] for b in bandwidth}
-    for B, T in ctx["sizes"]:
-        p = make_problem(ctx["heads"], B, T, ctx["seed"])
+    shapes = ([(B, T, False) for B, T in ctx["sizes"]]
+              + [(B, T, True) for B, T in ctx["ragged_sizes"]])
+    for B, T, ragged in shapes:
+        p = make_problem(ctx["heads"], B, T, ctx["seed"], ragged)
         funcs = functions(torch, p)
-        errs = check(torch, p, funcs)           # once, before timing
-        harness.warn_inaccurate(errs, TOLERANCE, f"B={B} T={T}")
+        checked = check(torch, p, funcs)        # once, before timing
+        where = f"B={B} T={T}" + (" ragged" if ragged else "")
+        harness.warn_inaccurate(checked[0], TOLERANCE, where)
+        for name, same in checked[1].items():
+            if not same:
+                print(f"WARNING: paged_{name} differs from cache_{name} on "
+                      f"{where}", file=sys.stderr)
         rows += harness.rows_by_threads(
-            options.threads, ctx, torch, f"B={B:<2} T={T:<6}",
-            lambda n: run_row(p, n, ctx, funcs, errs, by_threads[n]))
+            options.threads, ctx, torch,
+            f"B={B:<2} T={T:<6}" + (" ragged" if ragged else ""),
+            lambda n: run_row(p, n, ctx, funcs, checked, by_threads[n]))
         del p, funcs                            # free the caches
     return bandwidth, rows
 
@@ -345,7 +489,10 @@ def header(meta):
         f"return_weights=False,",
         f"on strided views of (B, T + {SLACK}, Hkv, d) caches read in "
         f"place; sdpa: torch SDPA, enable_gqa, on contiguous copies, the "
-        f"query in the cache dtype",
+        f"query in the cache dtype;",
+        f"cache: cache_attention on the buffers themselves, cache_seqlens; "
+        f"paged: the same on a paged copy (block_size {BLOCK_SIZE}, "
+        f"shuffled block_table)",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}; L3 "
         + ("?" if l3 is None else f"{l3 / 2**20:.0f} MiB"),
         f"attention_c {meta['config']['version']}: SIMD path "
@@ -393,9 +540,10 @@ def bandwidth_lines(meta, bandwidth):
 
 
 def decode_table(rows):
-    """One line per shape, cache dtype and thread count."""
+    """One line per shape, cache dtype and thread count of equal lengths:
+    ours and SDPA."""
     body = []
-    for r in rows:
+    for r in (r for r in rows if not r["ragged"]):
         for name in DTYPES:
             ours, sdpa = f"ours_{name}", f"sdpa_{name}"
             own = ("-" if name == "float32"
@@ -417,14 +565,77 @@ def decode_table(rows):
                          "sdpa GB/s", "others"], body, left=3)
 
 
+def lengths_cell(r):
+    """T of a row, or the range of the lengths of a ragged one."""
+    return (f"{min(r['lengths'])}-{max(r['lengths'])}" if r["ragged"]
+            else str(r["T"]))
+
+
+def cache_table(rows):
+    """One line per shape (ragged too), cache dtype and thread count:
+    cache_attention on the contiguous and the paged cache."""
+    body = []
+    for r in rows:
+        for name in DTYPES:
+            cache, paged, short = f"cache_{name}", f"paged_{name}", SHORT[name]
+            ours = r["ratios"].get(f"cache/ours {short}")
+            body.append(
+                [str(r["B"]), lengths_cell(r), name, str(r["threads"]),
+                 f"{r['times_ms'][cache]:.3f}", f"{r['times_ms'][paged]:.3f}",
+                 f"{r['ratios'][f'paged/cache {short}']:.2f}",
+                 "-" if name == "float32"
+                 else f"{r['ratios'][f'cache {short}/f32']:.2f}",
+                 "-" if ours is None else f"{ours:.2f}",
+                 f"{r['bytes'][name] / 1e6:.3g}"
+                 + ("*" if r["in_l3"][name] else ""),
+                 f"{r['gbps'][cache]:.2f} "
+                 f"({r['bandwidth_share'][cache]:.0%})",
+                 f"{r['gbps'][paged]:.2f} "
+                 f"({r['bandwidth_share'][paged]:.0%})",
+                 "?" if r["others_load"] is None
+                 else f"{r['others_load']:.0%}"])
+    return format_table(["B", "T", "cache", "thr", "cache ms", "paged ms",
+                         "paged/cache", "cache/f32", "cache/ours",
+                         "MB/step", "cache GB/s", "paged GB/s", "others"],
+                        body, left=3)
+
+
+def targets_lines(meta, rows):
+    """The targets of issue 34, each over every row and thread count:
+    how many pass, and the worst case."""
+    targets = [t for r in rows for t in r["targets"]]
+    lines = ["Targets of issue 34 on every row and thread count"
+             + (" (--quick: tiny caches in L3, indicative only)"
+                if meta["quick"] else "") + ":"]
+    for name, limit in TARGETS.items():
+        these = [t for t in targets if t["target"] == name]
+        worst = max(these, key=lambda t: t["value"])
+        passed = sum(t["status"] == "PASS" for t in these)
+        lines.append(f"  {name} <= {limit}: {passed} of {len(these)} pass; "
+                     f"worst {worst['value']:.2f} ({worst['case']})")
+    return lines + [harness.targets_count(targets)]
+
+
+def errors_table(rows, impls, key):
+    """The errors of ``impls`` once per shape (of the rows where ``key``
+    holds), their limits last."""
+    seen = {}
+    for r in rows:
+        if key(r):
+            seen.setdefault((r["B"], lengths_cell(r)), r)
+    body = [[str(B), T] + [f"{r['errors'][k]:.1e}" for k in impls]
+            for (B, T), r in seen.items()]
+    body.append(["limit", ""] + [f"{TOLERANCE[k]:.0e}" for k in impls])
+    return format_table(["B", "T"] + list(impls), body, left=2)
+
+
 def report(meta, bandwidth, rows):
     """The plain-text report: header, bandwidth, decode rows, errors."""
-    seen = {}
-    for r in rows:                  # errors: once per shape
-        seen.setdefault((r["B"], r["T"]), r["errors"])
-    errors = [[str(B), str(T)] + [f"{e[k]:.1e}" for k in IMPLS]
-              for (B, T), e in seen.items()]
-    errors.append(["limit", ""] + [f"{TOLERANCE[k]:.0e}" for k in IMPLS])
+    same = {}
+    for r in rows:
+        key = (r["B"], lengths_cell(r))
+        same[key] = same.get(key, True) and all(r["paged_identical"].values())
+    differ = [f"B={B} T={T}" for (B, T), s in same.items() if not s]
     return "\n".join(header(meta) + [""] + bandwidth_lines(meta, bandwidth)
                      + [
         "",
@@ -439,9 +650,23 @@ def report(meta, bandwidth, rows):
         "stole counts too).",
         decode_table(rows),
         "",
+        f"cache_attention, median ms per decode step; paged/cache: on the "
+        f"paged copy (block_size {BLOCK_SIZE}) / on",
+        "the buffers; cache/f32: on this cache / on the float32 cache; "
+        "cache/ours: / dot_attention (ours) on",
+        "the same cache; T a-b: the ragged batch's lengths.  MB/step, GB/s "
+        "and others as above.",
+        cache_table(rows),
+        "",
+        *targets_lines(meta, rows),
+        "",
         "Error of out against float64 on the same cache values "
         "(||x - r|| / ||r||)",
-        format_table(["B", "T"] + list(IMPLS), errors, left=2)])
+        errors_table(rows, IMPLS, lambda r: not r["ragged"]),
+        errors_table(rows, CACHE_IMPLS, lambda r: True),
+        "paged out bitwise the contiguous one: " + (
+            "yes, every shape and dtype" if not differ
+            else "NO on " + ", ".join(differ))])
 
 
 # --------------------------------------------------------------------------
@@ -451,20 +676,24 @@ def parse_args(argv):
     """The options of ``python -m attention_c.bench --cache``."""
     return harness.parse_mode_args(
         "cache",
-        "Benchmark a GQA decode step of dot_attention on "
-        "key/value caches in float32, bfloat16 and float16 "
-        "(strided views, read in place) against the host's "
-        "measured read bandwidth and torch.nn.functional."
-        "scaled_dot_product_attention with the same cache "
-        "dtype, with each one's error against float64.",
+        "Benchmark a GQA decode step of dot_attention (on "
+        "strided views, read in place) and cache_attention (on "
+        "the contiguous cache and a paged copy, and on a ragged "
+        "batch) on key/value caches in float32, bfloat16 and "
+        "float16 against the host's measured read bandwidth "
+        "and torch.nn.functional.scaled_dot_product_attention "
+        "with the same cache dtype, with each one's error "
+        "against float64.",
         argv)
 
 
 def setup(options, torch):
     """The run's settings and the report's metadata."""
     sizes = QUICK_SIZES if options.quick else SIZES
+    ragged = QUICK_RAGGED_SIZES if options.quick else RAGGED_SIZES
     heads = QUICK_HEADS if options.quick else HEADS
-    options.shapes = [f"B={B} T={T}" for B, T in sizes]
+    options.shapes = ([f"B={B} T={T}" for B, T in sizes]
+                      + [f"B={B} T<={T} ragged" for B, T in ragged])
     options.dtypes = list(DTYPES)
     options.no_torch, options.compile = False, False
     ctx, meta = harness.setup(options)
@@ -472,10 +701,11 @@ def setup(options, torch):
     size = bandwidth_bytes(options.quick, l3)
     meta.update(harness.torch_facts(torch), quick=options.quick,
                 heads=list(heads), sizes=[list(s) for s in sizes],
-                slack=SLACK, l3_bytes=l3, bandwidth_mib=size >> 20,
-                tolerance=TOLERANCE)
-    ctx.update(torch=torch, sizes=sizes, heads=heads, l3=l3,
-               bandwidth_bytes=size)
+                ragged_sizes=[list(s) for s in ragged],
+                block_size=BLOCK_SIZE, targets=TARGETS, slack=SLACK,
+                l3_bytes=l3, bandwidth_mib=size >> 20, tolerance=TOLERANCE)
+    ctx.update(torch=torch, sizes=sizes, ragged_sizes=ragged, heads=heads,
+               l3=l3, bandwidth_bytes=size)
     return ctx, meta
 
 
