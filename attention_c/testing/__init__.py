@@ -45,10 +45,10 @@ from attention_c._functions import TABLE as _TABLE
 # The PyTorch half; torch is imported when its functions run.
 from attention_c.testing.pytorch import (
     TORCH_ATTENTION, TORCH_FAMILY_MASKS, TORCH_FAMILY_SIZES,
-    TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, torch_additive_attention,
-    torch_causal_mask, torch_context_attention, torch_dot_attention,
-    torch_family_problem, torch_general_attention, torch_key_mask,
-    torch_layer_problem, torch_masked_softmax)
+    TORCH_LAYER_MASKS, TORCH_LAYER_SIZES, flash_kw_as_numpy,
+    torch_additive_attention, torch_causal_mask, torch_context_attention,
+    torch_dot_attention, torch_family_problem, torch_general_attention,
+    torch_key_mask, torch_layer_problem, torch_masked_softmax)
 
 __all__ = [
     "TOL", "ILL_FACTOR", "FD_RTOL", "DTYPES", "MASK_KINDS",
@@ -65,7 +65,7 @@ __all__ = [
     "torch_general_attention", "TORCH_ATTENTION",
     "TORCH_LAYER_SIZES", "TORCH_LAYER_MASKS", "torch_layer_problem",
     "TORCH_FAMILY_SIZES", "TORCH_FAMILY_MASKS", "torch_key_mask",
-    "torch_causal_mask", "torch_family_problem",
+    "torch_causal_mask", "torch_family_problem", "flash_kw_as_numpy",
 ]
 
 # --------------------------------------------------------------------------

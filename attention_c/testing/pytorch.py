@@ -252,3 +252,22 @@ def torch_family_problem(kind, several=True, values=False, mask="key",
     elif kind == "general":
         args["W"] = rnd(HQ, H, scale=0.7)
     return args
+
+
+def flash_kw_as_numpy(kw, dtype):
+    """FlashAttention's keywords (causal, softmax_scale, window_size with
+    -1 unbounded, softcap 0.0 off, alibi_slopes, sinks) as the NumPy
+    functions' (scale, window with None, softcap None; tensors as NumPy
+    arrays of ``dtype``)."""
+    out = {"causal": kw.get("causal", False),
+           "scale": kw.get("softmax_scale")}
+    left, right = kw.get("window_size", (-1, -1))
+    if (left, right) != (-1, -1):
+        out["window"] = (None if left == -1 else left,
+                         None if right == -1 else right)
+    if kw.get("softcap", 0.0):
+        out["softcap"] = kw["softcap"]
+    for name in ("alibi_slopes", "sinks"):
+        if kw.get(name) is not None:
+            out[name] = kw[name].detach().double().numpy().astype(dtype)
+    return out

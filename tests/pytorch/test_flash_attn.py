@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 import attention_c  # noqa: E402
 from attention_c import reference as ref  # noqa: E402
-from attention_c.testing import noise_floor, rel_err  # noqa: E402
+from attention_c.testing import (flash_kw_as_numpy, noise_floor,  # noqa: E402
+                                 rel_err)
 from attention_c.torch import (flash_attn_func,  # noqa: E402
                                flash_attn_varlen_func)
 
@@ -59,18 +60,7 @@ def fill(kw, heads, seed=10, batch=None):
 
 def np_kw(kw, G, grouped_axis=-1):
     """flash_attn keywords as the reference's (over query heads)."""
-    out = {"causal": kw.get("causal", False),
-           "scale": kw.get("softmax_scale")}
-    left, right = kw.get("window_size", (-1, -1))
-    if (left, right) != (-1, -1):
-        out["window"] = (None if left == -1 else left,
-                         None if right == -1 else right)
-    if kw.get("softcap", 0.0):
-        out["softcap"] = kw["softcap"]
-    for name in ("alibi_slopes", "sinks"):
-        if kw.get(name) is not None:
-            out[name] = kw[name].detach().double().numpy()
-    return out
+    return flash_kw_as_numpy(kw, np.float64)
 
 
 def reference(q, k, v, grad, kw):

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import attention_c  # noqa: E402
-from attention_c.testing import rel_err  # noqa: E402
+from attention_c.testing import flash_kw_as_numpy, rel_err  # noqa: E402
 from attention_c.torch import (flash_attn_func,  # noqa: E402
                                flash_attn_with_kvcache)
 
@@ -64,18 +64,7 @@ def fill(kw, B, H, seed=10):
 
 def np_kw(kw):
     """flash_attn keywords as cache_attention's."""
-    out = {"causal": kw.get("causal", False),
-           "scale": kw.get("softmax_scale")}
-    left, right = kw.get("window_size", (-1, -1))
-    if (left, right) != (-1, -1):
-        out["window"] = (None if left == -1 else left,
-                         None if right == -1 else right)
-    if kw.get("softcap", 0.0):
-        out["softcap"] = kw["softcap"]
-    for name in ("alibi_slopes", "sinks"):
-        if kw.get(name) is not None:
-            out[name] = kw[name].float().numpy()
-    return out
+    return flash_kw_as_numpy(kw, np.float32)
 
 
 class Cache:
