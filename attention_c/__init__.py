@@ -103,7 +103,7 @@ from .layers import (  # noqa: E402
 )
 from .optim import adam_step, sgd_step  # noqa: E402
 # decoding against a key/value cache, contiguous or paged, read in place
-from .cache import cache_attention  # noqa: E402
+from .cache import cache_attention, dequantize_kv, quantize_kv  # noqa: E402
 
 __all__ = [
     "mean_context", "mean_context_backward",
@@ -127,5 +127,5 @@ __all__ = [
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
     "LocationAttention", "CosineAttention", "LocationInputGrads",
-    "cache_attention",
+    "cache_attention", "quantize_kv", "dequantize_kv",
 ]

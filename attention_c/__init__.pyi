@@ -45,7 +45,7 @@ __all__ = [
     "AttentionInputGrads",
     "MultiHeadAttention", "MultiHeadInputGrads", "KVCache",
     "LocationAttention", "CosineAttention", "LocationInputGrads",
-    "cache_attention",
+    "cache_attention", "quantize_kv", "dequantize_kv",
 ]
 
 _Array = npt.NDArray[np.floating[Any]]
@@ -297,7 +297,9 @@ def cache_attention(
     query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
     v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
     k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
-    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    block_table: npt.ArrayLike | None = None,
+    k_scales: np.ndarray[Any, Any] | None = None,
+    v_scales: np.ndarray[Any, Any] | None = None, scale: float | None = None,
     causal: bool = True, window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
     sinks: npt.ArrayLike | None = None,
@@ -307,7 +309,9 @@ def cache_attention(
     query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
     v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
     k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
-    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    block_table: npt.ArrayLike | None = None,
+    k_scales: np.ndarray[Any, Any] | None = None,
+    v_scales: np.ndarray[Any, Any] | None = None, scale: float | None = None,
     causal: bool = True, window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
     sinks: npt.ArrayLike | None = None,
@@ -317,8 +321,14 @@ def cache_attention(
     query: npt.ArrayLike, k_cache: np.ndarray[Any, Any],
     v_cache: np.ndarray[Any, Any], cache_seqlens: npt.ArrayLike, *,
     k: npt.ArrayLike | None = None, v: npt.ArrayLike | None = None,
-    block_table: npt.ArrayLike | None = None, scale: float | None = None,
+    block_table: npt.ArrayLike | None = None,
+    k_scales: np.ndarray[Any, Any] | None = None,
+    v_scales: np.ndarray[Any, Any] | None = None, scale: float | None = None,
     causal: bool = True, window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None, alibi_slopes: npt.ArrayLike | None = None,
     sinks: npt.ArrayLike | None = None,
     return_lse: bool = False) -> _Array | tuple[_Array, _Array]: ...
+def quantize_kv(x: npt.ArrayLike, group: int = 32
+                ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
+def dequantize_kv(q: npt.ArrayLike, scales: npt.ArrayLike
+                  ) -> npt.NDArray[np.float32]: ...

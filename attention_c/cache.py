@@ -18,9 +18,11 @@ import numpy as np
 
 from . import _core  # type: ignore[attr-defined]
 
-__all__ = ["cache_attention"]
+__all__ = ["cache_attention", "quantize_kv", "dequantize_kv"]
 
-_CACHE_DTYPES = "float32, float64, float16 or bfloat16 (ml_dtypes)"
+_CACHE_DTYPES = ("float32, float64, float16, bfloat16 (ml_dtypes) or int8 "
+                 "(with its scales)")
+_I8 = np.dtype(np.int8)
 _F32, _F64, _F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(
     np.float16)
 
@@ -34,6 +36,99 @@ def _low(dt):
     return dt == _F16 or _is_bf16(dt)
 
 
+def _real_array(name, x):
+    a = np.asarray(x)
+    if not (a.dtype.kind in "fiu" or _is_bf16(a.dtype)) or a.ndim < 1:
+        raise TypeError(f"{name} must be a real array with a last axis, "
+                        f"got dtype {a.dtype} and shape {a.shape}")
+    return a
+
+
+def _group_of(d, ng, what):
+    if ng < 1 or d % ng or d // ng < 8:
+        raise ValueError(f"{what}: the groups must divide d = {d} into "
+                         f"groups of 8 elements or more, got {ng} "
+                         f"group{'s' if ng != 1 else ''}")
+    return d // ng
+
+
+def quantize_kv(x, group=32):
+    """Keys or values in int8 with one float32 scale per group of
+    ``group`` consecutive elements of a row, as an int8 cache holds them.
+
+    Per group (in float32): ``scale = max|x| / 127`` (0 for an all-zero
+    group) and ``q = rint(x / scale)`` in [-127, 127] (round half to
+    even; 0 where the scale is 0), so ``|x - scale q| <= scale / 2``.
+    llama.cpp's q8_0 is ``group=32``.
+
+    Parameters
+    ----------
+    x : array_like, (..., d)
+        Finite real values (any float dtype; computed in float32).
+    group : int
+        Elements per scale: at least 8, dividing d.
+
+    Returns
+    -------
+    q : ndarray of int8, (..., d)
+    scales : ndarray of float32, (..., d // group)
+    """
+    x = _real_array("x", x)
+    try:
+        group = operator.index(group)
+    except TypeError:
+        raise TypeError(f"group must be an int, got {group!r}") from None
+    d = x.shape[-1]
+    if group < 8 or d % group:
+        raise ValueError(f"group = {group} must be >= 8 and divide the last "
+                         f"axis d = {d}")
+    return _quantize(x, group, "x")
+
+
+def _quantize(x, group, name):
+    """quantize_kv of the real array x, checked (its non-finite values
+    named as `name`)."""
+    d = x.shape[-1]
+    with np.errstate(over="ignore"):    # beyond float32: refused below
+        x32 = x.astype(_F32)
+    if not np.isfinite(x32).all():
+        raise ValueError(f"{name} has values that are not finite in "
+                         f"float32: an int8 cache holds finite values only")
+    xg = x32.reshape(x.shape[:-1] + (d // group, group))
+    scales = np.max(np.abs(xg), axis=-1) / _F32.type(127)
+    safe = np.where(scales > 0, scales, _F32.type(1))
+    q = np.clip(np.rint(xg / safe[..., None]), -127, 127)
+    return q.astype(np.int8).reshape(x.shape), scales
+
+
+def dequantize_kv(q, scales):
+    """The float32 values an int8 cache holds: ``scales[..., c // g] *
+    q[..., c]``, one float32 product each (g = d / scales.shape[-1]).
+
+    Parameters
+    ----------
+    q : array_like of int8, (..., d)
+    scales : array_like of float32 or float16, (..., d // g), g >= 8
+
+    Returns
+    -------
+    ndarray of float32, (..., d)
+    """
+    q = np.asarray(q)
+    scales = np.asarray(scales)
+    if q.dtype != np.int8 or scales.dtype not in (_F32, _F16):
+        raise TypeError(f"q must be int8 and scales float32 or float16, got "
+                        f"{q.dtype} and {scales.dtype}")
+    if q.ndim < 1 or scales.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"scales has shape {scales.shape}; expected q's "
+                         f"leading axes {q.shape[:-1]} and a group axis")
+    d, ng = q.shape[-1], scales.shape[-1]
+    g = _group_of(d, ng, f"scales {scales.shape} for q {q.shape}")
+    out = (scales.astype(_F32)[..., None] *
+           q.astype(_F32).reshape(q.shape[:-1] + (ng, g)))
+    return out.reshape(q.shape)
+
+
 def _cache_dtype(name, x):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array (it is read where "
@@ -44,7 +139,7 @@ def _cache_dtype(name, x):
                          f"paged (num_blocks, block_size, Hkv, d); got "
                          f"shape {x.shape}")
     dt = x.dtype
-    if not (dt == _F32 or dt == _F64 or _low(dt)):
+    if not (dt == _F32 or dt == _F64 or dt == _I8 or _low(dt)):
         raise TypeError(f"{name} has dtype {dt}; a cache is "
                         f"{_CACHE_DTYPES}")
     if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
@@ -52,6 +147,32 @@ def _cache_dtype(name, x):
                          f"{x.itemsize} bytes, got {x.strides[-1]}): the "
                          f"cache is read where it is, never copied")
     return dt
+
+
+def _scales(name, s, cache_name, cache):
+    """An int8 cache's scales: (the cache's first three axes, ng) float32
+    or float16, ng dividing its rows in groups of 8 or more; their group
+    size.  None (and 0) with a float cache."""
+    if cache.dtype != _I8:
+        if s is not None:
+            raise ValueError(f"{name} goes with an int8 {cache_name}; "
+                             f"{cache_name} is {cache.dtype}")
+        return 0
+    if s is None:
+        raise TypeError(f"{cache_name} is int8: it needs {name} (the "
+                        f"float32 scales of quantize_kv)")
+    if not isinstance(s, np.ndarray) or s.dtype not in (_F32, _F16):
+        raise TypeError(f"{name} must be a float32 or float16 NumPy array "
+                        f"(written in place with new keys and values), got "
+                        f"{getattr(s, 'dtype', type(s).__name__)}")
+    if s.ndim != 4 or s.shape[:3] != cache.shape[:3]:
+        raise ValueError(f"{name} has shape {s.shape}; expected "
+                         f"{cache.shape[:3]} + (groups,), as {cache_name} "
+                         f"{cache.shape}")
+    if s.shape[-1] > 1 and s.strides[-1] != s.itemsize:
+        raise ValueError(f"{name}'s last axis must be contiguous")
+    return _group_of(cache.shape[-1], s.shape[-1], f"{name} {s.shape} for "
+                     f"{cache_name} {cache.shape}")
 
 
 def _ints(name, x, ndim):
@@ -151,7 +272,8 @@ def _check_table(table, B, lens, block, nblocks):
 
 
 def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
-                    v=None, block_table=None, scale=None, causal=True,
+                    v=None, block_table=None, k_scales=None, v_scales=None,
+                    scale=None, causal=True,
                     window=None, softcap=None, alibi_slopes=None,
                     sinks=None, return_lse=False):
     """Attention of new queries against a key/value cache, read in place.
@@ -168,7 +290,8 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
         with ``block_table``, (num_blocks, block_size, Hkv, d) and (...,
         dv): position t of sequence b is row ``t % block_size`` of block
         ``block_table[b, t // block_size]``.  float32, float16, bfloat16
-        (ml_dtypes; computed in float32, widened as loaded) or float64
+        (ml_dtypes; computed in float32, widened as loaded), int8 with
+        scales (computed in float32, dequantized as loaded) or float64
         (both: computed in float64); keys and values may differ.  Any
         strides but a contiguous last axis: a cache is never copied.
         Query head h reads kv head ``h // (Hq // Hkv)`` (grouped query
@@ -183,6 +306,13 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     block_table : array_like of int, (B, max_blocks), optional
         The paged cache's blocks of each sequence; entries past a
         sequence's length are never read.
+    k_scales, v_scales : ndarray, optional
+        With an int8 cache, and only then: its scales, shaped as the
+        cache with ng groups in the last axis (float32 or float16), as
+        :func:`quantize_kv` makes them; the cache holds ``scale * q``
+        (:func:`dequantize_kv`), and the result is bitwise the call on
+        that float32 cache.  New keys and values are quantized in groups
+        of d / ng into the cache and the scales, in place.
     scale : float, optional
         Multiplies the scores; default ``1 / sqrt(d)``.
     causal : bool
@@ -222,6 +352,8 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     if (kd == _F64) != (vd == _F64):
         raise TypeError(f"k_cache is {kd} and v_cache {vd}: float64 caches "
                         f"go together (a cache is never converted)")
+    kg = _scales("k_scales", k_scales, "k_cache", k_cache)
+    vg = _scales("v_scales", v_scales, "v_cache", v_cache)
     real = _F64 if kd == _F64 else _F32
     q = np.asarray(query)
     if q.ndim != 4:
@@ -299,13 +431,22 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     sink = _per_head("sinks", sinks, B, Hq, real, [(Hq,)])
     qc = q if q.dtype == real and q.strides[-1] == q.itemsize else (
         np.ascontiguousarray(q, dtype=real))
-    if Tn:                              # checked: now write, in place
+    if Tn:      # quantized first (it checks the values), then written
+        writes = []
+        for name, cache, scales, group, new in (
+                ("k", k_cache, k_scales, kg, k),
+                ("v", v_cache, v_scales, vg, v)):
+            if group:
+                new, s = _quantize(new, group, name)
+                writes.append((scales, s))
+            writes.append((cache, new))
         blk, row = _slots(lens, Tn, table, block)
-        k_cache[blk, row] = k
-        v_cache[blk, row] = v
+        for dest, new in writes:
+            dest[blk, row] = new
     out = np.empty((B, Tq, Hq, dv), real)
     lse = np.empty((B, Tq, Hq), real)
-    _core._cache_attention(qc, k_cache, v_cache, total, table, scale,
+    _core._cache_attention(qc, k_cache, v_cache, total, table,
+                           k_scales, v_scales, scale,
                            bool(causal), wl, wr, cap or 0.0, slopes, sink,
                            out, lse)
     if qd != real:                      # rounded once, to the query's

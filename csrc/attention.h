@@ -271,7 +271,8 @@ enum att_strided {
 enum att_store {
     ATT_STORE_NATIVE = 0,
     ATT_STORE_BF16 = 1,
-    ATT_STORE_F16 = 2
+    ATT_STORE_F16 = 2,
+    ATT_STORE_Q8 = 3        /* int8 with a scale per group: caches only */
 };
 
 /* n elements of 16-bit kind store (ATT_STORE_BF16, ATT_STORE_F16) at src
@@ -351,7 +352,11 @@ ATT_FAMILY_DECLARE(double, f64)
  * (B, Tq, Hq), C-contiguous; a query that sees no key gets out 0 and lse
  * -inf (or its sink).  The query's rows and the caches' rows have a
  * contiguous last axis and any other strides (elements: of REAL, or of
- * the 16-bit store kstore / vstore, attention.h's att_store, for float).
+ * the store kstore / vstore, attention.h's att_store, for float).  An
+ * ATT_STORE_Q8 cache (float) holds int8 q with scales (kscale: float, or
+ * binary16 with kscale16) laid out as the cache with d / kgroup elements
+ * a row (strides ksbs, ksrs, kshs): element c is the float product
+ * scale[c / kgroup] q[c], exactly the float call on those values.
  * The cache is read where it is, never written.  Results are bitwise
  * the same for any thread count, and for any block size and table that
  * place the same rows at the same positions.  Returns ATT_EINVAL for bad
@@ -373,6 +378,10 @@ typedef struct {
         int kstore, vstore;                                                  \
         ptrdiff_t kbs, krs, khs;        /* strides: block, row, head */    \
         ptrdiff_t vbs, vrs, vhs;                                             \
+        const void *kscale, *vscale;    /* ATT_STORE_Q8 only */            \
+        int kscale16, vscale16;                                              \
+        ptrdiff_t ksbs, ksrs, kshs, kgroup;                                  \
+        ptrdiff_t vsbs, vsrs, vshs, vgroup;                                  \
         const int64_t *lens;            /* (B,) */                         \
         const int64_t *table;           /* (B, maxblocks) or NULL */       \
         R scale, softcap;                                                    \
@@ -381,7 +390,7 @@ typedef struct {
         const R *sinks;                                                      \
     } att_cache_in_##SFX;                                                    \
     ptrdiff_t att_cache_workspace_##SFX(const att_cache_dims *c,             \
-                                        const int64_t *lens,                 \
+                                        const att_cache_in_##SFX *in,        \
                                         const att_exec *ex);                 \
     int att_cache_attention_##SFX(const att_cache_dims *c,                   \
                                   const att_exec *ex,                        \

@@ -15,10 +15,11 @@ its C-backed counterpart in :mod:`attention_c`.  By subject:
 - :mod:`.dropout`: the dropout keep bits, Philox4x32-10;
 - :mod:`.multihead`: multi-head attention, one head at a time (section 7);
 - :mod:`.cache`: attention against a key-value cache, contiguous or
-  paged, with the new keys and values appended in place (decoding).
+  paged, with the new keys and values appended in place (decoding);
+  int8 caches with a scale per group (quantize_kv, dequantize_kv).
 """
 
-from .cache import cache_attention
+from .cache import cache_attention, dequantize_kv, quantize_kv
 from .dropout import dropout_keep, philox4x32
 from .family import (additive_attention, additive_attention_backward,
                      dot_attention, dot_attention_backward,
@@ -47,5 +48,5 @@ __all__ = [
     "location_attention", "location_attention_backward",
     "cosine_attention", "cosine_attention_backward",
     "philox4x32", "dropout_keep", "multi_head_attention",
-    "cache_attention",
+    "cache_attention", "quantize_kv", "dequantize_kv",
 ]

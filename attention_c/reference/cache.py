@@ -25,9 +25,86 @@ query head h reads kv head h // (Hq // Hkv) (grouped-query attention):
 A query that sees no key has out = 0 and lse = -inf (or z).  Each query
 is written out on its own below, with the visible keys picked first, so
 a NaN in a key that it does not see cannot reach it.
+
+int8 caches: a cache may hold int8 numbers q with one float scale per
+group of g consecutive elements of each row (k_scales, v_scales, the
+cache's first three axes + (d // g,)).  It holds the values scale * q,
+read here in float64.  quantize_kv gives q and the scales of new rows
+(the appends), dequantize_kv the float32 values back:
+
+    scale     = max |x| / 127 over the group (0 if the group is all 0)
+    q         = round(x / scale) to the nearest integer, ties to even,
+                clipped to -127 .. 127 (0 where scale = 0)
+    x        ~= scale * q     within scale / 2
 """
 
 import numpy as np
+
+
+def quantize_kv(x, group=32):
+    """Keys or values x (..., d) as int8 numbers and a scale per group:
+    (q int8 (..., d), scales float32 (..., d // group)).
+
+    Every group of ``group`` consecutive elements of the last axis is
+    scaled so that its largest magnitude becomes 127, then rounded to
+    the nearest integer (ties to even).  All in float32: x is first
+    converted to float32 (16-bit dtypes exactly, float64 rounded).
+    """
+    x = np.asarray(x)
+    d = x.shape[-1]
+    if group < 8 or d % group:
+        raise ValueError(f"group = {group} must be >= 8 and divide d = {d}")
+    x32 = x.astype(np.float32)
+    if not np.all(np.isfinite(x32)):
+        raise ValueError("x must be finite: an int8 cache holds numbers")
+    lead = x32.shape[:-1]
+    xg = x32.reshape(lead + (d // group, group))       # (..., ng, group)
+
+    # one scale per group: its largest magnitude / 127, in float32
+    scales = np.max(np.abs(xg), axis=-1) / np.float32(127)    # (..., ng)
+
+    # x / scale rounded to the nearest integer, ties to even (np.rint);
+    # an all-zero group has scale 0 and q 0 (divide by 1 there instead)
+    s = scales[..., None]                              # (..., ng, 1)
+    ratio = xg / np.where(s == 0, np.float32(1), s)    # float32
+    q = np.clip(np.rint(ratio), -127, 127)
+    q = np.where(s == 0, 0, q)
+    return q.astype(np.int8).reshape(x32.shape), scales
+
+
+def dequantize_kv(q, scales):
+    """The float32 values (..., d) that int8 numbers q (..., d) with
+    scales (..., d // g) stand for: scales[..., c // g] * q[..., c],
+    one float32 multiply."""
+    q, scales = np.asarray(q), np.asarray(scales)
+    d, ng = q.shape[-1], scales.shape[-1]
+    g = d // ng                                        # the group size
+    # element c of a row belongs to group c // g
+    per_element = np.repeat(scales.astype(np.float32), g, axis=-1)
+    return per_element * q.astype(np.float32)          # (..., d) float32
+
+
+def _read(cache, scales, rows):
+    """Rows of a cache as float64: (n, Hkv, d).  An int8 cache holds
+    scale * q, one scale per group of d // ng elements."""
+    x = cache[rows].astype(np.float64)                 # (n, Hkv, d)
+    if scales is None:
+        return x
+    s = scales[rows].astype(np.float64)                # (n, Hkv, ng)
+    g = x.shape[-1] // s.shape[-1]
+    return np.repeat(s, g, axis=-1) * x                # exact in float64
+
+
+def _write(cache, scales, slots, new):
+    """New rows (Tn, Hkv, d) into the cache's slots: cast to its dtype,
+    or for an int8 cache quantized with the scales' group size."""
+    if scales is None:
+        cache[slots] = new
+        return
+    g = cache.shape[-1] // scales.shape[-1]
+    q, s = quantize_kv(new, group=g)
+    cache[slots] = q
+    scales[slots] = s                                  # cast to its dtype
 
 
 def _slots(b, t, block_table, block_size):
@@ -39,15 +116,19 @@ def _slots(b, t, block_table, block_size):
 
 
 def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
-                    v=None, block_table=None, scale=None, causal=True,
-                    window=None, softcap=None, alibi_slopes=None,
-                    sinks=None, return_lse=False):
+                    v=None, block_table=None, k_scales=None,
+                    v_scales=None, scale=None, causal=True, window=None,
+                    softcap=None, alibi_slopes=None, sinks=None,
+                    return_lse=False):
     """out (B, Tq, Hq, dv), or (out, lse (B, Tq, Hq)) with return_lse=True,
     both float64.
 
     k and v, if given, are first written into the caches (in place, cast
-    to the caches' dtypes as NumPy assignment casts); cache_seqlens is
-    not changed.  window = (left, right), a side None unbounded;
+    to the caches' dtypes as NumPy assignment casts; into an int8 cache
+    quantized by quantize_kv, the scales written into k_scales or
+    v_scales); cache_seqlens is not changed.  An int8 cache comes with
+    its scales (the cache's first three axes + (ng,)) and is read as
+    scales * q.  window = (left, right), a side None unbounded;
     alibi_slopes (Hq,) or (B, Hq); sinks (Hq,).
     """
     query = np.asarray(query)
@@ -65,8 +146,8 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
         for b in range(B):
             new = _slots(b, seqlens[b] + np.arange(Tn), block_table,
                          block_size)
-            k_cache[new] = k[b]                        # (Tn, Hkv, d)
-            v_cache[new] = v[b]                        # (Tn, Hkv, dv)
+            _write(k_cache, k_scales, new, k[b])       # (Tn, Hkv, d)
+            _write(v_cache, v_scales, new, v[b])       # (Tn, Hkv, dv)
 
     # 2. attend, one sequence and one query at a time
     scale = 1 / np.sqrt(d) if scale is None else scale
@@ -81,8 +162,8 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
         n = int(seqlens[b]) + Tn                       # N_b keys
         t = np.arange(n)
         rows = _slots(b, t, block_table, block_size)
-        keys = k_cache[rows].astype(np.float64)        # (n, Hkv, d)
-        vals = v_cache[rows].astype(np.float64)        # (n, Hkv, dv)
+        keys = _read(k_cache, k_scales, rows)          # (n, Hkv, d)
+        vals = _read(v_cache, v_scales, rows)          # (n, Hkv, dv)
         for i in range(Tq):
             p = n - Tq + i                             # the query's position
             seen = np.ones(n, bool)

@@ -102,6 +102,9 @@
  *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
  *                        widened to R, or n R rounded to them
  *                        (attention.h's att_convert16).  float only.
+ *   widen_q8             n int8 (n a multiple of g) times their group's
+ *                        scale, dst[c] = scale[c / g] src[c], one float
+ *                        product each: an int8 cache's rows.  float only.
  *   dot_keys_multi16, sum_values_multi16  the same on 16-bit keys
  *                        (values), [0] bfloat16, [1] binary16, each
  *                        element widened exactly as it is loaded: the
@@ -204,6 +207,8 @@
                                  const unsigned char *const *use,            \
                                  R *const *out, int add, int pf);            \
         void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
+        void (*widen_q8)(ptrdiff_t n, ptrdiff_t g, const int8_t *src,        \
+                         const float *scale, R *dst);                        \
         void (*round16[2])(ptrdiff_t n, const R *src, uint16_t *dst);        \
         void (*dot_keys_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
                                     R alpha, const R *const *q,              \

@@ -55,6 +55,7 @@
 #include "core/compiler.h"
 #include "core/dispatch.h"
 #include "core/exec.h"
+#include "core/half.h"
 #include "core/philox.h"
 #include "core/pool.h"
 #include "ref/formulas.h"

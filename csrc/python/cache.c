@@ -26,13 +26,15 @@ static PyArrayObject *as_array(PyObject *o, const char *name, int nd)
     return (PyArrayObject *)o;
 }
 
-/* The element store of a cache: ATT_STORE_* for the 16-bit dtypes with
- * a float32 call, ATT_STORE_NATIVE for the call's own dtype; -1 else. */
+/* The element store of a cache: ATT_STORE_* for the 16-bit dtypes and
+ * int8 with a float32 call, ATT_STORE_NATIVE for the call's own dtype;
+ * -1 else. */
 static int cache_store(PyArrayObject *a, int typenum)
 {
     int h = half_store(PyArray_DESCR(a));
-    if (h != ATT_STORE_NATIVE) {
-        return typenum == NPY_FLOAT ? h : -1;
+    if (h != ATT_STORE_NATIVE || PyArray_TYPE(a) == NPY_INT8) {
+        return typenum != NPY_FLOAT ? -1
+               : h != ATT_STORE_NATIVE ? h : ATT_STORE_Q8;
     }
     return PyArray_TYPE(a) == typenum ? ATT_STORE_NATIVE : -1;
 }
@@ -51,6 +53,44 @@ static int elem_strides(PyArrayObject *a, ptrdiff_t *s)
         s[k] = st / size;
     }
     return nd > 0 && PyArray_DIM(a, nd - 1) > 1 && s[nd - 1] != 1 ? -1 : 0;
+}
+
+/* An int8 cache's scales (None for the others): float32 or float16, the
+ * cache's first three axes and ng groups of `width` / ng elements, the
+ * last axis contiguous.  Their strides (elements) in s, the group size in
+ * *group, 1 in *half for float16.  0, or -1 with an exception. */
+static int cache_scales(PyObject *o, PyArrayObject *cache, int store,
+                        ptrdiff_t width, ptrdiff_t *s, ptrdiff_t *group,
+                        int *half)
+{
+    *group = 0;
+    *half = 0;
+    if (store != ATT_STORE_Q8) {
+        if (o != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "_cache_attention: scales "
+                            "go with an int8 cache only");
+            return -1;
+        }
+        return 0;
+    }
+    PyArrayObject *a = as_array(o, "scales", 4);
+    if (a == NULL) {
+        return -1;
+    }
+    npy_intp *d = PyArray_DIMS(a), *c = PyArray_DIMS(cache);
+    int t = PyArray_TYPE(a);
+    if ((t != NPY_FLOAT && t != NPY_HALF) || d[0] != c[0] || d[1] != c[1] ||
+        d[2] != c[2] || d[3] < 1 || width % d[3] != 0 ||
+        elem_strides(a, s) < 0 || !PyArray_ISALIGNED(a)) {
+        PyErr_SetString(PyExc_ValueError, "_cache_attention: an int8 "
+                        "cache's scales must be float32 or float16, shaped "
+                        "as the cache with a group axis dividing its rows, "
+                        "aligned, their last axis contiguous");
+        return -1;
+    }
+    *group = width / d[3];
+    *half = t == NPY_HALF;
+    return 0;
 }
 
 /* A C-contiguous aligned array of type `typenum` and `nd` axes, or None
@@ -113,22 +153,23 @@ static int cache_shapes(const CacheArrays *a, att_cache_dims *c, int typenum)
     return 0;
 }
 
-/* _cache_attention(query, k_cache, v_cache, lens, table, scale, causal,
- * wleft, wright, softcap, alibi, sinks, out, lse): lens int64 (B,),
- * table int64 (B, maxblocks) or None, alibi (1 or B, Hq) or None, sinks
- * (Hq,) or None, out and lse C-contiguous of the query's dtype, float32
- * or float64 (written). */
+/* _cache_attention(query, k_cache, v_cache, lens, table, k_scales,
+ * v_scales, scale, causal, wleft, wright, softcap, alibi, sinks, out,
+ * lse): lens int64 (B,), table int64 (B, maxblocks) or None, scales for
+ * int8 caches (else None), alibi (1 or B, Hq) or None, sinks (Hq,) or
+ * None, out and lse C-contiguous of the query's dtype, float32 or float64
+ * (written). */
 PyObject *py_cache_attention(PyObject *self, PyObject *args)
 {
-    PyObject *o[9];
+    PyObject *o[11];
     double scale, softcap;
     int causal;
     Py_ssize_t wleft, wright;
     CacheArrays a;
-    if (!PyArg_ParseTuple(args, "OOOOOdpnndOOOO:_cache_attention", &o[0],
-                          &o[1], &o[2], &o[3], &o[4], &scale, &causal,
-                          &wleft, &wright, &softcap, &o[5], &o[6], &o[7],
-                          &o[8])) {
+    if (!PyArg_ParseTuple(args, "OOOOOOOdpnndOOOO:_cache_attention", &o[0],
+                          &o[1], &o[2], &o[3], &o[4], &o[9], &o[10], &scale,
+                          &causal, &wleft, &wright, &softcap, &o[5], &o[6],
+                          &o[7], &o[8])) {
         return NULL;
     }
     (void)self;
@@ -172,6 +213,12 @@ PyObject *py_cache_attention(PyObject *self, PyObject *args)
                         "unaligned or its last axis not contiguous");
         return NULL;
     }
+    ptrdiff_t kss[4], vss[4], kgroup, vgroup;
+    int k16, v16;
+    if (cache_scales(o[9], a.kc, kstore, c.d, kss, &kgroup, &k16) < 0 ||
+        cache_scales(o[10], a.vc, vstore, c.dv, vss, &vgroup, &v16) < 0) {
+        return NULL;
+    }
     c.causal = causal;
     c.wleft = wleft;
     c.wright = wright;
@@ -195,6 +242,22 @@ PyObject *py_cache_attention(PyObject *self, PyObject *args)
         (in).vrs = vs[1];                                                    \
         (in).vhs = vs[2];                                                    \
         (in).lens = PyArray_DATA(a.lens);                                    \
+        if (kgroup > 0) {                                                    \
+            (in).kscale = PyArray_DATA((PyArrayObject *)o[9]);               \
+            (in).kscale16 = k16;                                             \
+            (in).ksbs = kss[0];                                              \
+            (in).ksrs = kss[1];                                              \
+            (in).kshs = kss[2];                                              \
+            (in).kgroup = kgroup;                                            \
+        }                                                                    \
+        if (vgroup > 0) {                                                    \
+            (in).vscale = PyArray_DATA((PyArrayObject *)o[10]);              \
+            (in).vscale16 = v16;                                             \
+            (in).vsbs = vss[0];                                              \
+            (in).vsrs = vss[1];                                              \
+            (in).vshs = vss[2];                                              \
+            (in).vgroup = vgroup;                                            \
+        }                                                                    \
         (in).table = a.table != NULL ? PyArray_DATA(a.table) : NULL;         \
         (in).query = PyArray_DATA(a.q);                                      \
         (in).scale = scale;                                                  \
@@ -209,8 +272,8 @@ PyObject *py_cache_attention(PyObject *self, PyObject *args)
 #undef FILL
     att_exec ex = begin_exec();
     ptrdiff_t bytes = typenum == NPY_FLOAT
-                      ? att_cache_workspace_f32(&c, in32.lens, &ex)
-                      : att_cache_workspace_f64(&c, in64.lens, &ex);
+                      ? att_cache_workspace_f32(&c, &in32, &ex)
+                      : att_cache_workspace_f64(&c, &in64, &ex);
     void *work = NULL;
     int status = ATT_EINVAL;
     if (bytes >= 0) {

@@ -114,6 +114,15 @@ SCALAR_MULTI16(f16, ATT_STORE_F16)
 SCALAR_CONVERT16(bf16, att_bf16_to_f32, att_f32_to_bf16)
 SCALAR_CONVERT16(f16, att_f16_to_f32, att_f32_to_f16)
 
+/* widen_q8: an int8 cache's rows, one product each (core/dispatch.h) */
+static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
+                     const float *scale, float *d)
+{
+    for (ptrdiff_t c = 0; c < n; c++) {
+        d[c] = scale[c / g] * (float)s[c];
+    }
+}
+
 #define SCALAR_ENTRIES(SFX)                                                  \
     .vlen = 1,                                                               \
     .gemm_work = 0,                                                          \
@@ -142,6 +151,7 @@ SCALAR_CONVERT16(f16, att_f16_to_f32, att_f32_to_f16)
 const att_ops_f32 att_ops_table_f32_scalar = {
     SCALAR_ENTRIES(f32),
     .widen16 = {widen_bf16, widen_f16},
+    .widen_q8 = widen_q8,
     .round16 = {round_bf16, round_f16},
     .dot_keys_multi16 = {dot_keys_multi_bf16, dot_keys_multi_f16},
     .sum_values_multi16 = {sum_values_multi_bf16, sum_values_multi_f16},

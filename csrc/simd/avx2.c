@@ -140,6 +140,9 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(                 \
     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* 8 int8 at p as floats */
+#define VLOAD_I8(p) _mm256_cvtepi32_ps(                                      \
+    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 /* 8 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
  * and the kept lowest bit, NaN to the quiet NaN of its sign (core/
  * half.h), packed in lane order; to binary16 by F16C's conversion */

@@ -106,6 +106,9 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(                 \
     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+/* 16 int8 at p as floats */
+#define VLOAD_I8(p) _mm512_cvtepi32_ps(                                      \
+    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 /* 16 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
  * and the kept lowest bit (no AVX512_BF16 needed), NaN to the quiet NaN
  * of its sign (core/half.h); to binary16 by the conversion instruction */

@@ -169,6 +169,15 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
     vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(p)), 16))
 #define VLOAD_F16(p) \
     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(p))))
+/* 4 int8 at p as floats (4 bytes read, never past them) */
+static inline float32x4_t load_i8_f32(const int8_t *p)
+{
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(w)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+}
+#define VLOAD_I8(p) load_i8_f32(p)
 /* 4 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
  * and the kept lowest bit, NaN to the quiet NaN of its sign (core/
  * half.h); to binary16 by the conversion instruction (FPCR: nearest) */

@@ -687,8 +687,8 @@ def bad_case(name):
     if name == "v_dv_mismatch":
         c.v = rng.standard_normal((3, 2, 2, 7)).astype(np.float32)
         return c, contiguous, None, kw, ValueError, r"\bv\b"
-    if name == "int8_cache":
-        kc = rng.integers(-9, 9, contiguous[0].shape).astype(np.int8)
+    if name == "int16_cache":
+        kc = rng.integers(-9, 9, contiguous[0].shape).astype(np.int16)
         return c, (kc, contiguous[1]), None, kw, TypeError, "k_cache"
     if name == "float64_query_float32_cache":
         c.q = c.q.astype(np.float64)
@@ -710,7 +710,7 @@ BAD = ["block_out_of_range", "block_negative_used",
        "block_used_by_append_only", "beyond_capacity",
        "beyond_capacity_paged", "negative_seqlens", "heads_not_multiple",
        "k_without_v", "v_without_k", "query_d_mismatch", "k_d_mismatch",
-       "v_dv_mismatch", "int8_cache", "float64_query_float32_cache",
+       "v_dv_mismatch", "int16_cache", "float64_query_float32_cache",
        "float64_query_half_cache", "k_cache_last_axis_strided",
        "v_cache_last_axis_strided"]
 
@@ -724,8 +724,8 @@ def test_refused(name):
     before = kc.copy(), vc.copy()
     with pytest.raises(error, match=pattern) as info:
         c.call(kc, vc, table, **kw)
-    if name == "int8_cache":             # the accepted dtypes named
-        for accepted in ["float32", "float64", "float16"] + (
+    if name == "int16_cache":            # the accepted dtypes named
+        for accepted in ["float32", "float64", "float16", "int8"] + (
                 ["bfloat16"] if BF16 is not None else []):
             assert accepted in str(info.value), (accepted, str(info.value))
     assert kc.tobytes() == before[0].tobytes(), "k_cache written"
