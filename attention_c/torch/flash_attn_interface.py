@@ -19,10 +19,11 @@ float16 in float32 (the lse comes back in float32, as FlashAttention's).
 Semantics (docs/contract.md section 8), FlashAttention's: causal and the
 window are aligned bottom-right (query i sits at key position i + T - Tq);
 ``window_size=(left, right)``, -1 an unbounded side; ``softcap=0.0`` off;
-``alibi_slopes`` (heads,) or (B, heads) adds ``-slope |i + T - Tq - t|``;
-a query that sees no key gives 0.  Beyond FlashAttention-2: ``sinks``
-(heads,) or (B, heads), one logit a head in every softmax denominator
-(gpt-oss's attention sinks).
+``alibi_slopes`` (heads,) or (B, heads) adds ``-slope |i + T - Tq - t|``
+(varlen: B the number of sequences); a query that sees no key gives 0.
+Beyond FlashAttention-2: ``sinks`` (heads,) or (B, heads) (varlen:
+(heads,)), one logit a head in every softmax denominator (gpt-oss's
+attention sinks).
 
 Differences: ``deterministic`` is accepted and changes nothing (the
 kernels are deterministic, bitwise, for any thread count); the dropout's
@@ -36,7 +37,10 @@ weights (before dropout, not differentiable) and the lse is -inf (not
 :func:`attention_c.cache_attention` on NumPy views of the tensors: the new
 keys and values are written into the caller's ``k_cache`` and ``v_cache``
 where they are (contiguous or paged with ``block_table``; never copied),
-then the queries attend to the cache.  ``cache_batch_idx`` is supported;
+then the queries attend to the cache.  Beyond FlashAttention-2: int8
+caches with their scales (keyword-only ``k_scales``, ``v_scales``), new
+keys and values quantized into both in place.  ``cache_batch_idx`` is
+supported;
 the rotary embedding (``rotary_cos``, ``rotary_sin``) and
 ``cache_leftpad`` are not (NotImplementedError).
 """
@@ -94,11 +98,13 @@ def _softcap(softcap: Any) -> float | None:
 
 
 def _per_head(name: str, x: torch.Tensor | None, B: int | None,
-              heads: int, heads_k: int) -> torch.Tensor | None:
+              heads: int, heads_k: int, what: str = ""
+              ) -> torch.Tensor | None:
     """alibi_slopes or sinks, (heads,) or (B, heads), laid out for the
     leading axes of the call: (heads_k, G) or (B, heads_k, G) views with
-    grouped queries, as they are without.  ``B`` None: varlen, where only
-    (heads,) is accepted (the kernel's leading axes are the heads)."""
+    grouped queries, as they are without.  ``B`` None: only (heads,) is
+    accepted (varlen's sinks; the kernel's leading axes are the heads).
+    ``what``: B's meaning, for the message."""
     if x is None:
         return None
     if not isinstance(x, torch.Tensor):
@@ -108,7 +114,7 @@ def _per_head(name: str, x: torch.Tensor | None, B: int | None,
     if tuple(x.shape) not in shapes:
         want = " or ".join(str(s) for s in shapes)
         raise ValueError(f"{name} must have shape {want} (heads = "
-                         f"{heads}), got {tuple(x.shape)}"
+                         f"{heads}{what}), got {tuple(x.shape)}"
                          + (" (varlen: one value a head; per-sequence "
                             "values are not supported)" if B is None
                             and x.ndim == 2 else ""))
@@ -300,9 +306,18 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor,
         sequence (bottom-right aligned there).
     max_seqlen_q, max_seqlen_k : int
         Accepted, not read (the kernel takes the lengths from cu_seqlens).
-    alibi_slopes, sinks : Tensor (heads,), optional
-        One value a head (the (B, heads) form of flash_attn_func is
-        refused here).
+    alibi_slopes : Tensor (heads,) or (n, heads), optional
+        One slope a head, or a sequence and head (n = ``len(cu_seqlens_q)
+        - 1``, as flash_attn's (batch, heads)); differentiable in both
+        forms.  The kernel takes one slope a head per call, so (n, heads)
+        splits the call into runs of consecutive sequences that share
+        their row (one call when all rows are equal); when the slopes
+        require grad, each sequence has its own call (views of q, k and v,
+        no copy), which is slower for many short sequences.  A sequence
+        with no query or no key uses no slope (its gradient is 0).
+    sinks : Tensor (heads,), optional
+        One logit a head (the (B, heads) form of flash_attn_func is refused
+        here).
     Others as :func:`flash_attn_func`.
 
     Returns
@@ -331,12 +346,27 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor,
         kv, vv = (x.permute(1, 0, 2).unsqueeze(1) for x in (k, v))
     else:
         qv, kv, vv = (x.permute(1, 0, 2) for x in (q, k, v))
-    slopes = _per_head("alibi_slopes", alibi_slopes, None, heads, heads_k)
     sink = _per_head("sinks", sinks, None, heads, heads_k)
-    out, lse, probs = _attend(qv, kv, vv, dropout_p, softmax_scale, causal,
-                              window_size, softcap, slopes, sink,
-                              return_attn_probs,
-                              (cu_seqlens_q, cu_seqlens_k))
+    if isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.ndim == 2:
+        # One slope a sequence and head: the kernel takes one slope per
+        # leading index (a head), so the call is split into runs of
+        # sequences that share their slopes (below).
+        cq, ck = _segments(cu_seqlens_q, cu_seqlens_k, q.shape[0],
+                           k.shape[0])
+        n = len(cq) - 1
+        _per_head("alibi_slopes", alibi_slopes, n, heads, heads_k,
+                  f", {n} sequences (len(cu_seqlens_q) - 1)")
+        out, lse, probs = _attend_runs(
+            qv, kv, vv, cq, ck, (cu_seqlens_q, cu_seqlens_k), alibi_slopes,
+            heads, heads_k, dropout_p, softmax_scale, causal, window_size,
+            softcap, sink, return_attn_probs)
+    else:
+        slopes = _per_head("alibi_slopes", alibi_slopes, None, heads,
+                           heads_k)
+        out, lse, probs = _attend(qv, kv, vv, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, slopes,
+                                  sink, return_attn_probs,
+                                  (cu_seqlens_q, cu_seqlens_k))
     grouped = G > 1
     merged = _merge(out, 0, grouped)
     assert merged is not None
@@ -351,15 +381,108 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor,
     return out, _merge(lse, 0, grouped), probs
 
 
+def _segments(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+              total_q: int, total_k: int) -> tuple[list[int], list[int]]:
+    """cu_seqlens_q and cu_seqlens_k as lists, checked as the kernel
+    checks them (for a call split by sequences, which reads them here)."""
+    got = []
+    for name, cu, end in (("cu_seqlens_q", cu_seqlens_q, total_q),
+                          ("cu_seqlens_k", cu_seqlens_k, total_k)):
+        if cu.dtype.is_floating_point or cu.dtype.is_complex or (
+                cu.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor (torch.int32 "
+                            f"or torch.int64), not {cu.dtype}")
+        if cu.device.type != "cpu" or cu.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D CPU tensor (n + 1,), "
+                             f"got shape {tuple(cu.shape)} on {cu.device}")
+        x = [int(c) for c in cu.tolist()]
+        why = ("needs two entries or more" if len(x) < 2
+               else "must start at 0" if x[0] != 0
+               else "must end at the length of its axis" if x[-1] != end
+               else "must never decrease" if any(
+                   b < a for a, b in zip(x, x[1:])) else None)
+        if why is not None:
+            raise ValueError(
+                f"{name} {why} (the starts of the packed segments, then "
+                f"the total {end}); got [{x[0] if x else 0}, ..., "
+                f"{x[-1] if x else 0}] of {len(x)}")
+        got.append(x)
+    if len(got[0]) != len(got[1]):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same "
+                         f"length (n + 1 for n sequences), got "
+                         f"{len(got[0])} and {len(got[1])}")
+    return got[0], got[1]
+
+
+def _attend_runs(qv: torch.Tensor, kv: torch.Tensor, vv: torch.Tensor,
+                 cq: list[int], ck: list[int], cu: tuple[Any, Any],
+                 slopes: torch.Tensor, heads: int, heads_k: int,
+                 dropout_p: float, softmax_scale: float | None,
+                 causal: bool, window_size: Any, softcap: Any,
+                 sink: torch.Tensor | None, return_attn_probs: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor,
+                            torch.Tensor | None]:
+    """:func:`_attend` of a packed call with ``slopes`` (n, heads), one
+    row a sequence: one call per run of consecutive sequences that share
+    a slope row, on views of q, k and v (no copy), the outputs joined.
+
+    A sequence with no query or no key uses no slope (its row's gradient
+    is 0) and joins the run before it.  Without a gradient wanted for
+    ``slopes``, sequences whose rows are equal share a run (one call in
+    all when every row is equal: the (heads,) call on that row); with
+    one, each sequence that uses its row has its own call, which gives
+    that row its gradient (the kernel sums a slope's gradient over all
+    the queries of its call)."""
+    n = len(cq) - 1
+    used = [s for s in range(n) if cq[s + 1] > cq[s] and ck[s + 1] > ck[s]]
+    if torch.is_grad_enabled() and slopes.requires_grad:
+        new = [True] * (len(used) - 1)
+    elif len(used) > 1:
+        rows = slopes.detach()[torch.tensor(used)]
+        new = (rows[1:] != rows[:-1]).any(1).tolist()
+    else:
+        new = []
+    # runs (first sequence, row of its slopes): the first run starts at 0
+    firsts = used[:1] + [s for s, b in zip(used[1:], new) if b]
+    starts = [0] + firsts[1:]
+    runs = [(a, b, r) for a, b, r in zip(starts, starts[1:] + [n],
+                                         firsts or [0])]
+    outs, lses, parts = [], [], []
+    for a, b, row in runs:
+        q0, q1, k0, k1 = cq[a], cq[b], ck[a], ck[b]
+        whole = (a, b) == (0, n)
+        run_cu = cu if whole else tuple(
+            torch.tensor(c[a:b + 1], dtype=torch.int64) - c[a]
+            for c in (cq, ck))
+        out, lse, probs = _attend(
+            qv[..., q0:q1, :], kv[..., k0:k1, :], vv[..., k0:k1, :],
+            dropout_p, softmax_scale, causal, window_size, softcap,
+            _per_head("alibi_slopes", slopes[row], None, heads, heads_k),
+            sink, return_attn_probs, run_cu)
+        if whole:
+            return out, lse, probs
+        outs.append(out)
+        lses.append(lse)
+        parts.append((q0, q1, k0, k1, probs))
+    probs = None
+    if return_attn_probs:
+        first = parts[0][4]
+        assert first is not None
+        probs = first.new_zeros((*first.shape[:-2], cq[-1], ck[-1]))
+        for q0, q1, k0, k1, p in parts:
+            probs[..., q0:q1, k0:k1] = p
+    return torch.cat(outs, -2), torch.cat(lses, -1), probs
+
 
 # --------------------------------------------------------------------------
 # flash_attn_with_kvcache
 
-_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_CACHE_DTYPES_TEXT = ("torch.float32, torch.float16 or torch.bfloat16 "
-                      "(computed in float32; k_cache and v_cache may differ "
-                      "among them), or torch.float64 for both (computed in "
-                      "float64)")
+_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)
+_CACHE_DTYPES_TEXT = ("torch.float32, torch.float16, torch.bfloat16 or "
+                      "torch.int8 with its k_scales or v_scales (computed in "
+                      "float32; k_cache and v_cache may differ among them), "
+                      "or torch.float64 for both (computed in float64)")
+_SCALE_DTYPES = (torch.float32, torch.float16)
 
 
 def _int_tensor(name: str, x: Any, shape: tuple[int, ...] | None,
@@ -416,7 +539,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
                             alibi_slopes: torch.Tensor | None = None,
                             num_splits: int = 0,
                             return_softmax_lse: bool = False, *,
-                            sinks: torch.Tensor | None = None) -> Any:
+                            sinks: torch.Tensor | None = None,
+                            k_scales: torch.Tensor | None = None,
+                            v_scales: torch.Tensor | None = None) -> Any:
     """FlashAttention-2's ``flash_attn_with_kvcache`` on CPU tensors:
     decoding with a key-value cache, written in place (inference only).
 
@@ -435,12 +560,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     k_cache, v_cache : Tensor (B_cache, S_max, heads_k, d) and (..., dv)
         or, paged (with ``block_table``), (num_blocks, block_size,
         heads_k, d) and (..., dv).  heads_k divides heads.  float32,
-        float16 or bfloat16 (computed in float32), or both float64; a
-        contiguous last axis (any other strides).  Read, and written, where
-        they are.
+        float16, bfloat16 or int8 with its scales (computed in float32;
+        keys and values may differ), or both float64; a contiguous last
+        axis (any other strides).  Read, and written, where they are.
     k, v : Tensor (B, Tn, heads_k, d) and (B, Tn, heads_k, dv), optional
         New keys and values, given together; cast to the caches' dtypes
-        (rounded to nearest even).
+        (rounded to nearest even), or into an int8 cache quantized as
+        :func:`attention_c.quantize_kv` does, the scales written into
+        ``k_scales`` (``v_scales``) in place.
     rotary_cos, rotary_sin, cache_leftpad
         Not supported: must be None (NotImplementedError).  Apply the
         rotary embedding to q and k before the call.
@@ -473,6 +600,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     sinks : Tensor (heads,), optional
         Keyword-only: one logit a head in every softmax denominator, with
         no value (gpt-oss's attention sinks).
+    k_scales, v_scales : Tensor, optional
+        Keyword-only, with an int8 ``k_cache`` (``v_cache``) and only
+        then: its scales, float32 or float16, shaped as the cache with
+        ng groups in the last axis ((B_cache, S_max, heads_k, ng) or
+        paged (num_blocks, block_size, heads_k, ng)), d / ng >= 8.  The
+        cache holds :func:`attention_c.dequantize_kv` of the two (one
+        float32 scale a group of d / ng elements), and the result is
+        bitwise that of the call on that float32 cache.  Read, and
+        written, where they are.
 
     Returns
     -------
@@ -502,10 +638,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
                 f"flash_attn_with_kvcache: {name} is not supported on the "
                 f"CPU (attention_c); apply the rotary embedding to q and k "
                 f"before the call, and keep each cache left-aligned")
+    scales = [("k_scales", k_scales), ("v_scales", v_scales)]
+    for name, t in scales:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got "
+                            f"{type(t).__name__}")
     others = [("cache_seqlens", cache_seqlens),
               ("cache_batch_idx", cache_batch_idx),
               ("block_table", block_table), ("alibi_slopes", alibi_slopes),
-              ("sinks", sinks)]
+              ("sinks", sinks)] + scales
     tensors = [(n, t) for n, t in named + others
                if isinstance(t, torch.Tensor)]
     for name, t in tensors:
@@ -558,8 +699,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     for name, t in named:
         if t is None:
             continue
-        if t.dtype not in _CACHE_DTYPES + (torch.float64,):
-            if name.endswith("_cache"):
+        cache = name.endswith("_cache")
+        if t.dtype not in (_CACHE_DTYPES if cache else _CACHE_DTYPES[:3]
+                           ) + (torch.float64,):
+            if cache:
                 raise TypeError(f"{name} has dtype {t.dtype}; "
                                 f"flash_attn_with_kvcache takes caches of "
                                 f"{_CACHE_DTYPES_TEXT}")
@@ -568,6 +711,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
         if t.dtype == torch.bfloat16 and _BF16 is None:
             raise TypeError(f"{name} is bfloat16, which needs the ml_dtypes "
                             f"package (pip install ml_dtypes)")
+    for (name, t), cache_name, cache in zip(scales, ("k_cache", "v_cache"),
+                                            (k_cache, v_cache)):
+        if cache.dtype != torch.int8:
+            if t is not None:
+                raise ValueError(f"{name} goes with an int8 {cache_name}; "
+                                 f"{cache_name} is {cache.dtype}")
+        elif t is None:
+            raise TypeError(f"{cache_name} is int8: it needs {name} (its "
+                            f"float32 or float16 scales, as "
+                            f"attention_c.quantize_kv makes them)")
+        elif t.dtype not in _SCALE_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the scales of an "
+                            f"int8 cache are torch.float32 or torch.float16")
     wide = k_cache.dtype == torch.float64
     if wide != (v_cache.dtype == torch.float64):
         raise TypeError(f"k_cache has dtype {k_cache.dtype} and v_cache "
@@ -575,10 +731,11 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     if not wide and q.dtype == torch.float64:
         raise TypeError(f"q is float64 but the caches are {k_cache.dtype} "
                         f"and {v_cache.dtype} (computed in float32): convert "
-                        f"q to the caches' dtype, which loses nothing the "
-                        f"computation would keep")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
+                        f"q to torch.float32 (or a 16-bit cache's dtype), "
+                        f"which loses nothing the computation would keep")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache),
+                    ("k_scales", k_scales), ("v_scales", v_scales)):
+        if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last axis "
                              f"(stride 1), got strides {t.stride()}: the "
                              f"cache is read and written where it is, never "
@@ -659,12 +816,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
         _np(q), _np(k_cache), _np(v_cache), seqlens,
         k=None if k is None else _np(k), v=None if v is None else _np(v),
         block_table=table, scale=softmax_scale, causal=causal, window=win,
-        softcap=cap, alibi_slopes=slopes, sinks=sink, return_lse=True)
+        softcap=cap, alibi_slopes=slopes, sinks=sink, return_lse=True,
+        k_scales=None if k_scales is None else k_scales.detach().numpy(),
+        v_scales=None if v_scales is None else v_scales.detach().numpy())
     if k is not None:
         # Written behind autograd's back: a graph that saved a cache (some
         # earlier differentiable use) must see it modified, as with copy_.
-        torch.autograd.graph.increment_version(k_cache)
-        torch.autograd.graph.increment_version(v_cache)
+        for t in (k_cache, v_cache, k_scales, v_scales):
+            if t is not None:
+                torch.autograd.graph.increment_version(t)
     if not return_softmax_lse:
         return _from_np(out).contiguous()
     # NumPy's lse is (B, Tq, heads); flash_attn's (B, heads, Tq)

@@ -7,9 +7,10 @@ sinks, in float64 (1e-10) and float32 (against float64 on the rounded
 inputs), over odd sizes with Tq == T, Tq < T and Tq > T; every variant
 (causal, window, softcap, alibi_slopes, sinks) alone and together;
 grouped-query and multi-query heads; packed sequences with empty and
-unequal ones; bfloat16 and float16; gradcheck and gradgradcheck;
-torch.compile(fullgraph=True) and torch.export; the errors; and that q,
-k and v reach the kernel where they are (no copy).
+unequal ones, with ALiBi slopes a head or a sequence and head; bfloat16
+and float16; gradcheck and gradgradcheck; torch.compile(fullgraph=True)
+and torch.export; the errors; and that q, k and v reach the kernel where
+they are (no copy).
 """
 
 import numpy as np
@@ -424,8 +425,194 @@ def test_bad_cu_seqlens(cq, ck, err, match):
                                5, 5)
 
 
-def test_varlen_refuses_per_sequence_slopes():
+def test_varlen_per_sequence_slopes_bad_shapes():
+    """(n, heads) slopes need n = len(cu_seqlens) - 1 rows; per-sequence
+    sinks stay refused; the cu_seqlens read here are checked as the
+    kernel checks them."""
     q, k, v, cq, ck = packed([0, 2, 5], [0, 2, 5])
-    with pytest.raises(ValueError, match="alibi_slopes"):
+    for bad in (torch.ones(3, 4), torch.ones(1, 4), torch.ones(2, 3)):
+        with pytest.raises(ValueError, match="alibi_slopes.*2 sequences"):
+            flash_attn_varlen_func(q, k, v, cq, ck, 3, 3, alibi_slopes=bad)
+    with pytest.raises(ValueError, match="sinks.*per-sequence"):
         flash_attn_varlen_func(q, k, v, cq, ck, 3, 3,
-                               alibi_slopes=torch.ones(2, 4))
+                               sinks=torch.ones(2, 4))
+    sl = torch.ones(2, 4)
+    for cq2, ck2, err, match in [
+            ([0, 2, 1, 5], [0, 1, 2, 5], ValueError, "cu_seqlens_q must "
+                                                     "never decrease"),
+            ([1, 2, 5], [0, 2, 5], ValueError, "cu_seqlens_q must start"),
+            ([0, 2, 5], [0, 2, 4], ValueError, "cu_seqlens_k must end"),
+            ([0, 2, 5], [0, 2, 3, 5], ValueError, "same length"),
+            ([0.0, 2.0, 5.0], [0, 2, 5], TypeError, "cu_seqlens_q")]:
+        with pytest.raises(err, match=match):
+            flash_attn_varlen_func(q, k, v, torch.tensor(cq2),
+                                   torch.tensor(ck2), 3, 3, alibi_slopes=sl)
+
+
+def varlen_reference(q, k, v, cq, ck, kw, grad):
+    """(out, lse, probs, grads) of the float64 NumPy reference run on each
+    packed sequence on its own with its own row of ``alibi_slopes`` (n,
+    heads): out (total_q, H, dv), lse (H, total_q), probs (H, total_q,
+    total_k), the gradients of q, k, v, alibi_slopes (and sinks)."""
+    H, Hk = q.shape[1], k.shape[1]
+    G = H // Hk
+    sl = kw["alibi_slopes"].detach().double()
+    sk = kw.get("sinks")
+    qn, kn, vn = (x.detach().double().permute(1, 0, 2).numpy()
+                  for x in (q, k, v))
+    kn, vn = np.repeat(kn, G, axis=0), np.repeat(vn, G, axis=0)
+    gn = grad.detach().double().permute(1, 0, 2).numpy()
+    tq, tk = qn.shape[1], kn.shape[1]
+    out = np.zeros((H, tq, vn.shape[-1]))
+    lse = np.full((H, tq), -np.inf)
+    if sk is not None:
+        lse[:] = sk.detach().double().numpy()[:, None]
+    probs = np.zeros((H, tq, tk))
+    dq, dk, dv = np.zeros(qn.shape), np.zeros(kn.shape), np.zeros(vn.shape)
+    dsl = np.zeros(tuple(sl.shape))
+    dsk = np.zeros(H)
+    for s in range(len(cq) - 1):
+        a, b, c, e = int(cq[s]), int(cq[s + 1]), int(ck[s]), int(ck[s + 1])
+        if a == b or c == e:            # no query, or no key: out 0
+            continue
+        nkw = flash_kw_as_numpy({**kw, "alibi_slopes": sl[s]}, np.float64)
+        qs, ks, vs = qn[:, a:b], kn[:, c:e], vn[:, c:e]
+        o, l = ref.dot_attention(qs, ks, values=vs, return_weights=False,
+                                 **nkw)
+        _, p = ref.dot_attention(qs, ks, values=vs, **nkw)
+        out[:, a:b], lse[:, a:b], probs[:, a:b, c:e] = o, l, p
+        gq, gk, gv, _, gsl, gsk = ref.dot_attention_backward(
+            gn[:, a:b], qs, ks, out=o, lse=l, values=vs, **nkw)
+        dq[:, a:b] += gq
+        dk[:, c:e] += gk
+        dv[:, c:e] += gv
+        dsl[s] += gsl
+        if gsk is not None:
+            dsk += gsk
+    T = tk
+    grads = {"q": dq.transpose(1, 0, 2),
+             "k": dk.reshape(Hk, G, T, -1).sum(1).transpose(1, 0, 2),
+             "v": dv.reshape(Hk, G, T, -1).sum(1).transpose(1, 0, 2),
+             "alibi_slopes": dsl, "sinks": dsk}
+    return out.transpose(1, 0, 2), lse, probs, grads
+
+
+@pytest.mark.parametrize("cu", list(CU))
+@pytest.mark.parametrize("variant", ["alibi", "all"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32],
+                         ids=["f64", "f32"])
+@pytest.mark.parametrize("heads_k", [4, 2], ids=["mha", "gqa"])
+def test_varlen_per_sequence_slopes(cu, variant, dtype, heads_k):
+    """alibi_slopes (n, heads), one row a packed sequence (FlashAttention-2
+    takes them; issue 34 item 5): out, lse, probs and the gradients of q,
+    k, v, the slopes (each row its own) and sinks against the float64
+    reference run sequence by sequence."""
+    q, k, v, cq, ck = packed(*CU[cu], H=4, Hk=heads_k)
+    n, H = len(cq) - 1, q.shape[1]
+    kw = fill(VARIANTS[variant], H)
+    kw["alibi_slopes"] = randn(n, H, seed=12).abs() * 0.5
+    q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
+    kw = {name: (x.to(dtype).requires_grad_()
+                 if isinstance(x, torch.Tensor) else x)
+          for name, x in kw.items()}
+    out, lse, probs = flash_attn_varlen_func(
+        q, k, v, cq, ck, 17, 17, return_attn_probs=True, **kw)
+    assert out.shape == (q.shape[0], H, v.shape[-1]) and out.dtype == dtype
+    assert lse.shape == (H, q.shape[0])
+    assert probs.shape == (H, q.shape[0], k.shape[0])
+    grad = randn(*out.shape, seed=7).to(dtype)
+    want, want_lse, want_probs, want_g = varlen_reference(q, k, v, cq, ck,
+                                                          kw, grad)
+    bound = float(v.detach().double().norm()) + 1
+    check(out, want, dtype, bound, "out")
+    fin = np.isfinite(want_lse)
+    assert (torch.isfinite(lse).numpy() == fin).all()
+    check(lse[torch.from_numpy(fin)], want_lse[fin], dtype,
+          float(np.abs(want_lse[fin]).sum()) + 1, "lse")
+    check(probs, want_probs, dtype, 1.0, "probs")
+    out.backward(grad)
+    gbound = bound * float(grad.double().norm()) * (
+        1 + float(q.detach().double().norm() * k.detach().double().norm()))
+    for name, x in [("q", q), ("k", k), ("v", v)] + [
+            (nm, kw[nm]) for nm in ("alibi_slopes", "sinks") if nm in kw]:
+        check(x.grad, want_g[name], dtype, gbound, f"d{name}")
+    # a sequence with no query or no key: its row's gradient is 0
+    for s in range(n):
+        if cq[s] == cq[s + 1] or ck[s] == ck[s + 1]:
+            assert not kw["alibi_slopes"].grad[s].any()
+
+
+def test_varlen_per_sequence_slopes_gradcheck():
+    """Finite differences (and second order) through (n, heads) slopes,
+    with empty sequences and every variant."""
+    q, k, v, cq, ck = packed([0, 2, 2, 5, 6], [0, 3, 4, 4, 6], H=2, Hk=1,
+                             d=2)
+    sl = randn(4, 2, seed=5).abs().requires_grad_()
+    sk = randn(2, seed=6).requires_grad_()
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+
+    def f(q, k, v, sl, sk):
+        return flash_attn_varlen_func(q, k, v, cq, ck, 3, 3, causal=True,
+                                      window_size=(1, -1), softcap=1.5,
+                                      alibi_slopes=sl, sinks=sk)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, sl, sk))
+    assert torch.autograd.gradgradcheck(f, (q, k, v, sl, sk))
+
+
+def test_varlen_per_sequence_slopes_calls(monkeypatch):
+    """How the call is split: equal rows (no gradient wanted) share one
+    call, bitwise the (heads,) call on that row; different rows, or a
+    gradient wanted, one call per run of sequences, each on views of q,
+    k and v (no copy)."""
+    seen = []
+    real = attention_c.dot_attention
+
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_c, "dot_attention", spy)
+    q, k, v, cq, ck = packed([0, 3, 3, 10, 17], [0, 5, 9, 9, 12], H=4,
+                             Hk=2)
+    row = randn(4, seed=3).abs()
+    kw = dict(causal=True, softcap=2.0, window_size=(5, -1))
+    with torch.no_grad():
+        want = flash_attn_varlen_func(q, k, v, cq, ck, 7, 7,
+                                      alibi_slopes=row, **kw)
+        seen.clear()
+        got = flash_attn_varlen_func(q, k, v, cq, ck, 7, 7,
+                                     alibi_slopes=row.expand(4, 4), **kw)
+        assert len(seen) == 1 and torch.equal(got, want)
+        # rows 1 and 2 (no query, no key) use no slope: still one call
+        rows = row.repeat(4, 1)
+        rows[1:3] = 7.0
+        seen.clear()
+        got = flash_attn_varlen_func(q, k, v, cq, ck, 7, 7,
+                                     alibi_slopes=rows, **kw)
+        assert len(seen) == 1 and torch.equal(got, want)
+        rows[3] = 2 * row
+        seen.clear()
+        got = flash_attn_varlen_func(q, k, v, cq, ck, 7, 7,
+                                     alibi_slopes=rows, **kw)
+        assert len(seen) == 2 and rel_err(got[:10], want[:10]) <= 1e-12
+        assert rel_err(got[10:], want[10:]) > 1e-6
+        for args, kwargs in seen:
+            qa, ka, va = args[0], args[1], kwargs["values"]
+            for arr, t in ((qa, q), (ka, k), (va, v)):
+                start = arr.__array_interface__["data"][0]
+                assert t.data_ptr() <= start < t.data_ptr() + t.nbytes
+    # a gradient wanted for the slopes: one call per sequence that uses
+    # its row; their gradients sum to that of the (heads,) call
+    rows = row.expand(4, 4).clone().requires_grad_()
+    one = row.clone().requires_grad_()
+    seen.clear()
+    got = flash_attn_varlen_func(q, k, v, cq, ck, 7, 7, alibi_slopes=rows,
+                                 **kw)
+    assert len(seen) == 2
+    flash_attn_varlen_func(q, k, v, cq, ck, 7, 7, alibi_slopes=one,
+                           **kw).sum().backward()
+    got.sum().backward()
+    assert rel_err(got.detach(), want) <= 1e-12
+    assert not rows.grad[1:3].any()
+    assert rel_err(rows.grad.sum(0), one.grad) <= 1e-12
