@@ -20,6 +20,12 @@ the models of transformers pass (``scaling``, ``dropout``,
 ``sliding_window``, ``softcap``, ``s_aux``, ``position_bias``,
 ``cu_seq_lens_q/k``, ``output_attentions``), reads grouped-query heads in
 place (no ``repeat_kv``), and raises, naming it, on anything else.
+
+:class:`CompactCache` is a transformers ``Cache`` of bfloat16, float16 or
+int8 keys and values, contiguous or paged, which the attention function
+reads in place with :func:`attention_c.cache_attention` (its
+``update`` returns placeholders that name the cache layer: see
+:mod:`attention_c.integrations.compact_cache`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import torch
 import attention_c as ac
 from attention_c.torch._utils import _np, _reads_as_stored
 
+from .compact_cache import CompactCache, _Deferred, deferred_layer, dense
 
 
 def _import(name: str) -> Any:
@@ -55,7 +62,7 @@ _modeling = _import("transformers.modeling_utils")
 _capturing = _import("transformers.utils.output_capturing")
 
 __all__ = ["register", "attention_forward", "mask_forward",
-           "StructuredMask", "NAME"]
+           "StructuredMask", "CompactCache", "NAME"]
 
 NAME = "attention_c"
 
@@ -400,6 +407,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
         _refuse(f"a tensor on {query.device}", "is not supported (CPU only)")
     if s_aux is not None and not isinstance(s_aux, torch.Tensor):
         s_aux = torch.as_tensor(s_aux)
+    if isinstance(key, _Deferred) or isinstance(value, _Deferred):
+        # A CompactCache's layer: read in place, else densely (a copy).
+        out = _from_cache(module, query, key, value, attention_mask,
+                          dropout, scaling, is_causal, sliding_window,
+                          softcap, s_aux, position_bias, kwargs)
+        if out is not None:
+            return out, None
+        key, value = dense(key), dense(value)
 
     B, H, Tq, d = query.shape
     Hkv, T = key.shape[1], key.shape[2]
@@ -538,6 +553,63 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
         out = out.to(low)
         weights = None if weights is None else weights.to(low)
     return out, weights
+
+
+def _from_cache(module: torch.nn.Module, query: torch.Tensor, key: Any,
+                value: Any, mask: Any, dropout: float,
+                scaling: float | None, is_causal: bool | None,
+                sliding_window: int | None, softcap: float | None,
+                s_aux: torch.Tensor | None, position_bias: Any,
+                kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The attention on a CompactCache layer's buffers in place
+    (attention_c.cache_attention writes the new keys and values first),
+    or None when the call needs what that cannot give: padding or another
+    mask than causal / a window, gradients, the weights, a position bias,
+    dropout, packed sequences, a float64 query.  Bottom-right aligned:
+    the Tq queries are the last Tq of the N positions."""
+    layer = deferred_layer(key, value)
+    if layer is None:
+        return None
+    B, H, Tq, d = query.shape
+    N = key.shape[2]
+    assert layer._pending is not None
+    if (position_bias is not None or (dropout and module.training)
+            or _weights_wanted(kwargs)
+            or kwargs.get("cu_seq_lens_q") is not None
+            or kwargs.get("cu_seq_lens_k") is not None
+            or query.dtype not in (torch.float32, torch.bfloat16,
+                                   torch.float16)
+            or (torch.is_grad_enabled() and any(
+                t.requires_grad for t in (query, *layer._pending)))):
+        return None
+    kw: dict[str, Any] = {"scale": (float(scaling) if scaling is not None
+                                    else d ** -0.5)}
+    if isinstance(mask, StructuredMask):
+        if (mask.q_length != Tq or mask.kv_length != N
+                or mask.key_mask is not None or mask.dense is not None
+                or mask.cu_seqlens is not None):
+            return None
+        kw["causal"] = mask.causal
+        kw["window"] = mask.window
+    elif mask is None:
+        # sdpa's rule without a mask aligns top-left: the same only when
+        # the queries are one or all the positions.
+        if Tq not in (1, N):
+            return None
+        causal = bool(is_causal if is_causal is not None
+                      else getattr(module, "is_causal", True))
+        kw["causal"] = causal
+        if causal and sliding_window is not None:
+            kw["window"] = (int(sliding_window) - 1, 0)
+    else:
+        return None
+    if softcap is not None:
+        kw["softcap"] = float(softcap)
+    if s_aux is not None:
+        if s_aux.numel() != H:
+            return None             # the dense path names it
+        kw["sinks"] = s_aux.detach().to(torch.float32).reshape(H).numpy()
+    return layer.attend(query, **kw)
 
 
 def register(name: str = NAME) -> str:
