@@ -399,6 +399,13 @@ static int wanted(const Call *c, int k)
  * the same sizes at every step: the last call's count is kept per row
  * (under the GIL) and the kernels' sizing, 5% of a small call, is
  * skipped when nothing it reads changed. */
+/* A family call with several queries, none of them (Tq = 0): no kernel
+ * runs; its outputs are empty, its gradients 0. */
+static int no_queries(const Call *c)
+{
+    return c->fn->family && c->several && c->sym[S_TQ] == 0;
+}
+
 static ptrdiff_t work_size(Call *c)
 {
     FuncSpec *fn = (FuncSpec *)c->fn;     /* a row of funcs, not const */
@@ -467,7 +474,8 @@ static int make_outputs(Call *c)
             return -1;
         }
     }
-    ptrdiff_t work_bytes = fn->workspace ? work_size(c) : 0;
+    ptrdiff_t work_bytes = fn->workspace && !no_queries(c) ? work_size(c)
+                                                           : 0;
     if (work_bytes < 0) {
         PyErr_SetString(PyExc_MemoryError,
                         "attention_c: sizes too large for scratch memory");
@@ -483,7 +491,7 @@ static int make_outputs(Call *c)
             return -1;
         }
     }
-    if (fn->workspace != NULL) {
+    if (fn->workspace != NULL && !no_queries(c)) {
         if (ALLOC_POINT("scratch", "memory", 1) < 0) {
             return -1;
         }
@@ -647,7 +655,15 @@ PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
         check_alpha(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
-    if (tiny_call(&c)) {
+    if (no_queries(&c)) {
+        for (int k = 0; k < fn->nouts; k++) {
+            if (c.out[k] != NULL) {
+                PyArrayObject *o = (PyArrayObject *)c.out[k];
+                memset(PyArray_DATA(o), 0, (size_t)PyArray_NBYTES(o));
+            }
+        }
+    }
+    else if (tiny_call(&c)) {
         st = fn->kernel(&c);        /* see tiny_call */
     }
     else {

@@ -1497,6 +1497,32 @@ def test_zero_keys_raise_value_error(fn, single, lead, rng):
     assert_all_identical(call(fn, args), good, fn)
 
 
+@pytest.mark.parametrize("fn", FUNCS)
+def test_zero_queries_give_empty_results_and_zero_gradients(fn, rng):
+    """Tq = 0 (several queries, none): no kernel runs; every output has
+    its shape with the query axis empty, and the gradients of everything
+    else are exactly 0 (nothing depends on them)."""
+    if fn_kind(fn) == "project":
+        pytest.skip("no query")
+    args = make_args(fn, rng, lead=(2,), single=False)
+    empty = {}
+    for n, a in args.items():
+        if n in ("query", "grad_out", "alpha", "grad_alpha", "out", "lse",
+                 "attn_mask", "bias", "sharpness") and a is not None and (
+                    np.ndim(a) >= 2 or n == "lse"):
+            a = a[:, :0]
+        empty[n] = a
+    res = call(fn, empty)
+    res = res if isinstance(res, tuple) else (res,)
+    for x in res:
+        if x is None:
+            continue
+        assert np.isfinite(x).all()
+        if x.ndim >= 2 and x.shape[1] == 0:
+            continue                        # the queries' results: empty
+        assert not np.any(x), f"{fn}: a gradient is not 0"
+
+
 def _strided(x):
     big = np.zeros(x.shape[:-1] + (2 * x.shape[-1] + 1,), x.dtype)
     big[..., 1::2] = x
