@@ -118,8 +118,10 @@ SCALAR_CONVERT16(f16, att_f16_to_f32, att_f32_to_f16)
 static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
                      const float *scale, float *d)
 {
-    for (ptrdiff_t c = 0; c < n; c++) {
-        d[c] = scale[c / g] * (float)s[c];
+    for (ptrdiff_t k = 0, gi = 0; k < n; k += g, gi++) {
+        for (ptrdiff_t c = k; c < k + g; c++) {
+            d[c] = scale[gi] * (float)s[c];
+        }
     }
 }
 
