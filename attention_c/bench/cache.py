@@ -1,8 +1,9 @@
-"""A decode step on a key/value cache held in float32, bfloat16 or float16,
-against the host's read bandwidth and PyTorch's
-``scaled_dot_product_attention``: ``dot_attention`` on strided views of
-the cache and ``cache_attention`` on the cache itself, contiguous and
-paged.
+"""A decode step on a key/value cache held in float32, bfloat16, float16
+(or int8, ``cache_attention`` alone), against the host's read bandwidth
+and PyTorch's ``scaled_dot_product_attention``: ``dot_attention`` on
+strided views of the cache and ``cache_attention`` on the cache itself,
+contiguous and paged.  ``--model``: a whole decoder's token time with a
+bfloat16 and an int8 CompactCache (:mod:`attention_c.bench.cache_model`).
 
 ``python -m attention_c.bench --cache`` (or ``python -m
 attention_c.bench.cache``) runs it; ``--quick`` runs tiny sizes in seconds.
@@ -54,6 +55,11 @@ attention_c[bfloat16]``) are required.
      B ceil(T_max / 16) blocks of (16, Hkv, d) each, given to the
      sequences' blocks in a shuffled order (a permutation drawn from
      ``--seed``: a sequence's blocks are scattered over the pool).
+   * cache_int8, paged_int8: the same two calls on an int8 cache:
+     ``quantize_kv(x, group=GROUP)`` of the same float32 values x (once,
+     outside the timing), with its float32 ``k_scales=`` / ``v_scales=``
+     (B, T_max, Hkv, d / 32), paged alike.  Timed interleaved with the
+     other rows.
 
    Then one **ragged** batch of B = 8 sequences of lengths evenly spread
    from T/8 to T (T = 4096: 512, 1024, ..., 4096, in an order drawn from
@@ -69,15 +75,20 @@ attention_c[bfloat16]``) are required.
    repeated steps may then read them from L3, beyond the DRAM bandwidth.
    Ratios: ours and cache_attention on the 16-bit caches against the
    float32 one, ours against SDPA, paged against contiguous and
-   cache_attention against ours, on the same cache.  The targets of issue
-   34 (TARGETS): paged <= 1.1 contiguous on every cache dtype, a
-   bfloat16 cache <= 0.55 the float32 one, at every row and thread count
-   (PASS / MISS; tiny and in L3 with ``--quick``: indicative only).
+   cache_attention against ours, on the same cache.  int8 bytes: the
+   scales too, (sum of the lengths) Hkv (d + 4 d / 32) 2.  The targets of
+   issue 34 (TARGETS): paged <= 1.1 contiguous on every cache dtype, a
+   bfloat16 cache <= 0.55 the float32 one, an int8 cache <= 0.35 the
+   float32 one, at every row and thread count (PASS / MISS; tiny and in
+   L3 with ``--quick``: indicative only).
 
 Before timing, once per shape, every output is compared with a float64
 computation (NumPy, per sequence on its own length for the ragged batch)
 on the same rounded cache values widened to float64 and the float32
-query, normwise (||x - r|| / ||r||); and the paged output with the
+query, normwise (||x - r|| / ||r||) -- the int8 rows against float64
+on the values *before* quantisation (issue 34's limit 1e-2 at group 32),
+and the contiguous int8 one also against float64 on the values the int8
+cache holds (dequantised; STORED_LIMIT) -- and the paged output with the
 contiguous one bit for bit, as ``cache_attention`` promises.
 """
 
@@ -96,7 +107,7 @@ from attention_c.bench.report import emit, format_load, format_table
 from attention_c.testing import rel_err
 
 HEADS = (32, 8, 128)                    # (Hq, Hkv, d)
-QUICK_HEADS = (8, 2, 16)
+QUICK_HEADS = (8, 2, 32)               # d = 32: the int8 group whole
 SIZES = ((1, 4096), (8, 4096), (1, 32768))      # (B, T)
 QUICK_SIZES = ((1, 64), (2, 64), (1, 128), (2, 128))
 RAGGED_SIZES = ((8, 4096),)             # (B, longest T): cache_attention
@@ -104,10 +115,14 @@ QUICK_RAGGED_SIZES = ((8, 128),)
 SLACK = 64                              # T_max = T + SLACK
 BLOCK_SIZE = 16                         # of the paged cache
 DTYPES = ("float32", "bfloat16", "float16")
-SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+# cache_attention's caches: DTYPES and int8 (quantize_kv, GROUP).
+CACHE_DTYPES = DTYPES + ("int8",)
+GROUP = 32                              # of the int8 cache's scales
+SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16",
+         "int8": "int8"}
 IMPLS = tuple(f"{who}_{dt}" for who in ("ours", "sdpa") for dt in DTYPES)
 LAYOUTS = ("cache", "paged")            # cache_attention's rows
-CACHE_IMPLS = tuple(f"{lay}_{dt}" for lay in LAYOUTS for dt in DTYPES)
+CACHE_IMPLS = tuple(f"{lay}_{dt}" for lay in LAYOUTS for dt in CACHE_DTYPES)
 BANDWIDTH_MIB = 256                     # at least, per thread
 QUICK_BANDWIDTH_MIB = 16
 # Ours computes in float32 on exactly the values the reference widens
@@ -116,10 +131,15 @@ QUICK_BANDWIDTH_MIB = 16
 # returns out in it: their unit roundoff (float16 2^-11 = 4.9e-4,
 # bfloat16 2^-9 = 2.0e-3) bounds what it can reach, hence looser limits.
 # cache_attention computes in float32 on the cache read in place, as ours.
+# Its int8 rows are compared with float64 on the values before they were
+# quantised: issue 34's limit on the quantisation's error at group 32
+# (and, separately, with float64 on the dequantised values: STORED_LIMIT).
 TOLERANCE = {"ours_float32": 1e-5, "ours_bfloat16": 1e-5,
              "ours_float16": 1e-5, "sdpa_float32": 1e-5,
              "sdpa_float16": 2e-3, "sdpa_bfloat16": 1e-2,
-             **{impl: 1e-5 for impl in CACHE_IMPLS}}
+             **{impl: 1e-5 for impl in CACHE_IMPLS},
+             "cache_int8": 1e-2, "paged_int8": 1e-2}
+STORED_LIMIT = 1e-5
 # ratios: name -> (numerator, denominator); RATIOS on the rows of equal
 # lengths, CACHE_RATIOS on every row (the ragged one has only those).
 RATIOS = {"bf16/f32": ("ours_bfloat16", "ours_float32"),
@@ -130,16 +150,17 @@ RATIOS = {"bf16/f32": ("ours_bfloat16", "ours_float32"),
              for dt in DTYPES}}
 CACHE_RATIOS = {**{f"paged/cache {SHORT[dt]}": (f"paged_{dt}",
                                                 f"cache_{dt}")
-                   for dt in DTYPES},
-                "cache bf16/f32": ("cache_bfloat16", "cache_float32"),
-                "cache f16/f32": ("cache_float16", "cache_float32")}
+                   for dt in CACHE_DTYPES},
+                **{f"cache {SHORT[dt]}/f32": (f"cache_{dt}", "cache_float32")
+                   for dt in CACHE_DTYPES[1:]}}
 # The targets of issue 34: ratio name -> its largest value.
-TARGETS = {**{f"paged/cache {SHORT[dt]}": 1.1 for dt in DTYPES},
-           "cache bf16/f32": 0.55}
+TARGETS = {**{f"paged/cache {SHORT[dt]}": 1.1 for dt in CACHE_DTYPES},
+           "cache bf16/f32": 0.55, "cache int8/f32": 0.35}
 
 
 def np_dtype(name):
-    """The NumPy dtype of a DTYPES name (bfloat16 from ml_dtypes)."""
+    """The NumPy dtype of a CACHE_DTYPES name (bfloat16 from
+    ml_dtypes)."""
     if name == "bfloat16":
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
@@ -253,10 +274,16 @@ def ragged_lengths(B, T, seed=0):
             rng.permutation(np.linspace(T // 8, T, B).round().astype(int))]
 
 
+def group_of(d):
+    """The int8 cache's group for head dimension ``d``: GROUP, or (small
+    test shapes) the largest divisor of d that divides GROUP."""
+    return math.gcd(GROUP, d)
+
+
 def paged_copy(buffers, rng):
-    """The paged layout of ``buffers`` {dtype: (k, v)}, each (B, T_max,
-    Hkv, d): (block_table (B, ceil(T_max / BLOCK_SIZE)) int32, {dtype:
-    (k, v)} each (num_blocks, BLOCK_SIZE, Hkv, d)); the B ceil(T_max /
+    """The paged layout of ``buffers`` {name: (k, v)}, each (B, T_max,
+    Hkv, .): (block_table (B, ceil(T_max / BLOCK_SIZE)) int32, {name:
+    (k, v)} each (num_blocks, BLOCK_SIZE, Hkv, .)); the B ceil(T_max /
     BLOCK_SIZE) blocks in the order of a permutation from ``rng``."""
     B, T_max = next(iter(buffers.values()))[0].shape[:2]
     per = -(-T_max // BLOCK_SIZE)
@@ -280,11 +307,14 @@ def make_problem(heads, B, T, seed=0, ragged=False):
     """The caches of every dtype and the query of one shape: a dict of
     ``q`` (B, Hkv, G, 1, d) float32 and the same values as ``q_rows``
     (B, 1, Hq, d), ``buffers`` {dtype: (k, v)} (B, T + SLACK, Hkv, d)
-    rounded from the same float32 normal values, ``caches`` {dtype: (k,
-    v)} their strided (B, Hkv, 1, T, d) views, ``paged`` {dtype: (k, v)}
-    and its ``block_table`` (:func:`paged_copy`), the ``lengths`` (all T,
-    or :func:`ragged_lengths` when ``ragged``) and ``seqlens`` (them as
-    int32), and the sizes."""
+    rounded from the same float32 normal values (int8: quantised from
+    them by ``quantize_kv``, group :func:`group_of` d, with
+    ``buffers["scales"]`` (k_scales, v_scales) (B, T + SLACK, Hkv, d /
+    group) float32), ``caches`` {dtype: (k, v)} the strided (B, Hkv, 1,
+    T, d) views of the DTYPES ones, ``paged`` {dtype: (k, v)} (and
+    "scales") and its ``block_table`` (:func:`paged_copy`), the
+    ``lengths`` (all T, or :func:`ragged_lengths` when ``ragged``) and
+    ``seqlens`` (them as int32), and the sizes."""
     Hq, Hkv, d = heads
     rng = np.random.default_rng([seed, B, T, Hq, Hkv, d])
     full = [rng.standard_normal((B, T + SLACK, Hkv, d), dtype=np.float32)
@@ -294,6 +324,9 @@ def make_problem(heads, B, T, seed=0, ragged=False):
         buffers[name] = tuple(b.astype(np_dtype(name)) for b in full)
         caches[name] = tuple(b[:, :T].transpose(0, 2, 1, 3)[:, :, None]
                              for b in buffers[name])
+    quantised = [ac.quantize_kv(b, group=group_of(d)) for b in full]
+    buffers["int8"] = tuple(qs[0] for qs in quantised)
+    buffers["scales"] = tuple(qs[1] for qs in quantised)
     q = rng.standard_normal((B, Hkv, Hq // Hkv, 1, d), dtype=np.float32)
     table, paged = paged_copy(
         buffers, np.random.default_rng([seed, B, T, Hq, Hkv, d, 1]))
@@ -302,7 +335,8 @@ def make_problem(heads, B, T, seed=0, ragged=False):
             "buffers": buffers, "caches": caches, "paged": paged,
             "block_table": table, "lengths": lengths,
             "seqlens": np.array(lengths, np.int32), "ragged": ragged,
-            "B": B, "T": T, "heads": heads, "scale": 1 / math.sqrt(d)}
+            "B": B, "T": T, "heads": heads, "scale": 1 / math.sqrt(d),
+            "group": group_of(d)}
 
 
 def ours_call(p, name):
@@ -339,15 +373,19 @@ def sdpa_call(torch, p, name):
 
 def cache_call(p, name, layout):
     """cache_attention's step on the cache of dtype ``name``, its buffers
-    (layout "cache") or their paged copy ("paged")."""
+    (layout "cache") or their paged copy ("paged"); int8 with its
+    scales."""
     paged = layout == "paged"
-    k, v = p["paged" if paged else "buffers"][name]
+    where = p["paged" if paged else "buffers"]
+    k, v = where[name]
     q, seqlens = p["q_rows"], p["seqlens"]
-    table = p["block_table"] if paged else None
+    kw = {"block_table": p["block_table"] if paged else None,
+          "scale": p["scale"]}
+    if name == "int8":
+        kw["k_scales"], kw["v_scales"] = where["scales"]
 
     def step():
-        return ac.cache_attention(q, k, v, seqlens, block_table=table,
-                                  scale=p["scale"])
+        return ac.cache_attention(q, k, v, seqlens, **kw)
     return step
 
 
@@ -359,13 +397,26 @@ def functions(torch, p):
     if not p["ragged"]:
         funcs.update({f"sdpa_{n}": sdpa_call(torch, p, n) for n in DTYPES})
     funcs.update({f"{lay}_{n}": cache_call(p, n, lay)
-                  for lay in LAYOUTS for n in DTYPES})
+                  for lay in LAYOUTS for n in CACHE_DTYPES})
     return funcs
+
+
+def stored_views(p):
+    """The int8 cache dequantised (dequantize_kv: the values it holds),
+    as the strided (B, Hkv, 1, T, d) float32 views of ``caches``."""
+    return tuple(ac.dequantize_kv(x, s)[:, :p["T"]].transpose(0, 2, 1, 3)
+                 [:, :, None]
+                 for x, s in zip(p["buffers"]["int8"], p["buffers"]["scales"]))
 
 
 def exact(p, name):
     """out in float64 of the cache of dtype ``name``, (B, Hkv, G, 1, d);
-    of a ragged batch, sequence by sequence on its own length."""
+    of a ragged batch, sequence by sequence on its own length.  Name
+    "int8": the values before quantisation (the float32 cache's);
+    "stored": the int8 cache's values (``p["caches"]["stored"]``, made
+    by :func:`check`)."""
+    if name == "int8":
+        name = "float32"
     if p["ragged"]:
         out = np.empty(p["q"].shape)
         for b, n in enumerate(p["lengths"]):
@@ -381,10 +432,12 @@ def exact(p, name):
 
 def check(torch, p, funcs):
     """({impl: normwise error of its out} against float64 on the same
-    cache values, {dtype: whether the paged out is bitwise the
-    contiguous one})."""
+    cache values (int8: on the values before quantisation), {dtype:
+    whether the paged out is bitwise the contiguous one}, the
+    contiguous int8 out's error against float64 on the values the int8
+    cache holds)."""
     errs, same = {}, {}
-    for name in DTYPES:
+    for name in CACHE_DTYPES:
         ref = exact(p, name)
         outs = {}
         for impl in (f"{who}_{name}" for who in ("ours", "sdpa") + LAYOUTS):
@@ -397,14 +450,21 @@ def check(torch, p, funcs):
                 np.asarray(out, np.float64).reshape(ref.shape), ref)
         a, b = outs[f"cache_{name}"], outs[f"paged_{name}"]
         same[name] = a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    return errs, same
+    stored_p = {**p, "caches": {"stored": stored_views(p)}}
+    ref = exact(stored_p, "stored")
+    stored = rel_err(np.asarray(outs["cache_int8"], np.float64)
+                     .reshape(ref.shape), ref)
+    return errs, same, stored
 
 
 def step_bytes(p, name):
     """Bytes of keys and values one step reads: (sum of the lengths) Hkv
-    d 2 itemsize."""
+    d 2 itemsize; int8: (sum of the lengths) Hkv (d + 4 d / group) 2,
+    the float32 scales too."""
     _, Hkv, d = p["heads"]
-    return sum(p["lengths"]) * Hkv * d * 2 * np_dtype(name).itemsize
+    per = (d + 4 * (d // p["group"]) if name == "int8"
+           else d * np_dtype(name).itemsize)
+    return sum(p["lengths"]) * Hkv * per * 2
 
 
 def evaluate_targets(row):
@@ -420,18 +480,19 @@ def evaluate_targets(row):
 def run_row(p, threads, ctx, funcs, checked, bandwidth):
     """Time the steps on one shape and thread count."""
     Hq, Hkv, d = p["heads"]
-    errs, same = checked
+    errs, same, stored = checked
     row = {"B": p["B"], "T": p["T"], "T_max": p["T"] + SLACK, "Hq": Hq,
            "Hkv": Hkv, "d": d, "ragged": p["ragged"],
            "lengths": p["lengths"], "block_size": BLOCK_SIZE,
-           "threads": threads, "errors": errs, "paged_identical": same}
+           "threads": threads, "errors": errs, "paged_identical": same,
+           "group": p["group"], "int8_stored_error": stored}
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b]
                      for r, (a, b) in {**RATIOS, **CACHE_RATIOS}.items()
                      if a in t and b in t}
     row["targets"] = evaluate_targets(row)
-    row["bytes"] = {n: step_bytes(p, n) for n in DTYPES}
+    row["bytes"] = {n: step_bytes(p, n) for n in CACHE_DTYPES}
     row["in_l3"] = {n: bool(ctx["l3"]) and b <= ctx["l3"]
                     for n, b in row["bytes"].items()}
     row["gbps"] = {k: row["bytes"][k.split("_", 1)[1]] / (ms / 1e3) / 1e9
@@ -460,6 +521,9 @@ def run_all(options, ctx):
         checked = check(torch, p, funcs)        # once, before timing
         where = f"B={B} T={T}" + (" ragged" if ragged else "")
         harness.warn_inaccurate(checked[0], TOLERANCE, where)
+        harness.warn_inaccurate({"cache_int8 (stored values)": checked[2]},
+                                {"cache_int8 (stored values)": STORED_LIMIT},
+                                where)
         for name, same in checked[1].items():
             if not same:
                 print(f"WARNING: paged_{name} differs from cache_{name} on "
@@ -480,7 +544,8 @@ def header(meta):
     Hq, Hkv, d = meta["heads"]
     flags = harness.cpu_flags()
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}"
-                     for f in ("f16c", "avx512_bf16", "avx512_fp16"))
+                     for f in ("f16c", "avx512_bf16", "avx512_fp16",
+                               "avx512_vnni", "amx_int8"))
     l3 = meta["l3_bytes"]
     share = meta["others_share"]
     lines = [
@@ -492,7 +557,9 @@ def header(meta):
         f"query in the cache dtype;",
         f"cache: cache_attention on the buffers themselves, cache_seqlens; "
         f"paged: the same on a paged copy (block_size {BLOCK_SIZE}, "
-        f"shuffled block_table)",
+        f"shuffled block_table);",
+        f"int8: quantize_kv(group {meta['group']}) of the float32 values "
+        f"(once, untimed), float32 k_scales/v_scales beside the cache",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}; L3 "
         + ("?" if l3 is None else f"{l3 / 2**20:.0f} MiB"),
         f"attention_c {meta['config']['version']}: SIMD path "
@@ -576,7 +643,7 @@ def cache_table(rows):
     cache_attention on the contiguous and the paged cache."""
     body = []
     for r in rows:
-        for name in DTYPES:
+        for name in CACHE_DTYPES:
             cache, paged, short = f"cache_{name}", f"paged_{name}", SHORT[name]
             ours = r["ratios"].get(f"cache/ours {short}")
             body.append(
@@ -629,6 +696,16 @@ def errors_table(rows, impls, key):
     return format_table(["B", "T"] + list(impls), body, left=2)
 
 
+def stored_line(rows):
+    """The int8 out's largest error against float64 on the values the
+    int8 cache holds (dequantised), over the shapes."""
+    worst = max(r["int8_stored_error"] for r in rows)
+    return (f"cache_int8 against float64 on the values it holds "
+            f"(dequantize_kv): worst {worst:.1e} (limit "
+            f"{STORED_LIMIT:.0e}); cache_int8/paged_int8 above: against "
+            f"the values before quantisation")
+
+
 def report(meta, bandwidth, rows):
     """The plain-text report: header, bandwidth, decode rows, errors."""
     same = {}
@@ -655,7 +732,8 @@ def report(meta, bandwidth, rows):
         "the buffers; cache/f32: on this cache / on the float32 cache; "
         "cache/ours: / dot_attention (ours) on",
         "the same cache; T a-b: the ragged batch's lengths.  MB/step, GB/s "
-        "and others as above.",
+        "and others as above (int8: the",
+        "scales included).",
         cache_table(rows),
         "",
         *targets_lines(meta, rows),
@@ -664,6 +742,7 @@ def report(meta, bandwidth, rows):
         "(||x - r|| / ||r||)",
         errors_table(rows, IMPLS, lambda r: not r["ragged"]),
         errors_table(rows, CACHE_IMPLS, lambda r: True),
+        stored_line(rows),
         "paged out bitwise the contiguous one: " + (
             "yes, every shape and dtype" if not differ
             else "NO on " + ", ".join(differ))])
@@ -680,10 +759,12 @@ def parse_args(argv):
         "strided views, read in place) and cache_attention (on "
         "the contiguous cache and a paged copy, and on a ragged "
         "batch) on key/value caches in float32, bfloat16 and "
-        "float16 against the host's measured read bandwidth "
-        "and torch.nn.functional.scaled_dot_product_attention "
-        "with the same cache dtype, with each one's error "
-        "against float64.",
+        "float16 (and int8, cache_attention alone) against the "
+        "host's measured read bandwidth and "
+        "torch.nn.functional.scaled_dot_product_attention with "
+        "the same cache dtype, with each one's error against "
+        "float64; --model: a Qwen3-shaped decoder's token time "
+        "with a bfloat16 and an int8 CompactCache.",
         argv)
 
 
@@ -694,7 +775,7 @@ def setup(options, torch):
     heads = QUICK_HEADS if options.quick else HEADS
     options.shapes = ([f"B={B} T={T}" for B, T in sizes]
                       + [f"B={B} T<={T} ragged" for B, T in ragged])
-    options.dtypes = list(DTYPES)
+    options.dtypes = list(CACHE_DTYPES)
     options.no_torch, options.compile = False, False
     ctx, meta = harness.setup(options)
     l3 = l3_bytes()
@@ -703,6 +784,7 @@ def setup(options, torch):
                 heads=list(heads), sizes=[list(s) for s in sizes],
                 ragged_sizes=[list(s) for s in ragged],
                 block_size=BLOCK_SIZE, targets=TARGETS, slack=SLACK,
+                group=group_of(heads[2]), stored_limit=STORED_LIMIT,
                 l3_bytes=l3, bandwidth_mib=size >> 20, tolerance=TOLERANCE)
     ctx.update(torch=torch, sizes=sizes, ragged_sizes=ragged, heads=heads,
                l3=l3, bandwidth_bytes=size)
@@ -710,8 +792,13 @@ def setup(options, torch):
 
 
 def main(argv=None):
-    """Entry point of ``python -m attention_c.bench --cache``."""
-    options = parse_args(sys.argv[1:] if argv is None else list(argv))
+    """Entry point of ``python -m attention_c.bench --cache`` (with
+    ``--model``: :func:`attention_c.bench.cache_model.main`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--model" in argv:
+        from attention_c.bench import cache_model
+        return cache_model.main([a for a in argv if a != "--model"])
+    options = parse_args(argv)
     torch = harness.baseline_torch()
     if torch is None:
         return 2

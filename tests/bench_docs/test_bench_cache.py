@@ -6,7 +6,11 @@ gets a bandwidth and every shape (the ragged batch too) and thread count
 a row with every time, that each output's error against float64 is within
 its limit and the paged cache gives bitwise the contiguous one's out, that
 the ratios, bytes, rates and targets follow the times, and that the
-paged cache and the ragged lengths are laid out as the docstring says.
+paged cache and the ragged lengths are laid out as the docstring says;
+the int8 rows (cache_int8, paged_int8) among them.  ``--model`` (a
+Qwen3-shaped decoder with a bfloat16 and an int8 CompactCache): a
+``--quick`` run's times finite, its check passed, its ratio and target
+following the times.
 """
 
 import json
@@ -17,6 +21,7 @@ import sys
 import numpy as np
 import pytest
 
+import attention_c as ac
 from attention_c.bench import cache
 
 THREADS = (1, 2)
@@ -101,7 +106,15 @@ def test_errors_within_tolerance(run):
     for row in data["results"]:
         for impl, err in row["errors"].items():
             assert np.isfinite(err) and err <= cache.TOLERANCE[impl], row
-        assert row["paged_identical"] == {n: True for n in cache.DTYPES}
+        assert row["paged_identical"] == {n: True
+                                          for n in cache.CACHE_DTYPES}
+        # int8: its quantisation's error (issue 34: <= 1e-2 at group 32),
+        # and float32 rounding alone on the values it holds.
+        assert row["group"] == cache.GROUP == 32
+        assert cache.TOLERANCE["cache_int8"] == 1e-2
+        assert 1e-4 < row["errors"]["cache_int8"] <= 1e-2
+        assert row["errors"]["paged_int8"] == row["errors"]["cache_int8"]
+        assert 0 < row["int8_stored_error"] <= cache.STORED_LIMIT
     assert "WARNING" not in stderr
 
 
@@ -126,6 +139,12 @@ def test_ratios_bytes_and_rates_follow_the_times(run):
             size = 2 if dtype != "float32" else 4
             assert row["bytes"][dtype] == (sum(row["lengths"]) * row["Hkv"]
                                            * row["d"] * 2 * size)
+        # int8: a byte per element and a float32 scale per 32
+        assert row["bytes"]["int8"] == (sum(row["lengths"]) * row["Hkv"]
+                                        * (row["d"] + row["d"] // 32 * 4)
+                                        * 2)
+        assert row["ratios"]["cache int8/f32"] == pytest.approx(
+            t["cache_int8"] / t["cache_float32"])
         for impl in impls(row):
             dtype = impl.split("_", 1)[1]
             gbps = row["gbps"][impl]
@@ -144,16 +163,21 @@ def test_report_says_what_ran_where(run):
     assert f"SIMD path {meta['config']['simd']}" in stdout
     assert "torch " in stdout and "--quick" in stdout
     assert "cache_attention" in stdout and "block_size 16" in stdout
-    for name in cache.DTYPES + cache.IMPLS + cache.CACHE_IMPLS:
+    for name in cache.CACHE_DTYPES + cache.IMPLS + cache.CACHE_IMPLS:
         assert name in stdout
+    assert "quantize_kv(group 32)" in stdout
     lines = stdout.splitlines()
     # A line per shape, cache dtype and thread count in the decode table
-    # (ours and SDPA), and in cache_attention's (the ragged batch too).
+    # (ours and SDPA), and in cache_attention's (the ragged batch too,
+    # and int8).
+    rows = ((len(cache.QUICK_SIZES) + len(cache.QUICK_RAGGED_SIZES))
+            * len(THREADS))
     assert sum(line.split()[2:3] == [dtype] for line in lines
-               for dtype in cache.DTYPES) == ((2 * len(cache.QUICK_SIZES)
-                                               + len(cache.QUICK_RAGGED_SIZES))
-                                              * len(THREADS)
-                                              * len(cache.DTYPES))
+               for dtype in cache.CACHE_DTYPES) == (
+        len(cache.QUICK_SIZES) * len(THREADS) * len(cache.DTYPES)
+        + rows * len(cache.CACHE_DTYPES))
+    assert "cache int8/f32 <= 0.35: " in stdout
+    assert "cache_int8 against float64 on the values it holds" in stdout
     for name, limit in cache.TARGETS.items():
         assert f"  {name} <= {limit}: " in stdout
     passed = sum(t["status"] == "PASS" for r in data["results"]
@@ -194,11 +218,12 @@ def test_paged_copy_holds_the_same_positions():
     assert table.shape == (2, per) and table.dtype == np.int32
     assert sorted(table.ravel()) == list(range(2 * per))  # a permutation
     assert not np.array_equal(table.ravel(), np.arange(2 * per))
-    for name in cache.DTYPES:
+    for name in cache.CACHE_DTYPES + ("scales",):
         for buf, paged in zip(p["buffers"][name], p["paged"][name]):
+            last = 1 if name == "scales" else 8     # group 8 of d = 8
             assert buf.flags.c_contiguous
-            assert buf.shape == (2, 16 + cache.SLACK, 2, 8)
-            assert paged.shape == (2 * per, cache.BLOCK_SIZE, 2, 8)
+            assert buf.shape == (2, 16 + cache.SLACK, 2, last)
+            assert paged.shape == (2 * per, cache.BLOCK_SIZE, 2, last)
             assert paged.dtype == buf.dtype
             for b in range(2):
                 for t in range(buf.shape[1]):
@@ -207,6 +232,23 @@ def test_paged_copy_holds_the_same_positions():
                         paged[table[b, blk], row], buf[b, t])
     assert p["lengths"] == cache.ragged_lengths(2, 16)
     assert cache.step_bytes(p, "float32") == sum(p["lengths"]) * 2 * 8 * 2 * 4
+    assert cache.step_bytes(p, "int8") == sum(p["lengths"]) * 2 * (8 + 4) * 2
+
+
+def test_int8_cache_is_quantised_from_the_float32_values():
+    p = cache.make_problem((4, 2, 64), 2, 16)
+    assert p["group"] == 32
+    full = [b.astype(np.float32) for b in p["buffers"]["float32"]]
+    for x, q, s in zip(full, p["buffers"]["int8"], p["buffers"]["scales"]):
+        want_q, want_s = ac.quantize_kv(x, group=32)
+        assert q.dtype == np.int8 and s.dtype == np.float32
+        assert s.shape == (2, 16 + cache.SLACK, 2, 2)
+        np.testing.assert_array_equal(q, want_q)
+        np.testing.assert_array_equal(s, want_s)
+    # the int8 reference is float64 on the values before quantisation
+    np.testing.assert_array_equal(cache.exact(p, "int8"),
+                                  cache.exact(p, "float32"))
+    assert cache.group_of(128) == 32 and cache.group_of(16) == 16
 
 
 def test_exact_of_a_ragged_batch_is_each_sequence_on_its_own():
@@ -243,11 +285,68 @@ def test_more_threads_no_faster_is_said():
     assert "NOTE" not in "\n".join(cache.bandwidth_lines(meta, same))
 
 
+@pytest.fixture(scope="module")
+def model_run(tmp_path_factory):
+    """One --cache --model --quick run at 1 thread: (its JSON, stdout,
+    stderr)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("ml_dtypes")
+    path = tmp_path_factory.mktemp("cache_model") / "run.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_c.bench", "--cache", "--model",
+         "--quick", "--threads", "1", "--json", str(path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with open(path, encoding="utf-8") as f:
+        return json.load(f), proc.stdout, proc.stderr
+
+
+def test_model_quick(model_run):
+    from attention_c.bench import cache_model
+    data, stdout, stderr = model_run
+    meta, facts = data["meta"], data["check"]
+    assert meta["quick"] and meta["sizes"] == cache_model.QUICK_SIZES
+    assert meta["sizes"]["head_dim"] == 128 and meta["group"] == 32
+    assert meta["fill"] == "direct"
+    # the check: finite logits, both caches read in place, errors within
+    assert facts["ok"] and facts["finite"]
+    assert facts["dense_reads"] == {"bfloat16": 0, "int8": 0}
+    for name, limit in cache_model.MODEL_LIMIT.items():
+        assert 0 < facts[name] <= limit
+    assert "WARNING" not in stderr
+    # int8 bytes: (1 + 4 / 32) / 2 of bfloat16's
+    nb = meta["cache_bytes"]
+    assert nb["int8"] / nb["bfloat16"] == pytest.approx((1 + 4 / 32) / 2)
+    s = meta["sizes"]
+    assert nb["bfloat16"] == (s["layers"] * meta["cache_capacity"]
+                              * s["kv_heads"] * s["head_dim"] * 2 * 2)
+    (row,) = data["results"]
+    assert row["threads"] == 1
+    t = row["times_ms"]
+    assert set(t) == {"bfloat16", "int8"}
+    assert all(finite_positive(x) for x in t.values())
+    assert row["ratio"] == pytest.approx(t["int8"] / t["bfloat16"])
+    assert row["target"]["limit"] == 0.75
+    assert row["target"]["status"] == ("PASS" if row["ratio"] <= 0.75
+                                       else "MISS")
+    for word in ("Qwen3-shaped", "28" if not meta["quick"] else "2 layers",
+                 "avx512_bf16", "avx512_vnni", "amx_int8", "ms per token",
+                 "int8/bf16 <= 0.75", "filled directly", ": ok"):
+        assert word in stdout
+    assert meta["cpu"] in stdout
+
+
 def test_help():
     proc = subprocess.run(
         [sys.executable, "-m", "attention_c.bench", "--cache", "--help"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--cache" in proc.stdout and "--quick" in proc.stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_c.bench", "--cache", "--model",
+         "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--tokens" in proc.stdout and "0.75" in proc.stdout
     with pytest.raises(SystemExit):
         cache.parse_args(["--min-repeats", "0"])
