@@ -46,6 +46,9 @@ from attention_c.torch._utils import _from_np, _np
 
 
 def _import(name: str) -> Any:
+    """transformers' module ``name``, imported by name, so that the type
+    checkers of attention_c (the stubs' test among them) neither need
+    transformers nor analyse it."""
     try:
         return importlib.import_module(name)
     except ImportError as e:  # pragma: no cover - the message is the point

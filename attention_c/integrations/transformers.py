@@ -30,7 +30,6 @@ reads in place with :func:`attention_c.cache_attention` (its
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
@@ -41,19 +40,8 @@ import torch
 import attention_c as ac
 from attention_c.torch._utils import _np, _reads_as_stored
 
-from .compact_cache import CompactCache, _Deferred, deferred_layer, dense
-
-
-def _import(name: str) -> Any:
-    """transformers' module ``name``, imported by name, so that the type
-    checkers of attention_c (the stubs' test among them) neither need
-    transformers nor analyse it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:  # pragma: no cover - the message is the point
-        raise ImportError(
-            "attention_c.integrations.transformers needs transformers "
-            "(pip install 'attention_c[transformers]')") from e
+from .compact_cache import (CompactCache, _Deferred, _import, deferred_layer,
+                            dense)
 
 
 _mu = _import("transformers.masking_utils")
