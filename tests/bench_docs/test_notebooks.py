@@ -36,7 +36,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_bags_of_digits.ipynb",
          "03_speed.ipynb", "04_seq2seq.ipynb", "05_dask.ipynb",
          "06_transformer.ipynb", "07_transformers.ipynb",
-         "08_today.ipynb", "09_where_it_looks.ipynb"]
+         "08_today.ipynb", "09_where_it_looks.ipynb", "10_serving.ipynb"]
 
 # Notebooks that train a PyTorch model: skipped (not failed) where torch is
 # not installed, as the other PyTorch tests are.
@@ -51,10 +51,13 @@ HAVE_DASK = importlib.util.find_spec("dask") is not None
 # And without transformers (attention_c[transformers]).
 NEEDS_TRANSFORMERS = {"07_transformers.ipynb"}
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+# And without ml_dtypes (attention_c[bfloat16]), for the bfloat16 caches.
+NEEDS_ML_DTYPES = {"10_serving.ipynb"}
+HAVE_ML_DTYPES = importlib.util.find_spec("ml_dtypes") is not None
 
 # Figures each notebook draws, at least: 3 unless said here (the Dask
-# notebook draws one, its timings).
-FIGURES = {"05_dask.ipynb": 1}
+# notebook draws one, its timings; the serving one one, memory and time).
+FIGURES = {"05_dask.ipynb": 1, "10_serving.ipynb": 1}
 
 # Cell timeout, seconds: the slowest cell (training the four models in 04)
 # takes about a minute on two cores.
@@ -152,6 +155,8 @@ def test_notebook_runs_from_scratch(executed, name):
         pytest.skip("the notebook needs dask")
     if name in NEEDS_TRANSFORMERS and not HAVE_TRANSFORMERS:
         pytest.skip("the notebook needs transformers")
+    if name in NEEDS_ML_DTYPES and not HAVE_ML_DTYPES:
+        pytest.skip("the notebook needs ml_dtypes")
     nb = executed(name)
     probe = nb.cells[0].outputs[0].text.split("\n")
     assert Path(probe[0]).resolve() == Path(sys.executable).resolve(), (
@@ -295,10 +300,12 @@ def test_seq2seq_attention_beats_no_attention(executed):
     ("02_bags_of_digits.ipynb", "bags_of_digits.png"),
     ("04_seq2seq.ipynb", "seq2seq_alignment.png"),
     ("05_dask.ipynb", "dask_timing.png"),
-    ("09_where_it_looks.ipynb", "where_it_looks.png")])
+    ("09_where_it_looks.ipynb", "where_it_looks.png"),
+    ("10_serving.ipynb", "serving.png")])
 def test_figure_is_exported(name, png):
     """The figure (the attention on bags of digits, the seq2seq alignment
-    heatmap, the Dask timings, where each score looks on the canvases) is
+    heatmap, the Dask timings, where each score looks on the canvases, a
+    cache's memory and time per format) is
     tagged for run_notebooks.py, shown inline in the committed notebook,
     and its PNG is in notebooks/img/."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -557,3 +564,75 @@ def test_committed_where_it_looks_numbers_are_current(executed):
             assert abs(old[score] - new[score]) <= 0.12, (
                 score, committed, fresh, "re-run python "
                 "notebooks/run_notebooks.py 09_where_it_looks.ipynb")
+
+
+SERVING_FORMATS = ["float32", "bfloat16", "float16", "int8"]
+
+
+def serving_numbers(nb):
+    """(g, {format: bytes}, {format: error}, {format: paged == contiguous})
+    from 10_serving's lines 'FORMAT N bytes (P per position), error E,
+    paged == contiguous: X', in the order printed."""
+    out = text(nb)
+    g = re.search(r"int8 in groups of g = (\d+)", out)
+    rows = re.findall(r"^(\w+)\s+([0-9,]+) bytes \(\s*\d+ per position\), "
+                      r"error ([0-9.e+-]+), paged == contiguous: "
+                      r"(True|False)$", out, flags=re.M)
+    return (int(g.group(1)) if g else None,
+            {f: int(n.replace(",", "")) for f, n, _, _ in rows},
+            {f: float(e) for f, _, e, _ in rows},
+            {f: p == "True" for f, _, _, p in rows})
+
+
+@pytest.mark.skipif(not HAVE_ML_DTYPES, reason="the notebook needs ml_dtypes")
+def test_serving_caches_bytes_errors_and_pages(executed):
+    """10_serving: the decode step appends in place and is plain NumPy's
+    softmax; the 16-bit caches take exactly half the float32 bytes, the
+    int8 one (1 + 4/g)/4 of them; int8 with g = 32 is within 1 % of the
+    float64 result on the unquantized cache; a paged cache gives bitwise
+    the contiguous result in every format; the sweep timed every format
+    and length.  (Times only positive and finite: they are not asserted.)"""
+    nb = executed("10_serving.ipynb")
+    out = text(nb)
+    assert "the new keys and values are in the cache: True" in out, out
+    diff = re.search(r"largest difference to plain NumPy: ([0-9.e+-]+)", out)
+    assert diff and float(diff.group(1)) < 1e-5, out
+
+    g, size, err, same = serving_numbers(nb)
+    assert g == 32, out
+    assert list(size) == list(err) == list(same) == SERVING_FORMATS, out
+    f32 = size["float32"]
+    assert size["bfloat16"] * 2 == size["float16"] * 2 == f32, size
+    assert size["int8"] * 4 * g == f32 * (g + 4), size
+    assert err["float32"] < 1e-5, err
+    assert 0 < err["float16"] < 1e-3 and 0 < err["bfloat16"] < 1e-2, err
+    assert 0 < err["int8"] < 1e-2, err
+    assert all(same.values()), same
+
+    header = re.search(r"^ms per step\s+([\d ]+)$", out, flags=re.M)
+    assert header and [int(n) for n in header.group(1).split()] == [
+        1024, 2048, 4096, 8192, 16384], out
+    rows = re.findall(r"^(\w+)\s+((?:\s*[0-9.]+){5})$", out, flags=re.M)
+    times = {f: [float(t) for t in ts.split()] for f, ts in rows}
+    assert list(times) == SERVING_FORMATS, out
+    assert all(0 < t and math.isfinite(t) for ts in times.values()
+               for t in ts), times
+
+
+@pytest.mark.skipif(not HAVE_ML_DTYPES, reason="the notebook needs ml_dtypes")
+def test_committed_serving_numbers_are_current(executed):
+    """The committed bytes of 10 are those a fresh run gives, exactly, and
+    its errors within the rounding noise of another CPU (seeded: the same
+    on the machine that ran it)."""
+    committed = serving_numbers(
+        nbformat.read(NOTEBOOKS / "10_serving.ipynb", as_version=4))
+    fresh = serving_numbers(executed("10_serving.ipynb"))
+    hint = "re-run python notebooks/run_notebooks.py 10_serving.ipynb"
+    assert committed[0] == fresh[0] and committed[1] == fresh[1], (
+        committed, fresh, hint)
+    assert committed[3] == fresh[3], (committed, fresh, hint)
+    old, new = committed[2], fresh[2]
+    assert old.keys() == new.keys() == set(SERVING_FORMATS), hint
+    assert old["float32"] < 1e-5 and new["float32"] < 1e-5, (old, new, hint)
+    for f in ["bfloat16", "float16", "int8"]:
+        assert abs(old[f] - new[f]) <= 0.1 * new[f], (f, old, new, hint)
