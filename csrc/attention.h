@@ -338,7 +338,7 @@ ATT_FAMILY_DECLARE(double, f64)
 
 /*
  * Attention against a cache of keys and values (docs/contract.md section
- * 13): B sequences, each with Tq new queries (B, Tq, Hq, d) and lens[b]
+ * 7.5): B sequences, each with Tq new queries (B, Tq, Hq, d) and lens[b]
  * keys and values in a cache of blocks of `block` rows, (nblocks, block,
  * Hkv, d) and (nblocks, block, Hkv, dv); position t of sequence b is row
  * t % block of block table[b maxblocks + t / block] (table NULL: block
