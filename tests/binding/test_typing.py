@@ -39,7 +39,9 @@ INSTALLED = str(ROOT) in {
 # way: mypy checks it, tests/typing_examples/example_torch.py.)
 OPTIONAL = {"attention_c.dask": ["dask"],
             "attention_c.integrations.transformers": ["torch",
-                                                      "transformers"]}
+                                                      "transformers"],
+            "attention_c.integrations.compact_cache": ["torch",
+                                                       "transformers"]}
 
 
 def missing(module):
