@@ -110,6 +110,13 @@
  *                        element widened exactly as it is loaded: the
  *                        bits of the two above on the widened rows.
  *                        float only (NULL in the double tables).
+ *   dot_keys_multi_q8, sum_values_multi_q8  the same on an int8 cache's
+ *                        rows, row t's scales at sc + t lds (one per
+ *                        group of grp columns, grp a multiple of vlen),
+ *                        each element dequantized as it is loaded, as
+ *                        widen_q8 makes it: the bits of the two above on
+ *                        widen_q8's rows.  NULL where not built (the
+ *                        scalar and double tables): widen_q8 first.
  *   flash     the streamed forward of nq queries (dot or general score,
  *             every input finite) whose visibility is a range of keys:
  *             query i (Q + i ldq, d wide) sees keys [lo[i], hi[i]) of K
@@ -219,6 +226,17 @@
                                       ptrdiff_t ldv,                         \
                                       const unsigned char *const *use,       \
                                       R *const *out, int add, int pf);       \
+        void (*dot_keys_multi_q8)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,     \
+                                  R alpha, const R *const *q,                \
+                                  const void *K, ptrdiff_t ldk,              \
+                                  const float *sc, ptrdiff_t lds,            \
+                                  ptrdiff_t grp, R *const *s, int pf);       \
+        void (*sum_values_multi_q8)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
+                                    const R *const *w, const void *V,        \
+                                    ptrdiff_t ldv, const float *sc,          \
+                                    ptrdiff_t lds, ptrdiff_t grp,            \
+                                    const unsigned char *const *use,         \
+                                    R *const *out, int add, int pf);         \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
         void (*flash) ATT_FLASH_ARGS(R);                                     \

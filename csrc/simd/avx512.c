@@ -94,6 +94,43 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VFLUSH_BELOW(x, y, t) \
     _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, t, _CMP_NLT_UQ), x)
 #define VREDUCE _mm512_reduce_add_ps
+/* Decoding's 4 x 4 blocks of dot products (simd/decode.inc): a[4 t + r],
+ * each reduced in one tree by the pairs _mm512_reduce_add_ps adds (lanes
+ * i and i + 8, then i + 4, i + 2, i + 1: the same bits), 45 operations
+ * for the 16 where one at a time takes 128; times alpha, row r's four
+ * sums stored at s[r] + t0. */
+static inline void reduce4x4_ps(const __m512 *a, float alpha,
+                                float *const *s, ptrdiff_t t0)
+{
+    __m512 h[8], q[4], e[2];
+    for (int k = 0; k < 8; k++) {       /* 256-bit halves */
+        __m512 x = a[2 * k], y = a[2 * k + 1];
+        h[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44),
+                             _mm512_shuffle_f32x4(x, y, 0xee));
+    }
+    for (int k = 0; k < 4; k++) {       /* 128-bit quarters */
+        __m512 x = h[2 * k], y = h[2 * k + 1];
+        q[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88),
+                             _mm512_shuffle_f32x4(x, y, 0xdd));
+    }
+    for (int k = 0; k < 2; k++) {       /* 64-bit pairs */
+        __m512d x = _mm512_castps_pd(q[2 * k]);
+        __m512d y = _mm512_castps_pd(q[2 * k + 1]);
+        e[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88),
+                             _mm512_shuffle_ps(e[0], e[1], 0xdd));
+    r = _mm512_mul_ps(r, _mm512_set1_ps(alpha));
+    /* lane 4 c + j holds a[4 j + c]: row c's keys in quarter c */
+    _mm_storeu_ps(s[0] + t0, _mm512_castps512_ps128(r));
+    _mm_storeu_ps(s[1] + t0, _mm512_extractf32x4_ps(r, 1));
+    _mm_storeu_ps(s[2] + t0, _mm512_extractf32x4_ps(r, 2));
+    _mm_storeu_ps(s[3] + t0, _mm512_extractf32x4_ps(r, 3));
+}
+#define VREDUCE4X4 reduce4x4_ps
+/* 32 registers: 4 x 4 accumulators for the keys, 4 x 4 for the values */
+#define DECODE_WIDE 4
 #define REAL_DIGITS 24
 #define VSCALE _mm512_scalef_ps
 #define VABS _mm512_abs_ps

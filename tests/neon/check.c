@@ -22,6 +22,9 @@
  *     threads run together;
  *   - decoding against 16-bit keys and values: the bits of the widened
  *     arrays', every 16-bit pattern widened exactly;
+ *   - attention against an int8 cache (float or binary16 scales, groups
+ *     on and off the vectors): the bits of the float call on the
+ *     dequantized cache;
  *   - the 16-bit conversions (att_convert16) against the scalar path's.
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
@@ -379,6 +382,102 @@ static void check_half_decode(ctx *c)
     }
 }
 
+/* att_cache_attention on an int8 cache (ATT_STORE_Q8) against the same
+ * call on the float cache it stands for (scale times value, one product
+ * each), bit for bit on the path under test: groups of 8, 16, 32 and 64
+ * (on and off the vectors: dequantized as loaded or widened first), float
+ * and binary16 scales, ragged lengths, Tq 1 and 3, GQA. */
+static void check_cache_q8(ctx *c)
+{
+    static const ptrdiff_t groups[] = {8, 16, 32, 64};
+    enum { B = 3, S = 300, HQ = 8, HKV = 2, D = 64 };
+    static const int64_t lens[B] = {300, 17, 129};
+    const ptrdiff_t nel = (ptrdiff_t)B * S * HKV * D;
+    int8_t *q8 = xmalloc((size_t)(2 * nel));
+    float *wide = xmalloc((size_t)(2 * nel) * sizeof(float));
+    float *sc = xmalloc((size_t)(2 * nel / 8) * sizeof(float));
+    uint16_t *sc16 = xmalloc((size_t)(2 * nel / 8) * sizeof(uint16_t));
+    float *query = xmalloc((size_t)(B * 3 * HQ * D) * sizeof(float));
+    float *out[2], *lse[2];
+    for (int k = 0; k < 2; k++) {
+        out[k] = xmalloc((size_t)(B * 3 * HQ * D) * sizeof(float));
+        lse[k] = xmalloc((size_t)(B * 3 * HQ) * sizeof(float));
+    }
+    for (ptrdiff_t i = 0; i < 2 * nel; i++) {
+        q8[i] = (int8_t)((int)(next_u64(c) % 255) - 127);
+    }
+    for (ptrdiff_t i = 0; i < B * 3 * HQ * D; i++) {
+        query[i] = (float)(2 * uniform(c) - 1);
+    }
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        for (int half = 0; half < 2; half++) {
+            ptrdiff_t g = groups[gi], ng = D / g, ns = 2 * nel / g;
+            for (ptrdiff_t i = 0; i < ns; i++) {
+                sc16[i] = att_f32_to_f16((float)(uniform(c) / 64));
+                sc[i] = half ? att_f16_to_f32(sc16[i])
+                             : (float)(uniform(c) / 64);
+            }
+            for (ptrdiff_t i = 0; i < 2 * nel; i++) {
+                wide[i] = sc[i / g] * (float)q8[i];
+            }
+            for (ptrdiff_t tq = 1; tq <= 3; tq += 2) {
+                snprintf(c->what, sizeof c->what, "int8 cache group=%td "
+                         "binary16 scales=%d Tq=%td", g, half, tq);
+                c->shapes++;
+                att_cache_dims cd = {.B = B, .Tq = tq, .Hq = HQ, .Hkv = HKV,
+                                     .d = D, .dv = D, .nblocks = B,
+                                     .block = S, .maxblocks = 1,
+                                     .causal = 1, .wleft = -1,
+                                     .wright = -1};
+                att_cache_in_f32 in = {
+                    .query = query, .qbs = tq * HQ * D, .qis = HQ * D,
+                    .qhs = D, .kbs = S * HKV * D, .krs = HKV * D, .khs = D,
+                    .vbs = S * HKV * D, .vrs = HKV * D, .vhs = D,
+                    .lens = lens, .scale = 0.125f};
+                att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE};
+                for (int k = 0; k < 2; k++) {
+                    in.kc = k ? (const void *)wide : (const void *)q8;
+                    in.vc = k ? (const void *)(wide + nel)
+                              : (const void *)(q8 + nel);
+                    in.kstore = in.vstore = k ? ATT_STORE_NATIVE
+                                              : ATT_STORE_Q8;
+                    in.kscale = k ? NULL : half ? (const void *)sc16
+                                                : (const void *)sc;
+                    in.vscale = k ? NULL
+                                : half ? (const void *)(sc16 + nel / g)
+                                       : (const void *)(sc + nel / g);
+                    in.kscale16 = in.vscale16 = half;
+                    in.ksbs = in.vsbs = S * HKV * ng;
+                    in.ksrs = in.vsrs = HKV * ng;
+                    in.kshs = in.vshs = ng;
+                    in.kgroup = in.vgroup = g;
+                    ptrdiff_t bytes = att_cache_workspace_f32(&cd, &in, &ex);
+                    void *work = xmalloc(bytes > 0 ? (size_t)bytes : 1);
+                    int st = att_cache_attention_f32(&cd, &ex, &in, out[k],
+                                                     lse[k], work);
+                    c->calls++;
+                    expect(c, st == ATT_OK, "call %d returned %d", k, st);
+                    free(work);
+                }
+                expect(c, memcmp(out[0], out[1], (size_t)(B * tq * HQ * D) *
+                                 sizeof(float)) == 0 &&
+                          memcmp(lse[0], lse[1], (size_t)(B * tq * HQ) *
+                                 sizeof(float)) == 0,
+                       "int8 rows differ from the dequantized ones");
+            }
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        free(out[k]);
+        free(lse[k]);
+    }
+    free(q8);
+    free(wide);
+    free(sc);
+    free(sc16);
+    free(query);
+}
+
 /* att_convert16 on the path under test against the scalar path, bit for
  * bit: every 16-bit pattern widened (NaN: both NaN), random and edge
  * floats rounded, lengths off the vectors. */
@@ -447,6 +546,7 @@ int main(int argc, char **argv)
         run_all_f64(&c);
         check_keep_rows(&c);
         check_half_decode(&c);
+        check_cache_q8(&c);
         check_convert16(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
