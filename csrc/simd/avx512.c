@@ -94,7 +94,8 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VFLUSH_BELOW(x, y, t) \
     _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, t, _CMP_NLT_UQ), x)
 #define VREDUCE _mm512_reduce_add_ps
-/* Decoding's 4 x 4 blocks of dot products (simd/decode.inc): a[4 t + r],
+/* Decoding's 4 x 4 blocks of dot products (simd/decode.inc): a[4 t + r]
+ * (row r, key t),
  * each reduced in one tree by the pairs _mm512_reduce_add_ps adds (lanes
  * i and i + 8, then i + 4, i + 2, i + 1: the same bits), 45 operations
  * for the 16 where one at a time takes 128; times alpha, row r's four
@@ -128,7 +129,7 @@ static inline void reduce4x4_ps(const __m512 *a, float alpha,
     _mm_storeu_ps(s[2] + t0, _mm512_extractf32x4_ps(r, 2));
     _mm_storeu_ps(s[3] + t0, _mm512_extractf32x4_ps(r, 3));
 }
-#define VREDUCE4X4 reduce4x4_ps
+#define VREDUCE_BLOCK reduce4x4_ps
 /* 32 registers: 4 x 4 accumulators for the keys, 4 x 4 for the values */
 #define DECODE_WIDE 4
 #define REAL_DIGITS 24

@@ -613,6 +613,38 @@ def test_every_simd_path(simd):
 
 
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@pytest.mark.parametrize("d", [64, 128, 65])
+def test_grouped_heads_same_bits_as_alone(simd, d):
+    """A query head gives the same bits in a group of 4 heads reading its
+    kv head (the scores of 4 queries and 4 keys reduced together) as
+    alone (one kv head per query head, one at a time): float32, bfloat16
+    and int8 caches, Tq 1 and 3."""
+    _core._set_simd(simd)
+    rng = np.random.default_rng(20)
+    B, S, Hkv, G = 2, 203, 2, 4
+    lens = np.array([203, 77], np.int32)
+    kc = rng.standard_normal((B, S, Hkv, d)).astype(np.float32)
+    vc = rng.standard_normal((B, S, Hkv, d)).astype(np.float32)
+    caches = [((kc, vc), {})]
+    if BF16 is not None:
+        caches.append(((kc.astype(BF16), vc.astype(BF16)), {}))
+    if d % 8 == 0:
+        (kq, ks), (vq, vs) = ac.quantize_kv(kc), ac.quantize_kv(vc)
+        caches.append(((kq, vq), {"k_scales": ks, "v_scales": vs}))
+    for Tq in (1, 3):
+        q = rng.standard_normal((B, Tq, Hkv * G, d)).astype(np.float32)
+        for (k, v), kw in caches:
+            grouped = ac.cache_attention(q, k, v, lens, return_lse=True, **kw)
+            for j in range(G):          # head h G + j of each kv head h
+                alone = ac.cache_attention(q[:, :, j::G], k, v, lens,
+                                           return_lse=True, **kw)
+                assert_same(alone, (grouped[0][:, :, j::G],
+                                    grouped[1][:, :, j::G]),
+                            f"{simd} d {d} Tq {Tq} {k.dtype} head {j}")
+
+
+@pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("pair", [(np.float32, np.float32),
                                   (np.float64, np.float64)]
                          + half_pairs()[3:4], ids=cache_dtypes_id)
