@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import dot_attention, dot_attention_backward
+from ..cache import cache_attention
 from .._keywords import keyword_only
 from ._common import (Array, _bool_mask, _broadcasts_into, _check_array,
                       _dropout_p, _float_dtype, _positive)
@@ -443,6 +444,45 @@ class MultiHeadAttention:
             am = a[..., None, :, :] if a.ndim > 2 else a  # the head axis
         return lead, S, m, am
 
+    def _check_int8(self, **given: Any) -> None:
+        """An int8 cache's call: the cache kernel's arguments only."""
+        if np.dtype(self.dtype) == np.float64:
+            raise TypeError("an int8 KVCache serves float32 layers (its "
+                            "step computes in float32); this layer is "
+                            "float64: use a float cache")
+        for name, x in given.items():
+            if x is not None and x is not False:
+                raise ValueError(f"{name} is not supported with an int8 "
+                                 f"KVCache (attention_c.cache_attention "
+                                 f"reads it: causal, window, softcap, ALiBi "
+                                 f"and sinks only); use a float cache")
+        if self.training and self.dropout > 0:
+            raise ValueError("dropout is not supported with an int8 "
+                             "KVCache: call layer.eval() to decode")
+
+    def _int8_step(self, q: Array, cache: KVCache, lead: tuple[int, ...],
+                   S: int, causal: bool, window: Any, softcap: Any
+                   ) -> tuple[Array, Array]:
+        """Attention of q (..., h, Tq, d) to the int8 cache's S positions,
+        read in place by cache_attention; (out (*lead, h, Tq, d), lse)."""
+        assert cache._k is not None and cache._v is not None
+        assert cache._ks is not None and cache._vs is not None
+        h, Tq, d = q.shape[-3:]
+        B = int(np.prod(lead, dtype=np.int64))
+
+        def serving(x: Array) -> Array:    # (B, capacity, h, width) view
+            return x.reshape(B, *x.shape[-3:]).swapaxes(1, 2)
+
+        qb = np.broadcast_to(q, (*lead, h, Tq, d)).reshape(B, h, Tq, d)
+        out, lse = cache_attention(
+            qb.swapaxes(1, 2), serving(cache._k), serving(cache._v),
+            np.full(B, S, np.int64), k_scales=serving(cache._ks),
+            v_scales=serving(cache._vs), causal=causal, window=window,
+            softcap=softcap, alibi_slopes=self.alibi_slopes,
+            sinks=self.sinks, return_lse=True)
+        o = out.swapaxes(1, 2).reshape(*lead, h, Tq, out.shape[-1])
+        return o, lse
+
     # ------------------------------------------------------------------
     @keyword_only
     def __call__(self, query: npt.ArrayLike,
@@ -517,6 +557,11 @@ class MultiHeadAttention:
         v_in = None if value is None else _check_array(value, "value")
         lead, S, m, am = self._check(q_in, k_in, v_in, mask, attn_mask,
                                      cache)
+        if cache is not None and cache.int8:
+            self._check_int8(mask=mask, attn_mask=attn_mask,
+                             return_weights=return_weights,
+                             cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k)
         causal = bool(causal)
         cast = {id(x): np.asarray(x, dtype=self.dtype)
                 for x in (q_in, k_in, v_in) if x is not None}
@@ -555,7 +600,11 @@ class MultiHeadAttention:
             # regenerates the same keep bits.
             kw["dropout"] = self.dropout
             kw["seed"] = int(self._rng.integers(0, 2**63))
-        if return_weights:
+        if cache is not None and cache.int8:
+            o, lse = self._int8_step(q, cache, lead, S, causal, window,
+                                     softcap)
+            alpha = None
+        elif return_weights:
             o, alpha = dot_attention(q, k, **kw)
             saved = {"alpha": alpha}
             if self.sinks is not None and cache is None:

@@ -309,7 +309,7 @@ def test_bfloat16_without_ml_dtypes(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [
-    np.int32, "int8", "float8", complex, np.complex64, bool, object, "U4",
+    np.int32, "uint8", "float8", complex, np.complex64, bool, object, "U4",
     np.longdouble, ">f2" if sys.byteorder == "little" else "<f2",
     "not a dtype", 3.5],
     ids=repr)
