@@ -127,19 +127,19 @@ static inline __m256d keep_pd(__m256d x, const unsigned char *keep)
 #define VFLUSH_BELOW(x, y, t) \
     _mm256_and_ps(x, _mm256_cmp_ps(y, t, _CMP_NLT_UQ))
 #define VREDUCE hsum_ps
-/* Decoding's 4 x 2 blocks of dot products (simd/decode.inc): a[4 t + r]
- * (row r, key t), each reduced in one tree by the pairs hsum_ps adds
- * (lanes i and i + 4, then i + 2, i + 1: the same bits), 21 operations
- * for the 8 where one at a time takes 48; times alpha, row r's two sums
- * stored at s[r] + t0. */
+/* Decoding's blocks of 8 dot products (simd/decode.inc): a[4 u + c],
+ * each reduced in one tree by the pairs hsum_ps adds (lanes i and i + 4,
+ * then i + 2, i + 1: the same bits), 21 operations for the 8 where one
+ * at a time takes 48; times alpha, the sums of a[c] and a[4 + c] stored
+ * at dst[c]. */
 static inline void reduce4x2_ps(const __m256 *a, float alpha,
-                                float *const *s, ptrdiff_t t0)
+                                float *const *dst)
 {
-    /* b[4 (r % 2) + 2 t + r / 2]: rows 0, 1 end in the low half */
+    /* b[4 (c % 2) + 2 u + c / 2]: chunks 0 and 1 end in the low half */
     __m256 b[8], h[4], e[2];
-    for (int t = 0; t < 2; t++) {
-        for (int r = 0; r < 4; r++) {
-            b[4 * (r % 2) + 2 * t + r / 2] = a[4 * t + r];
+    for (int u = 0; u < 2; u++) {
+        for (int c = 0; c < 4; c++) {
+            b[4 * (c % 2) + 2 * u + c / 2] = a[4 * u + c];
         }
     }
     for (int k = 0; k < 4; k++) {       /* 128-bit halves */
@@ -158,10 +158,10 @@ static inline void reduce4x2_ps(const __m256 *a, float alpha,
     r = _mm256_mul_ps(r, _mm256_set1_ps(alpha));
     /* lane j holds b[2 j], lane 4 + j b[2 j + 1] */
     __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
-    _mm_storel_pi((__m64 *)(void *)(s[0] + t0), lo);
-    _mm_storeh_pi((__m64 *)(void *)(s[1] + t0), lo);
-    _mm_storel_pi((__m64 *)(void *)(s[2] + t0), hi);
-    _mm_storeh_pi((__m64 *)(void *)(s[3] + t0), hi);
+    _mm_storel_pi((__m64 *)(void *)dst[0], lo);
+    _mm_storeh_pi((__m64 *)(void *)dst[1], lo);
+    _mm_storel_pi((__m64 *)(void *)dst[2], hi);
+    _mm_storeh_pi((__m64 *)(void *)dst[3], hi);
 }
 #define VREDUCE_BLOCK reduce4x2_ps
 #define REAL_DIGITS 24

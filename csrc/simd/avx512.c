@@ -94,14 +94,13 @@ static inline __m512 div_ps(__m512 a, __m512 b)
 #define VFLUSH_BELOW(x, y, t) \
     _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, t, _CMP_NLT_UQ), x)
 #define VREDUCE _mm512_reduce_add_ps
-/* Decoding's 4 x 4 blocks of dot products (simd/decode.inc): a[4 t + r]
- * (row r, key t),
+/* Decoding's blocks of 16 dot products (simd/decode.inc): a[4 u + c],
  * each reduced in one tree by the pairs _mm512_reduce_add_ps adds (lanes
  * i and i + 8, then i + 4, i + 2, i + 1: the same bits), 45 operations
- * for the 16 where one at a time takes 128; times alpha, row r's four
- * sums stored at s[r] + t0. */
+ * for the 16 where one at a time takes 128; times alpha, the sums of
+ * a[c], a[4 + c], a[8 + c], a[12 + c] stored at dst[c]. */
 static inline void reduce4x4_ps(const __m512 *a, float alpha,
-                                float *const *s, ptrdiff_t t0)
+                                float *const *dst)
 {
     __m512 h[8], q[4], e[2];
     for (int k = 0; k < 8; k++) {       /* 256-bit halves */
@@ -123,11 +122,11 @@ static inline void reduce4x4_ps(const __m512 *a, float alpha,
     __m512 r = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88),
                              _mm512_shuffle_ps(e[0], e[1], 0xdd));
     r = _mm512_mul_ps(r, _mm512_set1_ps(alpha));
-    /* lane 4 c + j holds a[4 j + c]: row c's keys in quarter c */
-    _mm_storeu_ps(s[0] + t0, _mm512_castps512_ps128(r));
-    _mm_storeu_ps(s[1] + t0, _mm512_extractf32x4_ps(r, 1));
-    _mm_storeu_ps(s[2] + t0, _mm512_extractf32x4_ps(r, 2));
-    _mm_storeu_ps(s[3] + t0, _mm512_extractf32x4_ps(r, 3));
+    /* lane 4 c + j holds a[4 j + c] */
+    _mm_storeu_ps(dst[0], _mm512_castps512_ps128(r));
+    _mm_storeu_ps(dst[1], _mm512_extractf32x4_ps(r, 1));
+    _mm_storeu_ps(dst[2], _mm512_extractf32x4_ps(r, 2));
+    _mm_storeu_ps(dst[3], _mm512_extractf32x4_ps(r, 3));
 }
 #define VREDUCE_BLOCK reduce4x4_ps
 /* 32 registers: 4 x 4 accumulators for the keys, 4 x 4 for the values */
