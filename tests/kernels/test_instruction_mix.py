@@ -311,18 +311,21 @@ def test_mca_on_a_tile():
     assert ran, f"{LLVM_MCA} knows none of haswell, skylake, znver3"
 
 
-WIDEN = {"bf16": ("vpmovzxwd", "vpslld"), "f16": ("vcvtph2ps",)}
+WIDEN = {"bf16": ("vpmovzxwd", "vpslld"), "f16": ("vcvtph2ps",),
+         "q8": ("vpmovsxbd", "vcvtdq2ps", "vmulps")}
 
 
 @needs_objdump
 @pytest.mark.parametrize("fmt", sorted(WIDEN))
 @pytest.mark.parametrize("isa", il.ISAS)
 def test_half_cache_widens_in_registers(funcs, isa, fmt):
-    """Decoding's 16-bit primitives (simd/decode.inc per format) widen
-    each vector of keys or values in registers (a zero extension and a
-    shift for bfloat16, the conversion instruction for float16) and feed
-    the path's FMAs, with no call out of the loop (core/half.h's scalar
-    widening serves the columns past the last vector, inlined)."""
+    """Decoding's 16-bit and int8 primitives (simd/decode.inc per
+    format) widen each vector of keys or values in registers (a zero
+    extension and a shift for bfloat16, the conversion instruction for
+    float16; for int8 a sign extension, a conversion and the product by
+    the group's scale) and feed the path's FMAs, with no call out of the
+    loop (core/half.h's scalar widening serves the columns past the last
+    vector, inlined)."""
     reg = "zmm" if isa == "avx512" else "ymm"
     for base in ("dot_keys_multi", "sum_values_multi"):
         sym = f"{base}_{fmt}_f32_{isa}"
@@ -335,3 +338,21 @@ def test_half_cache_widens_in_registers(funcs, isa, fmt):
             f"no {reg} FMA in {sym}"
         assert not [o for _a, m, o in insns if m == "call"], \
             f"{sym} calls out"
+
+
+# the reduction tree of decoding's blocks of dot products (avx512.c's
+# reduce4x4_ps, avx2.c's reduce4x2_ps): its whole-lane shuffles
+TREE = {"avx512": "vshuff32x4", "avx2": "vperm2f128"}
+
+
+@needs_objdump
+@pytest.mark.parametrize("fmt", ["", "_bf16", "_f16", "_q8"])
+@pytest.mark.parametrize("isa", il.ISAS)
+def test_decode_scores_reduced_in_blocks(funcs, isa, fmt):
+    """dot_keys_multi reduces its blocks of queries and keys in one tree
+    (the test of tests/kernels/test_cache_attention.py proves its bits):
+    the shuffles of 128-bit lanes that only the tree uses are there."""
+    sym = f"dot_keys_multi{fmt}_f32_{isa}"
+    assert sym in funcs, f"no {sym} in {_core.__file__}"
+    mnems = {m for _a, m, _o in funcs[sym]}
+    assert TREE[isa] in mnems, f"no {TREE[isa]} in {sym}"
