@@ -44,7 +44,21 @@ def _threads_from_environment():
     _core._set_num_threads(min(n, 256))
 
 
+def _bf16_unit_from_environment():
+    """Apply ATTENTION_C_BF16_UNIT=auto|dot|amx, if set (after the SIMD
+    path: the unit is checked against it)."""
+    name = os.environ.get("ATTENTION_C_BF16_UNIT", "").strip().lower()
+    if not name:
+        return
+    try:
+        _core._set_bf16_unit(name)
+    except ValueError as exc:
+        warnings.warn(f"ATTENTION_C_BF16_UNIT={name!r} ignored: {exc}",
+                      RuntimeWarning, stacklevel=3)
+
+
 _simd_from_environment()
+_bf16_unit_from_environment()
 _threads_from_environment()
 
 
@@ -126,9 +140,12 @@ def set_fp32_precision(precision):
     float32.  Today that is the streamed forward (``return_weights=False``
     of :func:`dot_attention` and :func:`general_attention`, so also the
     forward of ``scaled_dot_product_attention`` and ``flash_attn_func`` of
-    ``attention_c.torch`` in float32) on CPUs with AMX (Intel Sapphire
-    Rapids and later; ``show_config()["bf16_products"]`` says whether this
-    one runs them).  Every other call (backwards included: they take the
+    ``attention_c.torch`` in float32) on AMX tiles (Intel Sapphire Rapids
+    and later) or on AVX512_BF16's dot products (AMD Zen 4 and later;
+    ``show_config()["bf16_unit"]`` says which one this CPU runs, and the
+    ``ATTENTION_C_BF16_UNIT=dot|amx`` environment variable chooses one,
+    for instance the dot products on an Intel CPU, where they run at half
+    the float32 rate).  Every other call (backwards included: they take the
     forward's ``out`` and ``lse`` as they are), and every call on other
     CPUs, keeps float32 products.  Results stay float32; their error
     grows from about 4e-7 to about 3.5e-3 (normwise, against float64).
@@ -193,8 +210,8 @@ def show_config(file=None):
         The same facts: ``version``, ``compiler``, ``simd``, ``simd_best``,
         ``num_threads``, ``available_cores``, ``fp32_precision``,
         ``bf16_products`` (whether float32 calls that allow bf16 run bf16
-        products on this CPU and path), ``numpy``, ``python``,
-        ``machine``.
+        products on this CPU and path), ``bf16_unit`` (which: ``"amx"``,
+        ``"dot"`` or None), ``numpy``, ``python``, ``machine``.
 
     Examples
     --------
@@ -220,6 +237,7 @@ def show_config(file=None):
         "available_cores": _available_cores(),
         "fp32_precision": get_fp32_precision(),
         "bf16_products": _core._bf16_products(),
+        "bf16_unit": _core._bf16_unit(),
         "numpy": numpy.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -72,9 +72,23 @@ enum att_precision {
     ATT_PRECISION_BF16 = 1
 };
 
-/* 1 when float32 calls on path simd that allow it run bf16 products on
- * this CPU (today: the streamed forward, on AMX tiles; the OS must grant
- * this process the tiles, which this call asks for), else 0. */
+/* The units bf16 products run on: vector dot products (AVX512_BF16's
+ * vdpbf16ps) or matrix tiles (AMX). */
+enum att_bf16_unit {
+    ATT_BF16_DOT = 1,
+    ATT_BF16_AMX = 2
+};
+
+/* 1 when this build, CPU and OS run bf16 products of float32 calls that
+ * allow them (today: the streamed forward) on `unit` on path simd (the
+ * OS must grant this process AMX's tiles, which this call asks for),
+ * else 0. */
+int att_bf16_supported(int simd, int unit);
+
+/* The unit float32 calls that allow bf16 products run them on by
+ * default, where they beat float32 FMAs: AMX's tiles, else dot products
+ * on AMD CPUs (Zen 4: twice the FMA rate; an Intel vdpbf16ps runs at half
+ * it); 0 when there is none. */
 int att_bf16_products(int simd);
 
 /* How the fused kernels run: instruction set, threads, precision. */
@@ -84,6 +98,8 @@ typedef struct {
     int threads;              /* use at most this many threads (>= 1) */
     struct att_pool *pool;    /* threads (core/pool.h); NULL: the caller's */
     int precision;            /* enum att_precision (float32 calls) */
+    int bf16;                 /* enum att_bf16_unit of the bf16 products;
+                                 0: att_bf16_products' */
 } att_exec;
 
 /* B sequences of T items with H features; A hidden units in the score. */

@@ -19,14 +19,15 @@ def rng():
 
 @pytest.fixture
 def restore_settings():
-    """The test leaves the SIMD path, the thread count and the float32
-    precision as it found them."""
+    """The test leaves the SIMD path, the thread count, the float32
+    precision and the unit of bf16 products as it found them."""
     simd, threads = _core._get_simd(), ac.get_num_threads()
-    precision = ac.get_fp32_precision()
+    precision, unit = ac.get_fp32_precision(), _core._get_bf16_unit()
     yield
     _core._set_simd(simd)
     ac.set_num_threads(threads)
     ac.set_fp32_precision(precision)
+    _core._set_bf16_unit(unit)
 
 
 def pytest_terminal_summary(terminalreporter):

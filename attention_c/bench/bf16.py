@@ -13,9 +13,11 @@ Timed in interleaved rounds (``harness.measure``), forward only:
 
 * ours_fp32: ``dot_attention(q, k, values=v, return_weights=False)`` with
   ``set_fp32_precision("ieee")``;
-* ours_bf16: the same with ``"bf16"`` (Q K^T and P V on AMX bf16 tiles,
-  float32 sums, where ``show_config()["bf16_products"]``; float32 products
-  elsewhere);
+* ours_bf16: the same with ``"bf16"`` (Q K^T and P V on bf16 units,
+  float32 sums, where ``show_config()["bf16_products"]``: AMX tiles, or
+  AVX512_BF16's dot products, on the unit ``show_config()["bf16_unit"]``
+  names; ``ATTENTION_C_BF16_UNIT=dot`` chooses the dot products on a CPU
+  that has both; float32 products elsewhere);
 * ours_bf16_in: the ``"ieee"`` call on ml_dtypes bfloat16 copies of the
   inputs (made once, outside the timing), which returns bfloat16 and takes
   the bf16 products by itself;
@@ -167,7 +169,8 @@ def header(meta):
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "
         f"{meta['config']['simd']}, bf16_products "
-        f"{meta['bf16_products']}; torch {meta['torch']} "
+        f"{meta['bf16_products']} (unit {meta['bf16_unit']}); "
+        f"torch {meta['torch']} "
         f"(CPU capability {meta['torch_capability']})",
         f"Float32 FMA peak of the {meta['config']['simd']} path: {peaks}",
         "Other processes used "
@@ -238,6 +241,7 @@ def setup(options, torch):
     ctx, meta = harness.setup(options)
     meta.update(harness.torch_facts(torch), quick=options.quick,
                 bf16_products=bool(_core._bf16_products()),
+                bf16_unit=_core._bf16_unit(),
                 peak=harness.peak_facts(meta["config"]["simd"], ["float32"],
                                         options.threads, options.quick),
                 shape_sizes=[list(s) for s in shapes], heads=HEADS)

@@ -30,6 +30,15 @@
 #else
 #define ATT_HAVE_AMX 0
 #endif
+/* AVX512_BF16's dot products (simd/flash.inc's FLASH_DP): a compiler
+ * with their intrinsics. */
+#if ATT_HAVE_X86 &&                                                         \
+    ((defined(__clang__) && __clang_major__ >= 9) ||                         \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define ATT_HAVE_BF16DOT 1
+#else
+#define ATT_HAVE_BF16DOT 0
+#endif
 #if defined(__aarch64__)
 #define ATT_HAVE_NEON 1
 #else
@@ -134,10 +143,12 @@
  *             most 256), is the block of queries it runs best on.
  *   flash_bf16  the same with the products on bf16 (Q, K, V and P
  *             rounded to bf16, float sums), for float calls that allow
- *             it (ATT_PRECISION_BF16) where att_bf16_products(simd);
- *             flash_bf16_nr and flash_bf16_work as flash's (simd/
- *             flash_amx.inc).  NULL but in the AVX-512 float table of a
- *             build whose compiler has AMX.
+ *             it (ATT_PRECISION_BF16), one per unit (index: enum
+ *             att_bf16_unit - 1) where att_bf16_supported(simd, unit):
+ *             dot products (simd/flash.inc's FLASH_DP) and AMX tiles
+ *             (simd/flash_amx.inc); flash_bf16_nr and flash_bf16_work as
+ *             flash's.  NULL but in the AVX-512 float table of a build
+ *             whose compiler has the instructions.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:
@@ -240,10 +251,10 @@
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
         void (*flash) ATT_FLASH_ARGS(R);                                     \
-        ptrdiff_t flash_bf16_nr;                                             \
-        ptrdiff_t (*flash_bf16_work)(ptrdiff_t nq, ptrdiff_t d,             \
-                                     ptrdiff_t dv);                          \
-        void (*flash_bf16) ATT_FLASH_ARGS(R);                                \
+        ptrdiff_t flash_bf16_nr[2];                                          \
+        ptrdiff_t (*flash_bf16_work[2])(ptrdiff_t nq, ptrdiff_t d,          \
+                                        ptrdiff_t dv);                       \
+        void (*flash_bf16[2]) ATT_FLASH_ARGS(R);                             \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -348,6 +348,9 @@ extern const char *const simd_names[];
 #define N_PRECISION 2
 extern int fp32_precision;
 extern const char *const precision_names[];
+#define N_BF16_UNIT 3
+extern int bf16_unit;
+extern const char *const bf16_unit_names[];
 #define N_SIMD 4
 #define MAX_THREADS 256
 extern int num_threads;

@@ -110,6 +110,12 @@ const char *const simd_names[N_SIMD] = {"scalar", "avx2", "avx512", "neon"};
 int fp32_precision = ATT_PRECISION_IEEE;
 const char *const precision_names[N_PRECISION] = {"ieee", "bf16"};
 
+/* The unit of bf16 products (enum att_bf16_unit; 0: the fastest the CPU
+ * has): _set_bf16_unit (ATTENTION_C_BF16_UNIT).  Read and written with
+ * the GIL held. */
+int bf16_unit = 0;
+const char *const bf16_unit_names[N_BF16_UNIT] = {"auto", "dot", "amx"};
+
 /* Threads of the fused kernels (set_num_threads), and the pool that runs
  * them, made on first need.  A call holds the pool (pool_users) while it
  * runs without the GIL, so it is freed only when no call uses it.  After
@@ -161,7 +167,8 @@ void drop_pool(att_pool *p)
  * thread); every begin_exec is paired with one end_exec. */
 att_exec begin_exec(void)
 {
-    att_exec ex = {simd_level, num_threads, NULL, fp32_precision};
+    att_exec ex = {simd_level, num_threads, NULL, fp32_precision,
+                   bf16_unit};
     check_pool_owner();
     if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
         ex.pool = take_pool(num_threads);

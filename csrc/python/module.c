@@ -360,11 +360,67 @@ static PyObject *py_set_fp32_precision(PyObject *self, PyObject *name)
     Py_RETURN_NONE;
 }
 
+/* The unit float32 calls that allow bf16 products run them on, under
+ * the path and the unit chosen: 0 when none */
+static int bf16_unit_used(void)
+{
+    return bf16_unit == 0 ? att_bf16_products(simd_level)
+           : att_bf16_supported(simd_level, bf16_unit) ? bf16_unit : 0;
+}
+
 static PyObject *py_bf16_products(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return PyBool_FromLong(att_bf16_products(simd_level));
+    return PyBool_FromLong(bf16_unit_used() != 0);
+}
+
+static PyObject *py_bf16_unit(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    int used = bf16_unit_used();
+    return used == 0 ? Py_NewRef(Py_None)
+                     : PyUnicode_FromString(bf16_unit_names[used]);
+}
+
+static PyObject *py_bf16_units(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    int dot = att_bf16_supported(simd_level, ATT_BF16_DOT);
+    int amx = att_bf16_supported(simd_level, ATT_BF16_AMX);
+    return Py_BuildValue(dot && amx ? "(ss)" : dot || amx ? "(s)" : "()",
+                         bf16_unit_names[dot ? ATT_BF16_DOT : ATT_BF16_AMX],
+                         bf16_unit_names[ATT_BF16_AMX]);
+}
+
+static PyObject *py_get_bf16_unit(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(bf16_unit_names[bf16_unit]);
+}
+
+static PyObject *py_set_bf16_unit(PyObject *self, PyObject *name)
+{
+    (void)self;
+    int i = name_index(name, bf16_unit_names, N_BF16_UNIT);
+    if (i < 0) {
+        return PyErr_Format(PyExc_ValueError,
+                            "bf16 unit must be 'auto', 'dot' or 'amx', got "
+                            "%R", name);
+    }
+    if (i != 0 && !att_bf16_supported(simd_level, i)) {
+        return PyErr_Format(PyExc_ValueError,
+                            "this CPU and the %s path have no %s",
+                            simd_names[simd_level],
+                            i == ATT_BF16_DOT
+                            ? "bf16 dot products (AVX512_BF16)"
+                            : "AMX tiles");
+    }
+    bf16_unit = i;
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
@@ -714,6 +770,15 @@ static PyMethodDef private_methods[] = {
     {"_bf16_products", py_bf16_products, METH_NOARGS,
      "Whether float32 calls allowing bf16 run bf16 products on this CPU "
      "and SIMD path."},
+    {"_bf16_unit", py_bf16_unit, METH_NOARGS,
+     "The unit those bf16 products run on: 'dot', 'amx' or None."},
+    {"_bf16_units", py_bf16_units, METH_NOARGS,
+     "The units of bf16 products this CPU and SIMD path have."},
+    {"_get_bf16_unit", py_get_bf16_unit, METH_NOARGS,
+     "The chosen unit of bf16 products: 'auto', 'dot' or 'amx'."},
+    {"_set_bf16_unit", py_set_bf16_unit, METH_O,
+     "Choose the unit of bf16 products: 'auto' (the fastest), 'dot' "
+     "(AVX512_BF16) or 'amx'."},
     {"_get_num_threads", py_get_num_threads, METH_NOARGS,
      "Threads the fused kernels may use."},
     {"_set_num_threads", py_set_num_threads, METH_O,

@@ -172,22 +172,41 @@ static inline void store_bf16_ps(uint16_t *p, __m512 x)
 #include "simd/tile.inc"
 #include "simd/fused.inc"
 #include "simd/fused_backward.inc"
-/* The bf16 products of float calls that allow them, on AMX tiles (simd/
- * flash_amx.inc), under a target that adds the tiles and AVX512_BF16's
- * conversions; core/dispatch.c checks the CPU and the OS at run time. */
-#if ATT_HAVE_AMX
+/* The bf16 products of float calls that allow them: on AVX512_BF16's
+ * dot products (simd/flash.inc's loops with FLASH_DP) and on AMX tiles
+ * (simd/flash_amx.inc), under a target that adds the instructions the
+ * build has (ATT_HAVE_AMX implies ATT_HAVE_BF16DOT); core/dispatch.c
+ * checks the CPU and the OS at run time. */
+#if ATT_HAVE_BF16DOT
 #if defined(__clang__)
 /* clang keeps the outer target of nested attribute pushes: replace it */
 #pragma clang attribute pop
+#if ATT_HAVE_AMX
 #pragma clang attribute push(__attribute__((target( \
     "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16,amx-tile,amx-bf16"))), \
     apply_to = function)
 #else
+#pragma clang attribute push(__attribute__((target( \
+    "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16"))), \
+    apply_to = function)
+#endif
+#else
 #pragma GCC push_options
+#if ATT_HAVE_AMX
 #pragma GCC target( \
     "avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16,amx-tile,amx-bf16")
+#else
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16")
 #endif
+#endif
+#define FLASH_DP 1
+#include "simd/flash.inc"
+#undef FLASH_DP
+#define FLASH_DOT FSFX(flash_forward_dp)
+#define FLASH_DOT_WORK FSFX(flash_work_dp)
+#if ATT_HAVE_AMX
 #include "simd/flash_amx.inc"
+#endif
 #if defined(__clang__)
 #pragma clang attribute pop
 #pragma clang attribute push(__attribute__((target( \

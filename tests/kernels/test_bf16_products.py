@@ -1,16 +1,21 @@
 """bf16 products for float32 calls (attention_c.set_fp32_precision): the
-streamed forward on AMX tiles (csrc/simd/flash_amx.inc) where the CPU has
-them, float32 products everywhere else.
+streamed forward on AMX tiles (csrc/simd/flash_amx.inc) or on AVX512_BF16's
+dot products (csrc/simd/flash.inc's FLASH_DP) where the CPU has them,
+float32 products everywhere else.
 
 * the setting: default "ieee", a context manager that restores it, bad
   values refused, show_config reports it;
 * what it does not change (bitwise): float64 calls, calls that return the
   weights, every call on a CPU or path without fast bf16 products;
-* where the tiles run (skipped elsewhere):
+* the unit: "auto" by default, "dot" or "amx" chosen where the CPU has
+  it (on Intel, the dot products run only when chosen), refused where it
+  has not, bad names refused;
+* on each unit the CPU has (skipped elsewhere; both on a Sapphire Rapids):
   - the rounding, exactly: one key gives out = V rounded to bf16 (to
     nearest even, clamped to bf16's finite range) and lse = the score of
     Q and K rounded to bf16, products exact, summed in float32, scaled in
-    float32;
+    float32; on the dot products bit for bit, vdpbf16ps modelled (each
+    pair's odd product added before its even one, each sum rounded);
   - sizes across the tiles (16 queries, 16 and 64 keys, 32 elements of d,
     16 of dv) and one more or less, causal, window, sinks, grouped heads,
     packed sequences with one that sees no key, the general score:
@@ -22,6 +27,11 @@ Tolerances: normwise against float64, BF16_TOL = 8e-3 (each operand and
 weight rounded to bf16 costs up to 2^-9 relative; the measured error is
 2.4e-3 to 3.5e-3); exact where the case is exact.
 """
+
+import io
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -40,8 +50,15 @@ BF16_TOL = 8e-3
 FLOAT32_ERR = 1e-5
 BF16_MAX = np.float32(3.38953139e38)
 
-amx = pytest.mark.skipif(not _core._bf16_products(),
-                         reason="this CPU has no fast bf16 products (AMX)")
+
+
+@pytest.fixture(params=["dot", "amx"])
+def unit(request, restore_settings):
+    """Each unit of bf16 products this CPU has, chosen for the test."""
+    if request.param not in _core._bf16_units():
+        pytest.skip(f"this CPU has no {request.param} bf16 products")
+    _core._set_bf16_unit(request.param)
+    return request.param
 
 
 def bf16(x):
@@ -81,9 +98,66 @@ def test_setting_and_context_manager():
     ac.set_fp32_precision("bf16")       # a plain call sets it for good
     assert ac.get_fp32_precision() == "bf16"
     ac.set_fp32_precision("ieee")
-    info = ac.show_config(file=__import__("io").StringIO())
+    info = ac.show_config(file=io.StringIO())
     assert info["fp32_precision"] == "ieee"
     assert info["bf16_products"] is _core._bf16_products()
+
+
+@pytest.mark.usefixtures("restore_settings")
+def test_unit_setting():
+    """"auto" by default: AMX where the OS grants it, else the dot
+    products on AMD only; a unit the CPU and path lack is refused, naming
+    them; a bad name is refused; the path's units follow the path."""
+    assert _core._get_bf16_unit() == "auto"
+    units = _core._bf16_units()
+    assert set(units) <= {"dot", "amx"}
+    assert "amx" not in units or "dot" in units     # AMX implies AVX512_BF16
+    auto = _core._bf16_unit()
+    amd = None
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            amd = "AuthenticAMD" in f.read()
+    if "amx" in units:
+        assert auto == "amx"
+    elif "dot" in units and amd is not None:
+        assert auto == ("dot" if amd else None)
+    elif not units:
+        assert auto is None
+    assert _core._bf16_products() == (auto is not None)
+    for name in ("dot", "amx"):
+        if name in units:
+            _core._set_bf16_unit(name)
+            assert _core._get_bf16_unit() == name
+            assert _core._bf16_unit() == name
+            info = ac.show_config(file=io.StringIO())
+            assert info["bf16_unit"] == name and info["bf16_products"]
+        else:
+            with pytest.raises(ValueError, match="path have no "):
+                _core._set_bf16_unit(name)
+    for bad in ("AMX", "tiles", None):
+        with pytest.raises(ValueError, match="'auto', 'dot' or 'amx'"):
+            _core._set_bf16_unit(bad)
+    _core._set_bf16_unit("auto")
+    assert _core._bf16_unit() == auto
+    if "avx2" in _core._simd_paths():
+        _core._set_simd("avx2")
+        assert _core._bf16_units() == () and _core._bf16_unit() is None
+
+
+@pytest.mark.skipif("dot" not in _core._bf16_units(),
+                    reason="this CPU has no bf16 dot products")
+def test_unit_from_environment():
+    """ATTENTION_C_BF16_UNIT=dot in a fresh process chooses the dot
+    products; a unit the CPU lacks warns and is ignored."""
+    code = ("import attention_c, attention_c._core as c; "
+            "print(c._get_bf16_unit(), c._bf16_unit())")
+    for value, want in (("dot", "dot dot"), ("tiles", "auto ")):
+        env = dict(os.environ, ATTENTION_C_BF16_UNIT=value)
+        r = subprocess.run([sys.executable, "-W", "always", "-c", code],
+                           env=env, capture_output=True, text=True,
+                           check=True)
+        assert r.stdout.startswith(want), r.stdout
+        assert ("ignored" in r.stderr) == (value == "tiles"), r.stderr
 
 
 @pytest.mark.usefixtures("restore_settings")
@@ -146,10 +220,8 @@ def test_bfloat16_inputs_take_bf16_products(causal):
 
 # -- where the tiles run ------------------------------------------------
 
-@amx
-@pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("H", [1, 17, 64, 65])
-def test_one_key_rounds_exactly(H):
+def test_one_key_rounds_exactly(unit, H):
     """One key: its weight is 1, so out is V rounded to bf16, and lse is
     the score: Q and K rounded to bf16, exact products summed in float32,
     times scale log2 e in float32, times ln 2.  Values beyond bf16's range
@@ -168,6 +240,33 @@ def test_one_key_rounds_exactly(H):
     s = (f64(bf16(q)) * f64(bf16(k))).sum(-1)     # exact, then one
     want = s * f64(c) * np.log(2)                 # rounding in all
     np.testing.assert_allclose(lse, want, rtol=2e-6, atol=2e-6 * H)
+    if unit == "dot":
+        m = np.float32(_dot_products(bf16(q), bf16(k))[..., 0] * c)
+        np.testing.assert_array_equal(lse, m * np.float32(np.log(2)))
+
+
+def _dot_products(a, b):
+    """a @ b^T (last axes, float32, bf16 values) as vdpbf16ps sums them:
+    over pairs of elements in order, each pair's odd product added before
+    its even one, each product exact, each sum rounded to float32."""
+    a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, a.shape[-1] % 2)])
+    b = np.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, b.shape[-1] % 2)])
+    acc = np.zeros(a.shape[:-1] + (b.shape[-2],), np.float32)
+    for j in range(0, a.shape[-1], 2):
+        for e in (j + 1, j):
+            acc += a[..., e, None] * b[..., None, :, e]    # exact products
+    return acc
+
+
+def test_dot_product_model_is_exact():
+    """The model above is exact where it claims: float32 products of bf16
+    values lose nothing (16 significant bits), so only the sums round."""
+    rng = np.random.default_rng(1)
+    a = bf16(rng.standard_normal((5, 9)).astype(np.float32))
+    b = bf16(rng.standard_normal((4, 9)).astype(np.float32))
+    prods = f64(a)[:, None, :] * f64(b)[None, :, :]
+    np.testing.assert_array_equal(prods.astype(np.float32), prods)
+    assert rel_err(_dot_products(a, b), f64(a) @ f64(b).T) < 1e-6
 
 
 CASES = {
@@ -199,11 +298,9 @@ def _check_bf16(fn, q, k, v, what, **kw):
     return err
 
 
-@amx
-@pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_sizes_match_reference(size, case):
+def test_sizes_match_reference(unit, size, case):
     """Grouped heads (3 query heads on one key head), d = 33, dv = 17:
     within BF16_TOL, and further off than float32 products would be."""
     Tq, T = size
@@ -215,9 +312,7 @@ def test_sizes_match_reference(size, case):
         assert err > FLOAT32_ERR, f"{case} {size}: bf16 products did not run"
 
 
-@amx
-@pytest.mark.usefixtures("restore_settings")
-def test_packed_sequences_and_general_score():
+def test_packed_sequences_and_general_score(unit):
     """Packed sequences, the last with no keys (out 0, lse -inf); and the
     general score (q W against the keys)."""
     rng = np.random.default_rng(5)
@@ -237,10 +332,8 @@ def test_packed_sequences_and_general_score():
     assert FLOAT32_ERR < rel_err(out, want, floor=1.0) < BF16_TOL
 
 
-@amx
-@pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("case", ["full", "causal"])
-def test_threads_bitwise_identical(case):
+def test_threads_bitwise_identical(unit, case):
     """Enough work for 3 threads (2**22 multiply-adds each)."""
     q, k, v = _inputs(np.random.default_rng(9), (2, 4), 600, 600, 32, 32)
     ac.set_num_threads(1)

@@ -98,6 +98,60 @@ def test_amx_kernel(funcs):
 
 
 @needs_objdump
+def test_dot_product_kernel(funcs):
+    """The bf16 products on AVX512_BF16's dot products (simd/flash.inc
+    with FLASH_DP), built whatever the CPU: the scores' tile and the P.V
+    tiles are register tiles of vdpbf16ps, FLASH_MR x FLASH_NV (then 4
+    and 1 rows of V^T), each taking a pair broadcast from memory
+    (vpbroadcastd) and a loaded vector of pairs, into distinct
+    accumulators, nothing else and no spill; P is rounded to bf16 pairs
+    by vcvtne2ps2bf16 and interleaved by vpermw; no AMX in it."""
+    base = "flash_forward_dp_f32_avx512"
+    syms = [s for s in funcs
+            if s.endswith("_dp_f32_avx512") or ".isra" in s and "_dp_" in s]
+    if base not in funcs:
+        pytest.skip("built without AVX512_BF16 (compiler)")
+    nv, mr = il.mr_of("avx512", "FLASH_NV"), il.mr_of("avx512", "FLASH_MR")
+    mnems = {m for s in syms for _a, m, _o in funcs[s]}
+    assert {"vdpbf16ps", "vcvtne2ps2bf16", "vpermw"} <= mnems, sorted(syms)
+    assert not any(m.startswith(("tdp", "tile", "ldtilecfg"))
+                   for m in mnems)
+    rows = []
+    for sym in syms:
+        stack = il.stack_regs(funcs[sym])
+        for loop in il.innermost_loops(funcs[sym]):
+            if sum(m == "vdpbf16ps" for _a, m, _o in loop) <= 2:
+                continue
+            bcast, loaded, accs, problems = set(), set(), set(), []
+            for addr, m, o in loop:
+                ops = il.operands(o)
+                vector = m.startswith("v") or "mm" in o
+                if vector and any(f"(%{r}" in o for r in stack):
+                    problems.append(f"spill {addr:x}: {m} {o}")
+                elif m == "vpbroadcastd" and "(" in ops[0]:
+                    bcast.add(ops[-1])
+                elif m.startswith("vmovdqu") and "(" in ops[0]:
+                    loaded.add(ops[-1])
+                elif m == "vdpbf16ps":
+                    srcs = ops[:2]
+                    if not (any(x in bcast for x in srcs) and any(
+                            x in loaded or "(" in x for x in srcs)):
+                        problems.append(f"operands {addr:x}: {m} {o}")
+                    if not ops[-1].startswith("%zmm"):
+                        problems.append(f"not zmm {addr:x}: {m} {o}")
+                    accs.add(ops[-1])
+                elif vector:
+                    problems.append(f"other {addr:x}: {m} {o}")
+            r = len(accs) // nv
+            rows.append(r)
+            listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
+            assert not problems and len(accs) == r * nv, (
+                f"{sym}:\n  " + "\n  ".join(problems) + "\n" + listing)
+    # the scores' tile and the first P.V tile (flash_pv inlined or not)
+    assert rows.count(mr) >= 2, f"not two {mr} x {nv} tiles: {rows}"
+
+
+@needs_objdump
 @pytest.mark.parametrize("isa, dtype", PATHS)
 def test_flash_loops(funcs, isa, dtype):
     """The fused forward's products (simd/flash.inc): the scores' tile,

@@ -346,7 +346,7 @@ static void check_half_decode(ctx *c)
                  .kidx = kidx, .vidx = kidx, .koff = off, .voff = off,
                  .scale = 0.25f}};
             float *out[2], *lse[2];
-            att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE};
+            att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE, 0};
             for (int k = 0; k < 2; k++) {
                 out[k] = xmalloc((size_t)(f.B * f.Tq * f.Hv) * sizeof(float));
                 lse[k] = xmalloc((size_t)(f.B * f.Tq) * sizeof(float));
@@ -434,7 +434,7 @@ static void check_cache_q8(ctx *c)
                     .qhs = D, .kbs = S * HKV * D, .krs = HKV * D, .khs = D,
                     .vbs = S * HKV * D, .vrs = HKV * D, .vhs = D,
                     .lens = lens, .scale = 0.125f};
-                att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE};
+                att_exec ex = {c->simd, 2, c->pool, ATT_PRECISION_IEEE, 0};
                 for (int k = 0; k < 2; k++) {
                     in.kc = k ? (const void *)wide : (const void *)q8;
                     in.vc = k ? (const void *)(wide + nel)

@@ -111,7 +111,7 @@ static void SFX(note)(ctx *c, const char *name, double e, int raised);
 static att_exec SFX(exec)(const ctx *c, int k)
 {
     att_exec ex = {k == 1 || k == 2 ? c->simd : ATT_SIMD_SCALAR,
-                   k == 2 ? 2 : 1, c->pool, ATT_PRECISION_IEEE};
+                   k == 2 ? 2 : 1, c->pool, ATT_PRECISION_IEEE, 0};
     return ex;
 }
 
@@ -700,7 +700,7 @@ static int SFX(same_bits)(ptrdiff_t n, const REAL *a, const REAL *b)
 
 static void SFX(contain_case)(ctx *c, REAL bad)
 {
-    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_IEEE};
+    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_IEEE, 0};
     const ptrdiff_t T = 17, H = 9, A = 13;
     att_dims d2 = {2, T, H, A}, d1 = {1, T, H, A};
     snprintf(c->what, sizeof c->what, "%s context with %g in sequence 0",
