@@ -268,7 +268,8 @@ def parse_args(argv=None):
         epilog="More: python -m attention_c.bench (speed against PyTorch), "
                "pytest (the tests), notebooks/ (Jupyter).  Environment: "
                "ATTENTION_C_SIMD=scalar|avx2|avx512|neon forces a SIMD "
-               "path, ATTENTION_C_NUM_THREADS the threads.")
+               "path, ATTENTION_C_BF16_UNIT=dot|amx the unit of bf16 "
+               "products, ATTENTION_C_NUM_THREADS the threads.")
     parser.add_argument("--version", action="version",
                         version=f"attention_c {ac.__version__}")
     parser.add_argument("--config", action="store_true",
