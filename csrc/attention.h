@@ -85,10 +85,12 @@ enum att_bf16_unit {
  * else 0. */
 int att_bf16_supported(int simd, int unit);
 
-/* The unit float32 calls that allow bf16 products run them on by
- * default, where they beat float32 FMAs: AMX's tiles, else dot products
- * on AMD CPUs (Zen 4: twice the FMA rate; an Intel vdpbf16ps runs at half
- * it); 0 when there is none. */
+/* The unit bf16 products should run on, where they beat float32 FMAs:
+ * AMX's tiles, else the dot products where this CPU runs them at more
+ * than ATT_BF16_DOT_GAIN times its FMAs' rate (AMD Zen 4: 2; a Xeon
+ * Sapphire Rapids: 0.5), measured by this call (about 0.2 ms: the caller
+ * keeps the answer); 0 when there is none. */
+#define ATT_BF16_DOT_GAIN 1.2
 int att_bf16_products(int simd);
 
 /* How the fused kernels run: instruction set, threads, precision. */
@@ -98,8 +100,8 @@ typedef struct {
     int threads;              /* use at most this many threads (>= 1) */
     struct att_pool *pool;    /* threads (core/pool.h); NULL: the caller's */
     int precision;            /* enum att_precision (float32 calls) */
-    int bf16;                 /* enum att_bf16_unit of the bf16 products;
-                                 0: att_bf16_products' */
+    int bf16;                 /* enum att_bf16_unit of the bf16 products
+                                 (att_bf16_supported), 0: none */
 } att_exec;
 
 /* B sequences of T items with H features; A hidden units in the score. */

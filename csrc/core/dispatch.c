@@ -10,6 +10,7 @@
 
 #include "attention.h"
 #include "core/dispatch.h"
+#include "core/peak.h"
 #include "core/philox.h"
 #include "core/testhooks.h"
 
@@ -114,31 +115,16 @@ int att_bf16_supported(int simd, int unit)
 #endif
 }
 
-#if ATT_HAVE_BF16DOT
-/* Whether the vendor is AMD (leaf 0's "AuthenticAMD") */
-static int x86_is_amd(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u &&
-           d == 0x69746e65u && c == 0x444d4163u;
-}
-#endif
-
 int att_bf16_products(int simd)
 {
-    /* Measured: AMX's tiles ran at 8 to 10 times the float32 FMA rate
-     * of a Sapphire-Rapids-class Xeon, whose vdpbf16ps ran at half of it
-     * (one every two cycles): dot products are fast on AMD (Zen 4: twice
-     * the FMA rate) and run on Intel only when chosen */
+    /* Measured: AMX's tiles ran at 8 to 10 times the float32 FMA rate of
+     * a Sapphire-Rapids-class Xeon, whose vdpbf16ps ran at half of it;
+     * on AMD Zen 4 vdpbf16ps runs at twice the FMA rate.  So the dot
+     * products run where this CPU runs them faster than its FMAs. */
     if (att_bf16_supported(simd, ATT_BF16_AMX)) {
         return ATT_BF16_AMX;
     }
-#if ATT_HAVE_BF16DOT
-    if (att_bf16_supported(simd, ATT_BF16_DOT) && x86_is_amd()) {
-        return ATT_BF16_DOT;
-    }
-#endif
-    return 0;
+    return att_bf16_dot_speedup(simd) > ATT_BF16_DOT_GAIN ? ATT_BF16_DOT : 0;
 }
 
 /* Any path but the scalar one is the only SIMD path on AArch64 (neon),

@@ -169,6 +169,10 @@
  *                        path runs on.  Returns the sum of the chains'
  *                        lanes, each in [1, 3) once settled (so none is
  *                        dropped, and core/peak.c checks it).
+ *   dot_loop             the same with bf16 dot products (a += x x + x x,
+ *                        4 vlen fma_accs iters flops), for
+ *                        att_bf16_products' measurement; NULL where
+ *                        flash_bf16[ATT_BF16_DOT - 1] is.
  */
 /* The arguments of flash and flash_bf16 (above) */
 #define ATT_FLASH_ARGS(R)                                                    \
@@ -267,6 +271,7 @@
             R *dh, R *dW, R *dv, R *db, void *work);                         \
         void (*tanh)(ptrdiff_t n, const R *x, R *y);                         \
         double (*fma_loop)(ptrdiff_t iters);                                 \
+        double (*dot_loop)(ptrdiff_t iters);                                 \
         int fma_accs;                                                        \
     } att_ops_##SFX;
 

@@ -83,3 +83,30 @@ int att_fma_loop(int simd, int f64, ptrdiff_t iters, att_pool *pool,
              (double)iters;
     return atomic_load(&j.wrong) ? -2 : atomic_load(&j.together);
 }
+
+double att_bf16_dot_speedup(int simd)
+{
+    enum { ITERS = 2000, ROUNDS = 3 };
+    if (!att_bf16_supported(simd, ATT_BF16_DOT)) {
+        return 0;
+    }
+    const att_ops_f32 *ops = att_ops_for_f32(simd);
+    if (ops->dot_loop == NULL) {
+        return 0;
+    }
+    double best[2] = {0, 0}, lanes = (double)ops->fma_accs * ops->vlen;
+    (void)ops->fma_loop(ITERS);                 /* the clock ramps up */
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int k = 0; k < 2; k++) {
+            double t = now();
+            double sum = (k ? ops->dot_loop : ops->fma_loop)(ITERS);
+            t = now() - t;
+            if (!(sum >= lanes && sum < 3 * lanes)) {
+                return 0;               /* a miscompiled loop */
+            }
+            best[k] = r == 0 || t < best[k] ? t : best[k];
+        }
+    }
+    /* flops: 4 vlen accs ITERS for the dot products, 2 for the FMAs */
+    return best[1] > 0 ? 2.0 * best[0] / best[1] : 0;
+}

@@ -30,4 +30,11 @@
 int att_fma_loop(int simd, int f64, ptrdiff_t iters, att_pool *pool,
                  int threads, double *flops);
 
+/*
+ * The rate of path simd's bf16 dot products (dot_loop) over its float32
+ * FMAs' (fma_loop), each the best of three timings of 24 chains on this
+ * thread (about 0.2 ms in all); 0 where the path has none.
+ */
+double att_bf16_dot_speedup(int simd);
+
 #endif /* ATTENTION_C_CORE_PEAK_H */

@@ -351,6 +351,8 @@ extern const char *const precision_names[];
 #define N_BF16_UNIT 3
 extern int bf16_unit;
 extern const char *const bf16_unit_names[];
+int bf16_units_have(int simd);
+int bf16_unit_used(void);
 #define N_SIMD 4
 #define MAX_THREADS 256
 extern int num_threads;

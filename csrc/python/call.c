@@ -110,11 +110,34 @@ const char *const simd_names[N_SIMD] = {"scalar", "avx2", "avx512", "neon"};
 int fp32_precision = ATT_PRECISION_IEEE;
 const char *const precision_names[N_PRECISION] = {"ieee", "bf16"};
 
-/* The unit of bf16 products (enum att_bf16_unit; 0: the fastest the CPU
- * has): _set_bf16_unit (ATTENTION_C_BF16_UNIT).  Read and written with
- * the GIL held. */
+/* The unit of bf16 products (enum att_bf16_unit; 0: the one
+ * att_bf16_products picks): _set_bf16_unit (ATTENTION_C_BF16_UNIT).  Read
+ * and written with the GIL held, as the answers kept per path below. */
 int bf16_unit = 0;
 const char *const bf16_unit_names[N_BF16_UNIT] = {"auto", "dot", "amx"};
+static int bf16_have[N_SIMD] = {-1, -1, -1, -1};    /* bit u - 1: unit u */
+static int bf16_pick[N_SIMD] = {-1, -1, -1, -1};
+
+int bf16_units_have(int simd)
+{
+    if (bf16_have[simd] < 0) {
+        bf16_have[simd] = att_bf16_supported(simd, ATT_BF16_DOT) |
+                          att_bf16_supported(simd, ATT_BF16_AMX) << 1;
+    }
+    return bf16_have[simd];
+}
+
+int bf16_unit_used(void)
+{
+    if (bf16_unit != 0) {
+        return bf16_units_have(simd_level) >> (bf16_unit - 1) & 1
+               ? bf16_unit : 0;
+    }
+    if (bf16_pick[simd_level] < 0) {        /* measures: once a path */
+        bf16_pick[simd_level] = att_bf16_products(simd_level);
+    }
+    return bf16_pick[simd_level];
+}
 
 /* Threads of the fused kernels (set_num_threads), and the pool that runs
  * them, made on first need.  A call holds the pool (pool_users) while it
@@ -168,7 +191,7 @@ void drop_pool(att_pool *p)
 att_exec begin_exec(void)
 {
     att_exec ex = {simd_level, num_threads, NULL, fp32_precision,
-                   bf16_unit};
+                   bf16_unit_used()};
     check_pool_owner();
     if (num_threads > 1 && simd_level != ATT_SIMD_SCALAR) {
         ex.pool = take_pool(num_threads);

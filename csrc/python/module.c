@@ -360,14 +360,6 @@ static PyObject *py_set_fp32_precision(PyObject *self, PyObject *name)
     Py_RETURN_NONE;
 }
 
-/* The unit float32 calls that allow bf16 products run them on, under
- * the path and the unit chosen: 0 when none */
-static int bf16_unit_used(void)
-{
-    return bf16_unit == 0 ? att_bf16_products(simd_level)
-           : att_bf16_supported(simd_level, bf16_unit) ? bf16_unit : 0;
-}
-
 static PyObject *py_bf16_products(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -388,11 +380,18 @@ static PyObject *py_bf16_units(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    int dot = att_bf16_supported(simd_level, ATT_BF16_DOT);
-    int amx = att_bf16_supported(simd_level, ATT_BF16_AMX);
+    int dot = bf16_units_have(simd_level) & 1;
+    int amx = bf16_units_have(simd_level) >> 1 & 1;
     return Py_BuildValue(dot && amx ? "(ss)" : dot || amx ? "(s)" : "()",
                          bf16_unit_names[dot ? ATT_BF16_DOT : ATT_BF16_AMX],
                          bf16_unit_names[ATT_BF16_AMX]);
+}
+
+static PyObject *py_bf16_dot_speedup(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyFloat_FromDouble(att_bf16_dot_speedup(simd_level));
 }
 
 static PyObject *py_get_bf16_unit(PyObject *self, PyObject *noargs)
@@ -411,7 +410,7 @@ static PyObject *py_set_bf16_unit(PyObject *self, PyObject *name)
                             "bf16 unit must be 'auto', 'dot' or 'amx', got "
                             "%R", name);
     }
-    if (i != 0 && !att_bf16_supported(simd_level, i)) {
+    if (i != 0 && !(bf16_units_have(simd_level) >> (i - 1) & 1)) {
         return PyErr_Format(PyExc_ValueError,
                             "this CPU and the %s path have no %s",
                             simd_names[simd_level],
@@ -774,6 +773,9 @@ static PyMethodDef private_methods[] = {
      "The unit those bf16 products run on: 'dot', 'amx' or None."},
     {"_bf16_units", py_bf16_units, METH_NOARGS,
      "The units of bf16 products this CPU and SIMD path have."},
+    {"_bf16_dot_speedup", py_bf16_dot_speedup, METH_NOARGS,
+     "The bf16 dot products' rate over the float32 FMAs' on this path, "
+     "measured now (0: none)."},
     {"_get_bf16_unit", py_get_bf16_unit, METH_NOARGS,
      "The chosen unit of bf16 products: 'auto', 'dot' or 'amx'."},
     {"_set_bf16_unit", py_set_bf16_unit, METH_O,

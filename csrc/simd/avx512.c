@@ -204,6 +204,28 @@ static inline void store_bf16_ps(uint16_t *p, __m512 x)
 #undef FLASH_DP
 #define FLASH_DOT FSFX(flash_forward_dp)
 #define FLASH_DOT_WORK FSFX(flash_work_dp)
+/* The dot products' rate (core/dispatch.h's dot_loop), as fma_loop's:
+ * the chains of FMA_LIST, a += x x + x x each (x in bf16), iters steps
+ * in registers: 4 VLEN chains iters flops */
+static double FSFX(dot_loop)(ptrdiff_t iters)
+{
+    const __m512 xf = _mm512_set1_ps((float)(1.0 / ((double)iters + 2.0)));
+    const __m512bh x = _mm512_cvtne2ps_pbh(xf, xf);
+#define DOT_INIT(i) __m512 a##i = _mm512_set1_ps(1 + (i) / 32.0f);
+#define DOT_STEP(i) a##i = _mm512_dpbf16_ps(a##i, x, x);
+#define DOT_SUM(i) s = _mm512_add_ps(s, a##i);
+    FMA_LIST(DOT_INIT)
+    for (ptrdiff_t it = 0; it < iters; it++) {
+        FMA_LIST(DOT_STEP)
+    }
+    __m512 s = _mm512_setzero_ps();
+    FMA_LIST(DOT_SUM)
+#undef DOT_INIT
+#undef DOT_STEP
+#undef DOT_SUM
+    return (double)_mm512_reduce_add_ps(s);
+}
+#define FLASH_DOT_LOOP FSFX(dot_loop)
 #if ATT_HAVE_AMX
 #include "simd/flash_amx.inc"
 #endif
