@@ -169,7 +169,9 @@ def header(meta):
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "
         f"{meta['config']['simd']}, bf16_products "
-        f"{meta['bf16_products']} (unit {meta['bf16_unit']}); "
+        f"{meta['bf16_products']} (unit {meta['bf16_unit']}; bf16 dot "
+        f"products at {meta['bf16_dot_speedup']:.2f}x the FMA rate, 0: "
+        f"none); "
         f"torch {meta['torch']} "
         f"(CPU capability {meta['torch_capability']})",
         f"Float32 FMA peak of the {meta['config']['simd']} path: {peaks}",
@@ -242,6 +244,7 @@ def setup(options, torch):
     meta.update(harness.torch_facts(torch), quick=options.quick,
                 bf16_products=bool(_core._bf16_products()),
                 bf16_unit=_core._bf16_unit(),
+                bf16_dot_speedup=_core._bf16_dot_speedup(),
                 peak=harness.peak_facts(meta["config"]["simd"], ["float32"],
                                         options.threads, options.quick),
                 shape_sizes=[list(s) for s in shapes], heads=HEADS)

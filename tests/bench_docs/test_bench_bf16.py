@@ -79,7 +79,9 @@ def test_header_says_what_ran_where(run):
     meta = data["meta"]
     assert meta["bf16_products"] == bool(_core._bf16_products())
     assert meta["bf16_unit"] == _core._bf16_unit()
-    assert f"(unit {meta['bf16_unit']})" in stdout
+    assert f"(unit {meta['bf16_unit']};" in stdout
+    assert meta["bf16_dot_speedup"] >= 0
+    assert f"at {meta['bf16_dot_speedup']:.2f}x the FMA rate" in stdout
     assert f"SIMD path {meta['config']['simd']}" in stdout
     assert "amx_bf16" in stdout and "torch " in stdout
     assert ("runs float32 products" in stdout) == (not meta["bf16_products"])
