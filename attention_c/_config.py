@@ -8,15 +8,17 @@ from . import _core  # type: ignore[attr-defined]
 from ._version import __version__
 
 
-def _simd_from_environment():
-    """Apply ATTENTION_C_SIMD=scalar|avx2|avx512|neon, if set."""
-    name = os.environ.get("ATTENTION_C_SIMD", "").strip().lower()
+def _name_from_environment(variable, apply):
+    """Apply the name in the environment variable (lower-cased), if set:
+    ATTENTION_C_SIMD=scalar|avx2|avx512|neon, ATTENTION_C_BF16_UNIT=
+    auto|dot|amx.  A name the setter refuses is ignored with a warning."""
+    name = os.environ.get(variable, "").strip().lower()
     if not name:
         return
     try:
-        _core._set_simd(name)
+        apply(name)
     except ValueError as exc:
-        warnings.warn(f"ATTENTION_C_SIMD={name!r} ignored: {exc}",
+        warnings.warn(f"{variable}={name!r} ignored: {exc}",
                       RuntimeWarning, stacklevel=3)
 
 
@@ -44,21 +46,9 @@ def _threads_from_environment():
     _core._set_num_threads(min(n, 256))
 
 
-def _bf16_unit_from_environment():
-    """Apply ATTENTION_C_BF16_UNIT=auto|dot|amx, if set (after the SIMD
-    path: the unit is checked against it)."""
-    name = os.environ.get("ATTENTION_C_BF16_UNIT", "").strip().lower()
-    if not name:
-        return
-    try:
-        _core._set_bf16_unit(name)
-    except ValueError as exc:
-        warnings.warn(f"ATTENTION_C_BF16_UNIT={name!r} ignored: {exc}",
-                      RuntimeWarning, stacklevel=3)
-
-
-_simd_from_environment()
-_bf16_unit_from_environment()
+# the SIMD path first: the bf16 unit is checked against it
+_name_from_environment("ATTENTION_C_SIMD", _core._set_simd)
+_name_from_environment("ATTENTION_C_BF16_UNIT", _core._set_bf16_unit)
 _threads_from_environment()
 
 
