@@ -199,6 +199,7 @@ static inline void store_bf16_ps(uint16_t *p, __m512 x)
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16")
 #endif
 #endif
+#include "simd/bf16.inc"
 #define FLASH_DP 1
 #include "simd/flash.inc"
 #undef FLASH_DP
