@@ -203,6 +203,14 @@ typedef struct {
     ptrdiff_t work_bytes;    /* (0: none yet; a workspace is never 0) */
 } FuncSpec;
 
+/* call.c: buffers kept between calls, one per use (keep_take) */
+enum keep {
+    KEEP_WORK,      /* the kernels' scratch */
+    KEEP_WIDE,      /* 16-bit inputs widened to float32 (views.c) */
+    KEEP_OUT,       /* float32 outputs of a 16-bit call, before rounding */
+    N_KEEP
+};
+
 struct Call {
     const FuncSpec *fn;
     PyObject *obj[MAX_ARGS];          /* borrowed; NULL when left out */
@@ -243,6 +251,9 @@ struct Call {
                                          values read in place */
     PyObject *out[MAX_OUTS];          /* owned until returned */
     void *work;
+    char *kept[N_KEEP];               /* KEEP_WIDE, KEEP_OUT: taken by */
+    size_t kept_size[N_KEEP];         /* kept_reserve, carved by */
+    size_t kept_used[N_KEEP];         /* kept_array */
     att_exec ex;
 };
 
@@ -359,6 +370,19 @@ extern int num_threads;
 extern att_pool *pool;
 extern int pool_users;
 void release_exec_state(void);
+/* The buffer of use `use`, of at least `bytes` (NULL: no memory); every
+ * keep_take is paired with one keep_give of what it returned. */
+void *keep_take(int use, size_t bytes);
+void keep_give(int use, void *p);
+/* Takes c's buffer of use (KEEP_WIDE, KEEP_OUT) for arrays of `bytes` in
+ * all, each rounded up to KEPT_ALIGN (none taken: kept_array makes new
+ * arrays); the call gives it back after releasing its arrays. */
+#define KEPT_ALIGN 64
+void kept_reserve(Call *c, int use, size_t bytes);
+/* A C-contiguous float32 array of dims in c's buffer of use, which owns
+ * its data (so it must not outlive the call), or a new array when the
+ * buffer has no room. */
+PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims);
 /* The pool with at least `threads` threads (made, or remade when no call
  * holds a smaller one), held until drop_pool; NULL when no threads could
  * be started (then a job runs on the calling thread). */

@@ -61,42 +61,74 @@ int alloc_point_debug(const char *kind, const char *what, Py_ssize_t index,
  * Scratch and threads
  */
 
-/* The kernels' scratch is kept between calls (one buffer of at most
- * WORK_CACHE_MAX bytes): a large one would otherwise be mapped afresh and
- * its pages faulted in by every call (glibc maps blocks above 32 MiB anew
- * each time), 5% of a large backward.  Taken and given back with the GIL
- * held; a call that finds it in use (another thread is inside a kernel)
- * allocates its own. */
-#define WORK_CACHE_MAX ((size_t)256 << 20)
-static void *work_cache = NULL;
-static size_t work_cache_size = 0;
-static int work_cache_busy = 0;
+/* Buffers kept between calls, one per use (enum keep): the kernels'
+ * scratch, and a 16-bit call's float32 copies of its inputs and its
+ * outputs before rounding.  Allocated afresh, each would be mapped and its
+ * pages faulted in by every call: glibc maps blocks above 32 MiB anew each
+ * time (5% of a large backward), and smaller ones too until a free raised
+ * its threshold (a bfloat16 forward at (8, 1024, 64): 1.5x the time on a
+ * KVM guest).  Each holds at most KEEP_MAX bytes; taken and given back with
+ * the GIL held; a call that finds one in use (another thread is inside a
+ * kernel) allocates its own. */
+#define KEEP_MAX ((size_t)256 << 20)
+static struct {
+    void *p;
+    size_t size;
+    int busy;
+} keep[N_KEEP];
 
-static void *work_take(size_t bytes)
+void *keep_take(int use, size_t bytes)
 {
-    if (work_cache_busy || bytes > WORK_CACHE_MAX) {
+    if (keep[use].busy || bytes > KEEP_MAX) {
         return PyMem_RawMalloc(bytes);
     }
-    if (work_cache_size < bytes) {
-        PyMem_RawFree(work_cache);
-        work_cache = PyMem_RawMalloc(bytes);
-        work_cache_size = work_cache != NULL ? bytes : 0;
-        if (work_cache == NULL) {
+    if (keep[use].size < bytes) {
+        PyMem_RawFree(keep[use].p);
+        keep[use].p = PyMem_RawMalloc(bytes);
+        keep[use].size = keep[use].p != NULL ? bytes : 0;
+        if (keep[use].p == NULL) {
             return NULL;
         }
     }
-    work_cache_busy = 1;
-    return work_cache;
+    keep[use].busy = 1;
+    return keep[use].p;
 }
 
-static void work_give(void *work)
+void keep_give(int use, void *p)
 {
-    if (work != NULL && work == work_cache) {
-        work_cache_busy = 0;
+    if (p != NULL && p == keep[use].p) {
+        keep[use].busy = 0;
     }
     else {
-        PyMem_RawFree(work);
+        PyMem_RawFree(p);
     }
+}
+
+void kept_reserve(Call *c, int use, size_t bytes)
+{
+    if (bytes > 0) {
+        c->kept[use] = keep_take(use, bytes);
+        c->kept_size[use] = c->kept[use] != NULL ? bytes : 0;
+    }
+}
+
+PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims)
+{
+    size_t bytes = sizeof(float);
+    for (int k = 0; k < nd; k++) {
+        bytes *= (size_t)dims[k];
+    }
+    bytes = (bytes + KEPT_ALIGN - 1) / KEPT_ALIGN * KEPT_ALIGN;
+    if (c->kept[use] == NULL ||
+        bytes > c->kept_size[use] - c->kept_used[use]) {
+        return PyArray_SimpleNew(nd, (npy_intp *)dims, NPY_FLOAT);
+    }
+    char *data = c->kept[use] + c->kept_used[use];
+    c->kept_used[use] += bytes;
+    return PyArray_NewFromDescr(&PyArray_Type,
+                                PyArray_DescrFromType(NPY_FLOAT), nd,
+                                (npy_intp *)dims, NULL, data,
+                                NPY_ARRAY_CARRAY, NULL);
 }
 
 /* The instruction set of the fused kernels (enum att_simd): the best the
@@ -208,10 +240,12 @@ void end_exec(const att_exec *ex)
  * unless a call (in another thread) still uses them. */
 void release_exec_state(void)
 {
-    if (!work_cache_busy) {
-        PyMem_RawFree(work_cache);
-        work_cache = NULL;
-        work_cache_size = 0;
+    for (int use = 0; use < N_KEEP; use++) {
+        if (!keep[use].busy) {
+            PyMem_RawFree(keep[use].p);
+            keep[use].p = NULL;
+            keep[use].size = 0;
+        }
     }
     if (pool != NULL && pool_users == 0) {
         if (att_pool_owned(pool)) {
@@ -511,12 +545,27 @@ static int make_outputs(Call *c)
                         "attention_c: sizes too large for scratch memory");
         return -1;
     }
+    size_t kept = 0;             /* rounded by round_outputs: see keep */
+    for (int k = 0; k < fn->nouts && c->ret != NULL; k++) {
+        if (wanted(c, k) && fn->outs[k].id != Y_LSE) {
+            size_t n = 1;
+            for (int j = 0; j < nds[k]; j++) {
+                n *= (size_t)dims[k][j];
+            }
+            kept += (n * sizeof(float) + KEPT_ALIGN - 1) / KEPT_ALIGN *
+                    KEPT_ALIGN;
+        }
+    }
+    kept_reserve(c, KEEP_OUT, kept);
     for (int k = 0; k < fn->nouts; k++) {
         if (!wanted(c, k)) {
             continue;
         }
+        int rounded = c->ret != NULL && fn->outs[k].id != Y_LSE;
         if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
-            (c->out[k] = PyArray_SimpleNew(nds[k], dims[k], c->typenum))
+            (c->out[k] = rounded ? kept_array(c, KEEP_OUT, nds[k], dims[k])
+                                 : PyArray_SimpleNew(nds[k], dims[k],
+                                                     c->typenum))
             == NULL) {
             return -1;
         }
@@ -525,7 +574,7 @@ static int make_outputs(Call *c)
         if (ALLOC_POINT("scratch", "memory", 1) < 0) {
             return -1;
         }
-        c->work = work_take((size_t)work_bytes + 1);
+        c->work = keep_take(KEEP_WORK, (size_t)work_bytes + 1);
         if (c->work == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -708,7 +757,6 @@ done:
     if (fn->fused) {
         end_exec(&c.ex);
     }
-    work_give(c.work);
     /* only the row's arguments and outputs can hold anything; most hold
      * nothing, and a call of PyMem_Free(NULL) per slot was 0.1 us */
     for (int i = 0; i < fn->nargs; i++) {
@@ -733,6 +781,9 @@ done:
         Py_XDECREF(c.out[k]);
     }
     Py_XDECREF(c.ret);
+    keep_give(KEEP_WORK, c.work);        /* after the arrays in them */
+    keep_give(KEEP_WIDE, c.kept[KEEP_WIDE]);
+    keep_give(KEEP_OUT, c.kept[KEEP_OUT]);
     return result;
 }
 

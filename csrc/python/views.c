@@ -173,8 +173,9 @@ static int result_type(Call *c, int count, PyArrayObject **arrs)
 }
 
 /* Argument i, a C-contiguous 16-bit array of a float32 call, widened to
- * a new float32 one by the kernels' conversion (att_convert16: NumPy's
- * cast of float16 takes a few ns an element, ours a fraction of one).
+ * float32 (in the call's kept buffer: kept_array) by the kernels'
+ * conversion (att_convert16: NumPy's cast of float16 takes a few ns an
+ * element, ours a fraction of one).
  * Returns 1 when done, 0 when i is not such an array (NumPy casts it),
  * -1 on error. */
 static int widen_half(Call *c, int i)
@@ -185,8 +186,8 @@ static int widen_half(Call *c, int i)
         !PyArray_ISCARRAY_RO(a)) {
         return 0;
     }
-    PyObject *w = PyArray_SimpleNew(PyArray_NDIM(a), PyArray_DIMS(a),
-                                    NPY_FLOAT);
+    PyObject *w = kept_array(c, KEEP_WIDE, PyArray_NDIM(a),
+                             PyArray_DIMS(a));
     if (w == NULL) {
         return -1;
     }
@@ -231,6 +232,14 @@ int cast_args(Call *c)
     else if (count > 0 && result_type(c, count, arrs) < 0) {
         return -1;
     }
+    size_t wide = 0;            /* the most widen_half can make: see keep */
+    for (int k = 0; k < count && c->typenum == NPY_FLOAT; k++) {
+        if (half_store(PyArray_DESCR(arrs[k])) != ATT_STORE_NATIVE) {
+            wide += ((size_t)PyArray_SIZE(arrs[k]) * sizeof(float) +
+                     KEPT_ALIGN - 1) / KEPT_ALIGN * KEPT_ALIGN;
+        }
+    }
+    kept_reserve(c, KEEP_WIDE, wide);
     for (int i = 0; i < fn->nargs; i++) {
         if (c->arr[i] == NULL || (fn->args[i].flags & F_INDEX)) {
             continue;           /* an index: int64 already (check_family) */

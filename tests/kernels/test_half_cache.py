@@ -268,3 +268,63 @@ def test_half_queries_round_once(dtype, rw):
     assert_rounded(got, want, dtype, "16-bit call", lse=None if rw else 1)
     for x, y in zip(before, (q, k, kw["values"])):
         assert x.tobytes() == y.tobytes()
+
+
+@half_param
+@pytest.mark.parametrize("rw", [False, True], ids=["lse", "weights"])
+def test_half_copies_kept_between_calls(dtype, rw):
+    """A 16-bit call's float32 copies of its inputs and its outputs before
+    rounding live in buffers kept between calls: a second call allocates
+    its results alone (mapping those copies afresh faulted their pages in
+    at every call: 1.5x the time of a forward at (8, 1024, 64)), and the
+    results of one call are not touched by the next."""
+    rng = np.random.default_rng(38)
+    shape = (1, 4, 256, 32)
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    call = lambda x: ac.dot_attention(x, k, values=v,       # noqa: E731
+                                      causal=True, return_weights=rw)
+    first = call(q)
+    held = [np.array(x, copy=True) for x in first]
+    results = sum(x.nbytes for x in first)
+    q2 = np.ascontiguousarray(q[..., ::-1, :])
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        second = call(q2)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    widened_bytes = 2 * 3 * q.nbytes          # float32 copies of q, k, v
+    assert peak < results + widened_bytes // 4, (peak, results)
+    for x, y in zip(first, held):
+        assert x.tobytes() == y.tobytes()
+    assert first[0].tobytes() != second[0].tobytes()
+
+
+@pytest.mark.usefixtures("restore_settings")
+@half_param
+def test_half_calls_from_threads(dtype):
+    """Python threads calling with 16-bit inputs at once (one holds the
+    kept buffers, the others allocate their own) get the serial results."""
+    import threading
+    rng = np.random.default_rng(39)
+    probs = [tuple(rng.standard_normal((2, 3, 65, 17)).astype(dtype)
+                   for _ in range(3)) for _ in range(4)]
+    want = [ac.dot_attention(q, k, values=v, return_weights=False)[0]
+            for q, k, v in probs]
+    ac.set_num_threads(2)
+    errors = []
+
+    def work(i):
+        q, k, v = probs[i]
+        for _ in range(30):
+            got = ac.dot_attention(q, k, values=v, return_weights=False)[0]
+            if got.tobytes() != want[i].tobytes():
+                errors.append(i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
