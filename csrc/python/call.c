@@ -67,10 +67,14 @@ int alloc_point_debug(const char *kind, const char *what, Py_ssize_t index,
  * pages faulted in by every call: glibc maps blocks above 32 MiB anew each
  * time (5% of a large backward), and smaller ones too until a free raised
  * its threshold (a bfloat16 forward at (8, 1024, 64): 1.5x the time on a
- * KVM guest).  Each holds at most KEEP_MAX bytes; taken and given back with
+ * KVM guest).  Each holds at most keep_max bytes; taken and given back with
  * the GIL held; a call that finds one in use (another thread is inside a
  * kernel) allocates its own. */
-#define KEEP_MAX ((size_t)256 << 20)
+static const size_t keep_max[N_KEEP] = {
+    (size_t)256 << 20,          /* KEEP_WORK */
+    (size_t)64 << 20,           /* KEEP_WIDE: a larger call's products */
+    (size_t)64 << 20            /* KEEP_OUT: outweigh its page faults */
+};
 static struct {
     void *p;
     size_t size;
@@ -79,7 +83,7 @@ static struct {
 
 void *keep_take(int use, size_t bytes)
 {
-    if (keep[use].busy || bytes > KEEP_MAX) {
+    if (keep[use].busy || bytes > keep_max[use]) {
         return PyMem_RawMalloc(bytes);
     }
     if (keep[use].size < bytes) {
