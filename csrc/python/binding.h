@@ -383,6 +383,10 @@ void kept_reserve(Call *c, int use, size_t bytes);
  * its data (so it must not outlive the call), or a new array when the
  * buffer has no room. */
 PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims);
+/* att_convert16 on the current SIMD path, on the threads of ex where the
+ * array is large (without the GIL then); returns its status. */
+int convert_on_threads(const att_exec *ex, int store, int widen,
+                       ptrdiff_t n, const void *src, void *dst);
 /* The pool with at least `threads` threads (made, or remade when no call
  * holds a smaller one), held until drop_pool; NULL when no threads could
  * be started (then a job runs on the calling thread). */

@@ -135,6 +135,52 @@ PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims)
                                 NPY_ARRAY_CARRAY, NULL);
 }
 
+/* A 16-bit conversion (att_convert16) in chunks of CONVERT_CHUNK
+ * elements on the threads of ex, where there are two chunks or more: on
+ * one thread, widening the inputs and rounding the outputs of a bfloat16
+ * forward took 5-10 % of its 2-thread time.  Elementwise: the same bits
+ * for any split.  Runs without the GIL. */
+#define CONVERT_CHUNK ((ptrdiff_t)1 << 16)
+typedef struct {
+    int simd, store, widen;
+    ptrdiff_t n;
+    const char *src;
+    char *dst;
+} Convert;
+
+static void convert_task(void *arg, ptrdiff_t task, int thread)
+{
+    const Convert *cv = arg;
+    ptrdiff_t i = task * CONVERT_CHUNK;
+    ptrdiff_t m = cv->n - i < CONVERT_CHUNK ? cv->n - i : CONVERT_CHUNK;
+    size_t from = cv->widen ? 2 : sizeof(float);
+    size_t to = cv->widen ? sizeof(float) : 2;
+    (void)thread;
+    /* (checked whole before: a chunk cannot fail) */
+    (void)att_convert16(cv->simd, cv->store, cv->widen, m,
+                        cv->src + (size_t)i * from,
+                        cv->dst + (size_t)i * to);
+}
+
+int convert_on_threads(const att_exec *ex, int store, int widen,
+                       ptrdiff_t n, const void *src, void *dst)
+{
+    Convert cv = {simd_level, store, widen, n, src, dst};
+    ptrdiff_t tasks = (n + CONVERT_CHUNK - 1) / CONVERT_CHUNK;
+    int threads = ex->threads < 1 ? 1 : ex->threads;
+    if (tasks < 2 || threads == 1 || ex->pool == NULL) {
+        return att_convert16(simd_level, store, widen, n, src, dst);
+    }
+    int st = att_convert16(simd_level, store, widen, 0, src, dst);
+    if (st != ATT_OK) {                 /* the arguments, n aside */
+        return st;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    att_pool_run(ex->pool, threads, tasks, convert_task, &cv);
+    Py_END_ALLOW_THREADS
+    return ATT_OK;
+}
+
 /* The instruction set of the fused kernels (enum att_simd): the best the
  * CPU has, unless _set_simd (ATTENTION_C_SIMD) chose another.  Read and
  * written with the GIL held. */
@@ -640,9 +686,9 @@ static int round_outputs(Call *c)
         if (r == NULL) {
             return -1;
         }
-        if (att_convert16(simd_level, half_store(c->ret), 0,
-                          PyArray_SIZE(o), PyArray_DATA(o),
-                          PyArray_DATA((PyArrayObject *)r)) != ATT_OK) {
+        if (convert_on_threads(&c->ex, half_store(c->ret), 0,
+                               PyArray_SIZE(o), PyArray_DATA(o),
+                               PyArray_DATA((PyArrayObject *)r)) != ATT_OK) {
             Py_DECREF(r);
             return check_status(ATT_EINVAL);
         }

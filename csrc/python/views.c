@@ -191,9 +191,9 @@ static int widen_half(Call *c, int i)
     if (w == NULL) {
         return -1;
     }
-    if (att_convert16(simd_level, store, 1, PyArray_SIZE(a),
-                      PyArray_DATA(a), PyArray_DATA((PyArrayObject *)w))
-        != ATT_OK) {
+    if (convert_on_threads(&c->ex, store, 1, PyArray_SIZE(a),
+                           PyArray_DATA(a),
+                           PyArray_DATA((PyArrayObject *)w)) != ATT_OK) {
         Py_DECREF(w);
         PyErr_SetString(PyExc_SystemError,
                         "attention_c: the 16-bit conversion failed");

@@ -328,3 +328,25 @@ def test_half_calls_from_threads(dtype):
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.usefixtures("restore_settings")
+@half_param
+def test_half_conversions_on_threads(dtype):
+    """Arrays of more than two chunks (2^16 elements) are widened and
+    rounded on the call's threads: on 2 threads the results are the
+    float32 call's on the widened inputs rounded once, bit for bit, as on
+    one."""
+    rng = np.random.default_rng(40)
+    q, k, v = (rng.standard_normal((2, 4, 300, 64)).astype(dtype)
+               for _ in range(3))
+    assert q.size > 2 * 2 ** 16
+    want = ac.dot_attention(widened(q), widened(k), values=widened(v),
+                            causal=True)
+    got = {}
+    for n in (1, 2):
+        ac.set_num_threads(n)
+        got[n] = ac.dot_attention(q, k, values=v, causal=True)
+        assert_rounded(got[n], want, dtype, f"{n} threads")
+    for a, b in zip(got[1], got[2]):
+        assert a.tobytes() == b.tobytes()

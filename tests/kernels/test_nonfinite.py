@@ -237,3 +237,46 @@ def test_family_nonfinite_everywhere_does_not_hang(fn, rng, restore):
             bwd(**kw)
     for g, w in zip(_outs(bwd(**args)), want):
         assert (g is None and w is None) or np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("arg", ["query", "keys", "values"])
+def test_nonfinite_scan_split_across_threads(arg, rng, restore):
+    """Inputs large enough that the scan for non-finite rows runs in
+    chunks on the call's threads (1024 rows of 64 a chunk here): bad
+    values at the chunks' edges give the same results, bit for bit, on 1
+    and 2 threads, and only rows that see them (a bad query its own; a
+    bad key or value the later queries of its sequence: causal) differ
+    from the clean call beyond rounding."""
+    B, h, T, d = 2, 4, 300, 64                   # 2400 rows of each input
+    x = {n: rng.standard_normal((B, h, T, d)).astype(np.float32)
+         for n in ("query", "keys", "values")}
+    call = lambda **kw: ac.dot_attention(                   # noqa: E731
+        kw["query"], kw["keys"], values=kw["values"], causal=True,
+        return_weights=False)[0]
+    ac.set_num_threads(1)
+    clean = call(**x).reshape(-1, d)
+    bad = dict(x)
+    bad[arg] = x[arg].copy()
+    rows = bad[arg].reshape(-1, d)
+    sees = np.zeros(B * h * T, bool)
+    for r, v in zip((0, 1023, 1024, 2047, 2048, B * h * T - 1),
+                    (np.nan, np.inf, -np.inf, np.nan, np.inf, np.nan)):
+        rows[r, r % d] = v
+        if arg == "query":
+            sees[r] = True
+        else:                                  # queries t >= the key's
+            sees[r:(r // T + 1) * T] = True
+    got = {}
+    for threads in (1, 2):
+        ac.set_num_threads(threads)
+        got[threads] = call(**bad).reshape(-1, d)
+    np.testing.assert_array_equal(got[2], got[1])
+    # (a call with a bad value anywhere runs the general path, not the
+    # fused one: the clean rows agree to rounding, not bit for bit)
+    scale = np.abs(clean).max()
+    np.testing.assert_allclose(got[1][~sees], clean[~sees], rtol=0,
+                               atol=1e-5 * scale)
+    # (a key's -inf score only drops it: some rows that see it may not
+    # change; NaN is never near)
+    near = np.abs(got[1][sees] - clean[sees]).max(-1) <= 1e-3 * scale
+    assert not near.all()
