@@ -137,20 +137,22 @@ def test_simd_paths_match_reference(simd, dtype):
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("simd", SIMD_PATHS)
 def test_wide_heads_in_long_tasks(simd):
-    """Full rows with enough tasks for FQB (512) queries each: the
-    scratch holds the kernel's state of that many queries with wide heads
-    (d = dv = 320), on every path, in float32 and bf16 products."""
+    """Full and causal rows with enough tasks for FQB (512) queries each
+    (causal ones handed out costliest first): the scratch holds the
+    kernel's state of that many queries with wide heads (d = dv = 320),
+    on every path, in float32 and bf16 products."""
     _core._set_simd(simd)
     q, k, v = _inputs(np.random.default_rng(10), np.float32, (4,), 600,
                       600, H=320, Hv=320)
-    for threads in (1, 2):
+    for threads, kw in [(1, {}), (2, {}), (2, {"causal": True})]:
         ac.set_num_threads(threads)
-        _check(q, k, v, {}, np.float32, f"{simd}, {threads} threads")
+        what = f"{simd}, {threads} threads, {kw}"
+        _check(q, k, v, kw, np.float32, what)
         ac.set_fp32_precision("bf16")
-        out = _run(ac.dot_attention, q, k, v, {})[0]
+        out = _run(ac.dot_attention, q, k, v, kw)[0]
         ac.set_fp32_precision("ieee")
-        want = _run(ref.dot_attention, f64(q), f64(k), f64(v), {})[0]
-        assert rel_err(out, want, floor=1.0) < 2e-2, f"{simd} bf16"
+        want = _run(ref.dot_attention, f64(q), f64(k), f64(v), kw)[0]
+        assert rel_err(out, want, floor=1.0) < 2e-2, f"{what}: bf16"
 
 
 @pytest.mark.usefixtures("restore_settings")
