@@ -374,10 +374,12 @@ void release_exec_state(void);
  * keep_take is paired with one keep_give of what it returned. */
 void *keep_take(int use, size_t bytes);
 void keep_give(int use, void *p);
+/* The bytes a float32 array of dims takes in a kept buffer (rounded up
+ * to 64: each array aligned) */
+size_t kept_bytes(int nd, const npy_intp *dims);
 /* Takes c's buffer of use (KEEP_WIDE, KEEP_OUT) for arrays of `bytes` in
- * all, each rounded up to KEPT_ALIGN (none taken: kept_array makes new
- * arrays); the call gives it back after releasing its arrays. */
-#define KEPT_ALIGN 64
+ * all, a sum of kept_bytes (none taken: kept_array makes new arrays); the
+ * call gives it back after releasing its arrays. */
 void kept_reserve(Call *c, int use, size_t bytes);
 /* A C-contiguous float32 array of dims in c's buffer of use, which owns
  * its data (so it must not outlive the call), or a new array when the

@@ -116,13 +116,18 @@ void kept_reserve(Call *c, int use, size_t bytes)
     }
 }
 
-PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims)
+size_t kept_bytes(int nd, const npy_intp *dims)
 {
     size_t bytes = sizeof(float);
     for (int k = 0; k < nd; k++) {
         bytes *= (size_t)dims[k];
     }
-    bytes = (bytes + KEPT_ALIGN - 1) / KEPT_ALIGN * KEPT_ALIGN;
+    return (bytes + 63) / 64 * 64;
+}
+
+PyObject *kept_array(Call *c, int use, int nd, const npy_intp *dims)
+{
+    size_t bytes = kept_bytes(nd, dims);
     if (c->kept[use] == NULL ||
         bytes > c->kept_size[use] - c->kept_used[use]) {
         return PyArray_SimpleNew(nd, (npy_intp *)dims, NPY_FLOAT);
@@ -598,12 +603,7 @@ static int make_outputs(Call *c)
     size_t kept = 0;             /* rounded by round_outputs: see keep */
     for (int k = 0; k < fn->nouts && c->ret != NULL; k++) {
         if (wanted(c, k) && fn->outs[k].id != Y_LSE) {
-            size_t n = 1;
-            for (int j = 0; j < nds[k]; j++) {
-                n *= (size_t)dims[k][j];
-            }
-            kept += (n * sizeof(float) + KEPT_ALIGN - 1) / KEPT_ALIGN *
-                    KEPT_ALIGN;
+            kept += kept_bytes(nds[k], dims[k]);
         }
     }
     kept_reserve(c, KEEP_OUT, kept);

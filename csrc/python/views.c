@@ -235,8 +235,7 @@ int cast_args(Call *c)
     size_t wide = 0;            /* the most widen_half can make: see keep */
     for (int k = 0; k < count && c->typenum == NPY_FLOAT; k++) {
         if (half_store(PyArray_DESCR(arrs[k])) != ATT_STORE_NATIVE) {
-            wide += ((size_t)PyArray_SIZE(arrs[k]) * sizeof(float) +
-                     KEPT_ALIGN - 1) / KEPT_ALIGN * KEPT_ALIGN;
+            wide += kept_bytes(PyArray_NDIM(arrs[k]), PyArray_DIMS(arrs[k]));
         }
     }
     kept_reserve(c, KEEP_WIDE, wide);
