@@ -33,15 +33,12 @@ static ptrdiff_t *offset_table(npy_intp n, int nd, const npy_intp *dims,
     return off;
 }
 
-/* Step 4, the family's keys or values (argument i, not C-contiguous):
- * read where they are when the call reads them so (attention.h,
- * att_family_reads_strided: decoding) and they need no cast: the
- * computing dtype, native and aligned, the last axis contiguous, every
- * stride whole elements.  Then c->offs[i] gets the offset of each of its
- * own sequences (its leading axes in C order) and c->view[i].rs the
- * rows' stride, in elements; returns 1, 0 when it must be copied, -1 on
- * error. */
-static int read_rows(Call *c, int i)
+/* Step 4, the family's keys or values (argument i): whether the call
+ * reads them where they are (attention.h, att_family_reads_strided:
+ * decoding), needing no cast: the computing dtype or a 16-bit one the
+ * kernel reads as stored (*store), native and aligned, the last axis
+ * contiguous, every stride whole elements.  No side effect. */
+static int reads_in_place(const Call *c, int i, int *store)
 {
     const FuncSpec *fn = c->fn;
     PyArrayObject *x = c->arr[i];
@@ -57,26 +54,43 @@ static int read_rows(Call *c, int i)
                : att_family_reads_strided_f64(&f, backward);
     npy_intp item = PyArray_ITEMSIZE(x);
     /* 16-bit keys and values read as stored, where the kernel can */
-    int store = what & (id == X_KEYS ? ATT_STORED16_KEYS
-                                     : ATT_STORED16_VALUES)
-                ? half_store(PyArray_DESCR(x)) : ATT_STORE_NATIVE;
+    *store = what & (id == X_KEYS ? ATT_STORED16_KEYS
+                                  : ATT_STORED16_VALUES)
+             ? half_store(PyArray_DESCR(x)) : ATT_STORE_NATIVE;
     if (!(what & (id == X_KEYS ? ATT_STRIDED_KEYS : ATT_STRIDED_VALUES)) ||
-        (PyArray_TYPE(x) != c->typenum && store == ATT_STORE_NATIVE) ||
+        (PyArray_TYPE(x) != c->typenum && *store == ATT_STORE_NATIVE) ||
         !PyArray_ISNOTSWAPPED(x) ||
         !PyArray_ISALIGNED(x) ||
         (PyArray_DIM(x, nd - 1) > 1 && PyArray_STRIDE(x, nd - 1) != item) ||
         (PyArray_DIM(x, nd - 2) > 1 && PyArray_STRIDE(x, nd - 2) == 0)) {
         return 0;           /* (a row stride of 0 means "H" to the C) */
     }
-    npy_intp n = 1, st[NPY_MAXDIMS];
     for (int k = 0; k < nd; k++) {
         if (PyArray_STRIDE(x, k) % item != 0) {
             return 0;
         }
+    }
+    return 1;
+}
+
+/* Argument i read where it is (reads_in_place): c->offs[i] gets the
+ * offset of each of its own sequences (its leading axes in C order) and
+ * c->view[i].rs the rows' stride, in elements; returns 1, 0 when it must
+ * be copied, -1 on error. */
+static int read_rows(Call *c, int i)
+{
+    int store;
+    if (!reads_in_place(c, i, &store)) {
+        return 0;
+    }
+    PyArrayObject *x = c->arr[i];
+    int nd = PyArray_NDIM(x);
+    npy_intp item = PyArray_ITEMSIZE(x), n = 1, st[NPY_MAXDIMS];
+    for (int k = 0; k < nd; k++) {
         st[k] = PyArray_STRIDE(x, k) / item;
         n *= k < nd - 2 ? PyArray_DIM(x, k) : 1;
     }
-    if (ALLOC_POINT("offsets of", arg_names[id], 1) < 0) {
+    if (ALLOC_POINT("offsets of", arg_names[c->fn->args[i].id], 1) < 0) {
         return -1;
     }
     c->offs[i] = offset_table(n, nd - 2, PyArray_DIMS(x), st);
@@ -233,9 +247,13 @@ int cast_args(Call *c)
         return -1;
     }
     size_t wide = 0;            /* the most widen_half can make: see keep */
-    for (int k = 0; k < count && c->typenum == NPY_FLOAT; k++) {
-        if (half_store(PyArray_DESCR(arrs[k])) != ATT_STORE_NATIVE) {
-            wide += kept_bytes(PyArray_NDIM(arrs[k]), PyArray_DIMS(arrs[k]));
+    for (int i = 0; i < fn->nargs && c->typenum == NPY_FLOAT; i++) {
+        PyArrayObject *a = c->arr[i];
+        int store;
+        if (a != NULL && !(fn->args[i].flags & (F_MASK | F_INDEX)) &&
+            half_store(PyArray_DESCR(a)) != ATT_STORE_NATIVE &&
+            !reads_in_place(c, i, &store)) {   /* a decoding step's cache */
+            wide += kept_bytes(PyArray_NDIM(a), PyArray_DIMS(a));
         }
     }
     kept_reserve(c, KEEP_WIDE, wide);
