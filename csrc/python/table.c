@@ -666,7 +666,9 @@ static int k_project_keys_backward(Call *c)
                      .shape = "(..., T, " wide ")"}
 #define ALPHA_Q ARR(X_ALPHA, "(..., Tq?, T)")
 #define ALPHA_OPT OPT(X_ALPHA, "(..., Tq?, T)")
-#define SAVED OPT(X_OUT, "(..., Tq?, Hv)"), OPT(X_LSE, "(..., Tq?)")
+/* lse never chooses the dtype: a 16-bit forward returns it in float32 */
+#define SAVED OPT(X_OUT, "(..., Tq?, Hv)"),                                 \
+    {.id = X_LSE, .flags = F_OPT | F_FOLLOW, .shape = "(..., Tq?)"}
 #define GRAD_OUT_Q ARR(X_GRAD_OUT, "(..., Tq?, Hv)")
 #define GRAD_ALPHA_Q OPT(X_GRAD_ALPHA, "(..., Tq?, T)")
 #define FAMILY_OUTS RES(Y_OUT, "(..., Tq?, Hv)"), RES(Y_ALPHA, "(..., Tq?, T)")
