@@ -125,6 +125,45 @@ def f64(x):
     return None if x is None else _as_float64(x)
 
 
+# bf16's largest finite value
+BF16_MAX = np.float32(3.38953139e38)
+
+
+def round_bf16(x):
+    """x (float32) rounded to bf16 as the bf16 products round their
+    operands: clamped to bf16's finite range, then to nearest even (kept
+    in float32).
+
+    Examples
+    --------
+    >>> float(round_bf16(np.float32(1 + 2**-8))), float(round_bf16(1e39))
+    (1.0, 3.3895313892515355e+38)
+    """
+    x = np.clip(np.asarray(x, np.float32), -BF16_MAX, BF16_MAX)
+    u = x.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def dot_bf16(a, b):
+    """a @ b^T (last axes; float32 holding bf16 values) as vdpbf16ps sums
+    it: over pairs of elements in order, each pair's odd product added
+    before its even one, each product exact, each sum rounded to float32.
+
+    Examples
+    --------
+    >>> dot_bf16(np.float32([[1, 2, 3]]), np.float32([[4, 5, 6]]))
+    array([[32.]], dtype=float32)
+    """
+    a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, a.shape[-1] % 2)])
+    b = np.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, b.shape[-1] % 2)])
+    acc = np.zeros(a.shape[:-1] + (b.shape[-2],), np.float32)
+    for j in range(0, a.shape[-1], 2):
+        for e in (j + 1, j):
+            acc += a[..., e, None] * b[..., None, :, e]    # exact products
+    return acc
+
+
 def rel_err(x, ref, floor=0.0):
     """Normwise relative error of x against ref.
 

@@ -63,6 +63,11 @@
  *             (padding: a NaN there stays out).  Each C element is summed
  *             over k in one fixed order, whatever M.  work: gemm_work
  *             elements.
+ *   gemm_bf16 the same on bf16 dot products: A and B rounded to bf16 as
+ *             the bf16 forward rounds them (NaN stays NaN), each pair of
+ *             k in order added by vdpbf16ps (simd/gemm_dp.inc), alpha
+ *             and beta in float32.  NULL but in the AVX-512 float table
+ *             of a build whose compiler has AVX512_BF16.
  *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
  *             in an order of its own; used when every product of a call
  *             has one row, so that results still depend on sizes only.
@@ -190,6 +195,11 @@
                      ptrdiff_t brs, ptrdiff_t bcs,                           \
                      const unsigned char *kmask, R beta, R *C,               \
                      ptrdiff_t ldc, R *work);                                \
+        void (*gemm_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,    \
+                          const R *A, ptrdiff_t ars, ptrdiff_t acs,          \
+                          const R *B, ptrdiff_t brs, ptrdiff_t bcs,          \
+                          const unsigned char *kmask, R beta, R *C,          \
+                          ptrdiff_t ldc, R *work);                           \
         void (*gemv)(ptrdiff_t N, ptrdiff_t K, R alpha, const R *a,          \
                      const R *B, ptrdiff_t brs, ptrdiff_t bcs,               \
                      const unsigned char *kmask, R beta, R *c, R *work);     \

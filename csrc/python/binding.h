@@ -356,6 +356,17 @@ int check_status(int st);
  * the scratch kept between calls; all read and written with the GIL. */
 extern int simd_level;
 extern const char *const simd_names[];
+/* module.c: the path named by the str `name` (enum att_simd), or -1 with
+ * a ValueError */
+int simd_from_name(PyObject *name);
+#ifdef ATT_TEST_HOOKS
+/* hooks.c: the private functions of attention_c._core_tests that call
+ * one primitive of one path (see there) */
+PyObject *py_tanh(PyObject *self, PyObject *args);
+PyObject *py_convert16(PyObject *self, PyObject *args);
+PyObject *py_keep_row(PyObject *self, PyObject *args);
+PyObject *py_gemm(PyObject *self, PyObject *args);
+#endif
 #define N_PRECISION 2
 extern int fp32_precision;
 extern const char *const precision_names[];

@@ -272,7 +272,7 @@ static int name_index(PyObject *name, const char *const *names, int n)
     return -1;
 }
 
-static int simd_from_name(PyObject *name)
+int simd_from_name(PyObject *name)
 {
     int i = name_index(name, simd_names, N_SIMD);
     if (i < 0) {
@@ -628,126 +628,6 @@ static PyObject *py_alloc_trace(PyObject *self, PyObject *noargs)
     return PyList_GetSlice(fault_trace, 0, PyList_GET_SIZE(fault_trace));
 }
 
-/* _tanh(x, simd): tanh of a float32 or float64 array by a given path. */
-static PyObject *py_tanh(PyObject *self, PyObject *args)
-{
-    PyObject *obj, *name, *y = NULL;
-    PyArrayObject *x = NULL;
-    int st = ATT_OK, level;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OU:_tanh", &obj, &name) ||
-        (level = simd_from_name(name)) < 0) {
-        return NULL;
-    }
-    if (!att_simd_supported(level)) {
-        return PyErr_Format(PyExc_ValueError, "this CPU cannot run %s",
-                            simd_names[level]);
-    }
-    x = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, NPY_ARRAY_IN_ARRAY,
-                                         NULL);
-    if (x == NULL) {
-        return NULL;
-    }
-    int tn = PyArray_TYPE(x);
-    if (tn != NPY_FLOAT && tn != NPY_DOUBLE) {
-        PyErr_SetString(PyExc_TypeError, "_tanh takes float32 or float64");
-        goto done;
-    }
-    y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), tn);
-    if (y == NULL) {
-        goto done;
-    }
-    npy_intp n = PyArray_SIZE(x);
-    Py_BEGIN_ALLOW_THREADS
-    st = tn == NPY_FLOAT ? att_tanh_f32(level, n, PyArray_DATA(x),
-                                      PyArray_DATA((PyArrayObject *)y))
-                         : att_tanh_f64(level, n, PyArray_DATA(x),
-                                      PyArray_DATA((PyArrayObject *)y));
-    Py_END_ALLOW_THREADS
-    if (check_status(st) < 0) {
-        Py_CLEAR(y);
-    }
-done:
-    Py_DECREF(x);
-    return y;
-}
-
-/* _convert16(x, fmt, simd): x (uint16 bits of fmt "bf16"/"f16") widened
- * to float32, or x (float32) rounded to them (uint16 bits), by one
- * path's att_convert16. */
-static PyObject *py_convert16(PyObject *self, PyObject *args)
-{
-    PyObject *obj, *name, *y = NULL;
-    const char *fmt;
-    int level;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OsU:_convert16", &obj, &fmt, &name) ||
-        (level = simd_from_name(name)) < 0) {
-        return NULL;
-    }
-    int store = strcmp(fmt, "bf16") == 0 ? ATT_STORE_BF16
-                : strcmp(fmt, "f16") == 0 ? ATT_STORE_F16 : -1;
-    if (store < 0 || !att_simd_supported(level)) {
-        return PyErr_Format(PyExc_ValueError, "bad format or path");
-    }
-    PyArrayObject *x = (PyArrayObject *)PyArray_FromAny(
-        obj, NULL, 0, 0, NPY_ARRAY_IN_ARRAY, NULL);
-    if (x == NULL) {
-        return NULL;
-    }
-    int widen = PyArray_TYPE(x) == NPY_UINT16;
-    if (!widen && PyArray_TYPE(x) != NPY_FLOAT) {
-        PyErr_SetString(PyExc_TypeError, "_convert16 takes uint16 (bits) "
-                        "or float32");
-        goto done;
-    }
-    y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x),
-                          widen ? NPY_FLOAT : NPY_UINT16);
-    if (y != NULL &&
-        check_status(att_convert16(level, store, widen, PyArray_SIZE(x),
-                                   PyArray_DATA(x),
-                                   PyArray_DATA((PyArrayObject *)y))) < 0) {
-        Py_CLEAR(y);
-    }
-done:
-    Py_DECREF(x);
-    return y;
-}
-
-/* _keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep bytes
- * (uint8, 0 or 1) of keys [t0, t0 + n) by one path's keep_row. */
-static PyObject *py_keep_row(PyObject *self, PyObject *args)
-{
-    unsigned long long seed;
-    double p;
-    Py_ssize_t b, i, t0, n;
-    PyObject *name;
-    int f64 = 0, level, st;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "KdnnnnU|p:_keep_row", &seed, &p, &b, &i,
-                          &t0, &n, &name, &f64) ||
-        (level = simd_from_name(name)) < 0) {
-        return NULL;
-    }
-    if (!att_simd_supported(level)) {
-        return PyErr_Format(PyExc_ValueError, "this CPU cannot run %s",
-                            simd_names[level]);
-    }
-    npy_intp dims[1] = {n < 0 ? 0 : n};
-    PyObject *keep = PyArray_SimpleNew(1, dims, NPY_UINT8);
-    if (keep == NULL) {
-        return NULL;
-    }
-    st = att_keep_row_path(level, f64, (uint64_t)seed, p, b, i, t0, n,
-                           PyArray_DATA((PyArrayObject *)keep));
-    if (st != ATT_OK) {
-        Py_DECREF(keep);
-        return PyErr_Format(PyExc_ValueError,
-                            "_keep_row: need b, i, t0, n >= 0 and "
-                            "0 <= p < 1");
-    }
-    return keep;
-}
 #endif /* ATT_TEST_HOOKS */
 /* ---------------------------------------------------------------------
  * The module
@@ -819,6 +699,10 @@ static PyMethodDef private_methods[] = {
     {"_keep_row", py_keep_row, METH_VARARGS,
      "_keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep "
      "bytes of keys t0 .. t0 + n by one path."},
+    {"_gemm", py_gemm, METH_VARARGS,
+     "_gemm(a, b, c, alpha, beta, simd, bf16=False, kmask=None): c = "
+     "alpha a b + beta c in place by one path's product (bf16: on bf16 "
+     "dot products)."},
 #endif
 };
 

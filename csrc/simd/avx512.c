@@ -227,6 +227,7 @@ static double FSFX(dot_loop)(ptrdiff_t iters)
     return (double)_mm512_reduce_add_ps(s);
 }
 #define FLASH_DOT_LOOP FSFX(dot_loop)
+#include "simd/gemm_dp.inc"
 #if ATT_HAVE_AMX
 #include "simd/flash_amx.inc"
 #endif

@@ -39,8 +39,9 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import (assert_all_identical, assert_rounded, f64,
-                                 rel_err)
+from attention_c.testing import (assert_all_identical, assert_rounded,
+                                 dot_bf16, f64, rel_err)
+from attention_c.testing import round_bf16 as bf16
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -48,7 +49,6 @@ BF16_TOL = 8e-3
 # What float32 products stay within here (testing.TOL's float32 is 1e-5):
 # a bf16 result must be further off than this, or the tiles did not run
 FLOAT32_ERR = 1e-5
-BF16_MAX = np.float32(3.38953139e38)
 
 
 
@@ -59,15 +59,6 @@ def unit(request, restore_settings):
         pytest.skip(f"this CPU has no {request.param} bf16 products")
     _core._set_bf16_unit(request.param)
     return request.param
-
-
-def bf16(x):
-    """x (float32) rounded to bf16 as the kernel does: clamped to bf16's
-    finite range, then to nearest even (kept in float32)."""
-    x = np.clip(np.asarray(x, np.float32), -BF16_MAX, BF16_MAX)
-    u = x.view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
 
 
 def _inputs(rng, lead, Tq, T, H, Hv, kv_lead=None):
@@ -242,21 +233,8 @@ def test_one_key_rounds_exactly(unit, H):
     want = s * f64(c) * np.log(2)                 # rounding in all
     np.testing.assert_allclose(lse, want, rtol=2e-6, atol=2e-6 * H)
     if unit == "dot":
-        m = np.float32(_dot_products(bf16(q), bf16(k))[..., 0] * c)
+        m = np.float32(dot_bf16(bf16(q), bf16(k))[..., 0] * c)
         np.testing.assert_array_equal(lse, m * np.float32(np.log(2)))
-
-
-def _dot_products(a, b):
-    """a @ b^T (last axes, float32, bf16 values) as vdpbf16ps sums them:
-    over pairs of elements in order, each pair's odd product added before
-    its even one, each product exact, each sum rounded to float32."""
-    a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, a.shape[-1] % 2)])
-    b = np.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, b.shape[-1] % 2)])
-    acc = np.zeros(a.shape[:-1] + (b.shape[-2],), np.float32)
-    for j in range(0, a.shape[-1], 2):
-        for e in (j + 1, j):
-            acc += a[..., e, None] * b[..., None, :, e]    # exact products
-    return acc
 
 
 def test_dot_product_model_is_exact():
@@ -267,7 +245,7 @@ def test_dot_product_model_is_exact():
     b = bf16(rng.standard_normal((4, 9)).astype(np.float32))
     prods = f64(a)[:, None, :] * f64(b)[None, :, :]
     np.testing.assert_array_equal(prods.astype(np.float32), prods)
-    assert rel_err(_dot_products(a, b), f64(a) @ f64(b).T) < 1e-6
+    assert rel_err(dot_bf16(a, b), f64(a) @ f64(b).T) < 1e-6
 
 
 CASES = {

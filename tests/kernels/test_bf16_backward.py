@@ -1,0 +1,286 @@
+"""The backward on bf16 dot products (csrc/simd/gemm_dp.inc): a streamed
+backward that may take bf16 products (a bfloat16 call, or a float32 one
+under set_fp32_precision("bf16")) runs its five products on AVX512_BF16's
+vdpbf16ps where the dot unit is chosen (by default where it beats the
+FMAs: AMD Zen 4 and later), summing in float32, the gradients in float32
+across blocks and threads, rounded once.
+
+* the product (the tests' hook _gemm), bit for bit against its model
+  (attention_c.testing.dot_bf16 over K blocks of 256, times alpha, plus
+  C when beta = 1): operands read by rows, by columns and by neither
+  (strided both ways), sizes around the 12 x 32 tile and its pairs of k
+  (1, 3, 17, 65 rows; 1, 31, 32, 33, 65 columns; K of 1, 17, 64, 300),
+  rows of B that kmask leaves out (their NaN stays out), a NaN of A
+  staying NaN;
+* the backward, skipped where the CPU has no dot products: within
+  BF16_TOL of float64 and beyond float32's rounding (the products did
+  run on bf16), full, causal, window, grouped heads, packed sequences,
+  dropout; one key of zeros: dvalues = the sum of grad_out rounded to
+  bf16, exactly; bitwise
+  for 1, 2 and 3 threads; inputs unchanged; a non-finite input, or
+  another path (AVX2): the float32 products, bitwise the "ieee" call;
+* bfloat16 inputs: the float32 call under "bf16" on the widened inputs,
+  rounded once, bit for bit.
+
+Tolerances: normwise against float64 with a floor of the inputs' scale,
+BF16_TOL = 8e-3 (each rounded operand costs up to 2^-9 relative;
+measured 1.5e-3 to 3e-3 here); the product exact.
+"""
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+from attention_c import _core, _core_tests
+from attention_c import reference as ref
+from attention_c.testing import (HALF_DTYPES, assert_all_identical,
+                                 assert_rounded, dot_bf16, f64, rel_err)
+from attention_c.testing import round_bf16 as bf16
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+BF16_TOL = 8e-3
+FLOAT32_ERR = 1e-5       # what float32 products stay within (testing.TOL)
+HAS_DOT = "dot" in _core._bf16_units() and "avx512" in _core._simd_paths()
+needs_dot = pytest.mark.skipif(not HAS_DOT, reason="this CPU has no bf16 "
+                               "dot products (AVX512_BF16)")
+
+
+@pytest.fixture
+def dot(restore_settings):
+    """The dot products chosen, on the AVX-512 path."""
+    _core._set_simd("avx512")
+    _core._set_bf16_unit("dot")
+
+
+# -- the product ---------------------------------------------------------
+
+def _model(a, b, alpha, beta, c, kmask=None):
+    """_gemm's result: A and B rounded to bf16 (rows of B that kmask
+    leaves out as 0), dot_bf16 over blocks of 256 of K from k = 0, each
+    block times alpha and added to C in float32 (C itself first when
+    beta = 1)."""
+    a, b = bf16(a), bf16(b)
+    if kmask is not None:
+        b = np.where(kmask[:, None] != 0, b, np.float32(0))
+    out = c.copy() if beta else np.zeros_like(c)
+    for k0 in range(0, a.shape[1], 256):
+        blk = dot_bf16(a[:, k0:k0 + 256], b[k0:k0 + 256].T.copy())
+        x = np.float32(alpha) * blk
+        out = x if (k0 == 0 and not beta) else out + x
+    return out
+
+
+def _operand(rng, rows, cols, order):
+    """A rows x cols float32 view read by rows ("rows": contiguous along
+    a row), by columns ("cols") or by neither ("strided")."""
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    if order == "cols":
+        return np.asfortranarray(x)
+    if order == "strided":
+        big = np.zeros((2 * rows, 3 * cols), np.float32)
+        big[::2, ::3] = x
+        return big[::2, ::3]
+    return x
+
+
+@needs_dot
+@pytest.mark.parametrize("a_order", ["rows", "cols", "strided"])
+@pytest.mark.parametrize("b_order", ["rows", "cols", "strided"])
+@pytest.mark.parametrize("M, N, K", [(1, 1, 1), (3, 31, 17), (17, 32, 64),
+                                     (65, 33, 300), (12, 65, 2)])
+def test_gemm_bf16_is_its_model(M, N, K, a_order, b_order):
+    rng = np.random.default_rng(M * 1000 + N * 10 + K)
+    a = _operand(rng, M, K, a_order)
+    b = _operand(rng, K, N, b_order)
+    for alpha, beta in [(1.0, 0.0), (0.125, 1.0)]:
+        c = rng.standard_normal((M, N)).astype(np.float32)
+        want = _model(a, b, alpha, beta, c)
+        a0, b0 = a.copy(), b.copy()
+        _core_tests._gemm(a, b, c, alpha, beta, "avx512", True)
+        assert_all_identical([c], [want], f"{M}x{N}x{K} {alpha} {beta}")
+        np.testing.assert_array_equal(a, a0)
+        np.testing.assert_array_equal(b, b0)
+
+
+@needs_dot
+@pytest.mark.parametrize("b_order", ["rows", "cols", "strided"])
+def test_gemm_bf16_kmask_and_nan(b_order):
+    """Rows of B that kmask leaves out count as 0, a NaN there too; a NaN
+    of A reaches its row of C (the rounding keeps it a NaN)."""
+    rng = np.random.default_rng(5)
+    M, N, K = 13, 40, 37
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = _operand(rng, K, N, b_order)
+    kmask = (rng.random(K) > 0.3).astype(np.uint8)
+    b[np.flatnonzero(kmask == 0)[0], 3] = np.nan
+    c = np.zeros((M, N), np.float32)
+    _core_tests._gemm(a, b, c, 1.0, 0.0, "avx512", True, kmask)
+    assert_all_identical([c], [_model(a, b, 1.0, 0.0, c, kmask)], "kmask")
+    a[4, 7] = np.nan
+    _core_tests._gemm(a, b, c, 1.0, 0.0, "avx512", True, kmask)
+    assert np.isnan(c[4]).all() and not np.isnan(np.delete(c, 4, 0)).any()
+
+
+def test_gemm_hook_refuses_what_it_cannot_run():
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError, match="a .M, K., b .K, N."):
+        _core_tests._gemm(a, a, np.ones((2, 3), np.float32), 1.0, 0.0,
+                          "scalar")
+    with pytest.raises(TypeError, match="a must be a 2-D float32"):
+        _core_tests._gemm(a.astype(np.float64), a.T, a, 1.0, 0.0, "scalar")
+    with pytest.raises(ValueError, match="bf16 dot products on scalar"):
+        _core_tests._gemm(a, a.T.copy(), np.ones((2, 2), np.float32), 1.0,
+                          0.0, "scalar", True)
+
+
+# -- the backward --------------------------------------------------------
+
+CASES = {
+    "full": {},
+    "causal": {"causal": True},
+    "window": {"window": (20, 3)},
+    "dropout": {"dropout": 0.2, "seed": 7},
+}
+
+
+def _problem(rng, lead, Tq, T, H, kv_lead=None):
+    q = rng.standard_normal(lead + (Tq, H)).astype(np.float32)
+    kl = lead if kv_lead is None else kv_lead
+    k = rng.standard_normal(kl + (T, H)).astype(np.float32)
+    v = rng.standard_normal(kl + (T, H)).astype(np.float32)
+    g = rng.standard_normal(lead + (Tq, H)).astype(np.float32)
+    return q, k, v, g
+
+
+def _backward(q, k, v, g, precision, **kw):
+    """The backward from the float64 reference's out and lse (as float32),
+    under `precision`: only the backward's products differ."""
+    out, lse = ref.dot_attention(f64(q), f64(k), values=f64(v),
+                                 return_weights=False, **kw)
+    out, lse = out.astype(np.float32), lse.astype(np.float32)
+    with ac.set_fp32_precision(precision):
+        grads = ac.dot_attention_backward(g, q, k, values=v, out=out,
+                                          lse=lse, **kw)
+    want = ref.dot_attention_backward(f64(g), f64(q), f64(k), values=f64(v),
+                                      out=f64(out), lse=f64(lse), **kw)
+    return grads, want
+
+
+@needs_dot
+@pytest.mark.usefixtures("dot")
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("Tq, T", [(1, 3), (17, 65), (300, 257)])
+def test_backward_on_dot_products(case, Tq, T):
+    rng = np.random.default_rng(Tq + T)
+    q, k, v, g = _problem(rng, (2,), Tq, T, 40)
+    before = [x.copy() for x in (q, k, v, g)]
+    grads, want = _backward(q, k, v, g, "bf16", **CASES[case])
+    for x, b in zip((q, k, v, g), before):
+        np.testing.assert_array_equal(x, b)
+    errs = []
+    for name, x, w in zip(("dq", "dk", "dv"), grads[:3], want[:3]):
+        err = rel_err(x, w, floor=1.0)
+        assert err < BF16_TOL, f"{case} {name}: {err:.2e}"
+        errs.append(err)
+    if Tq > 1:                          # one query: few products to round
+        assert max(errs) > FLOAT32_ERR, f"{case}: float32 products ran"
+
+
+@needs_dot
+@pytest.mark.usefixtures("dot")
+def test_backward_grouped_and_packed():
+    """Grouped query heads (keys shared by 3 heads' queries, their
+    gradients summed in float32) and packed sequences."""
+    rng = np.random.default_rng(3)
+    q, k, v, g = _problem(rng, (2, 6), 40, 50, 32, kv_lead=(2, 2))
+    q = q.reshape(2, 2, 3, 40, 32)
+    g = g.reshape(2, 2, 3, 40, 32)
+    k, v = k[:, :, None], v[:, :, None]
+    grads, want = _backward(q, k, v, g, "bf16")
+    for x, w in zip(grads[:3], want[:3]):
+        assert FLOAT32_ERR < rel_err(x, w, floor=1.0) < BF16_TOL
+    cu = np.array([0, 30, 31, 90], np.int64)
+    q, k, v, g = _problem(rng, (), 90, 90, 24)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    grads, want = _backward(q, k, v, g, "bf16", **kw)
+    for x, w in zip(grads[:3], want[:3]):
+        assert FLOAT32_ERR < rel_err(x, w, floor=1.0) < BF16_TOL
+
+
+@needs_dot
+@pytest.mark.usefixtures("dot")
+def test_one_key_gives_grad_out_rounded():
+    """With one key of zeros every weight is exp(0 - 0) = 1: dvalues is
+    the sum of the two queries' grad_out, rounded to bf16 and added
+    exactly as vdpbf16ps adds them (the second's then the first's, each
+    times a weight 1), in float32; "ieee" adds them unrounded."""
+    rng = np.random.default_rng(11)
+    q, k, v, g = _problem(rng, (3,), 2, 1, 48)
+    k[:] = 0
+    grads, _ = _backward(q, k, v, g, "bf16")
+    want = bf16(g[:, 1]) + bf16(g[:, 0])
+    np.testing.assert_array_equal(grads.values[:, 0], want)
+    grads, _ = _backward(q, k, v, g, "ieee")
+    np.testing.assert_array_equal(grads.values[:, 0], g[:, 0] + g[:, 1])
+
+
+@needs_dot
+@pytest.mark.usefixtures("dot")
+@pytest.mark.parametrize("case", ["full", "causal"])
+def test_backward_threads_bitwise(case):
+    rng = np.random.default_rng(2)
+    q, k, v, g = _problem(rng, (3,), 300, 300, 64)
+    got = []
+    for threads in (1, 2, 3):
+        ac.set_num_threads(threads)
+        got.append(_backward(q, k, v, g, "bf16", **CASES[case])[0])
+    assert_all_identical(got[1], got[0], "2 threads")
+    assert_all_identical(got[2], got[0], "3 threads")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("what", ["nan", "inf", "avx2"])
+def test_float32_products_where_bf16_cannot(what):
+    """A NaN or an infinity among the inputs (the rounding would clamp an
+    infinity), or a path without the dot products: the float32 products,
+    bitwise the "ieee" call."""
+    if what == "avx2" and "avx2" not in _core._simd_paths():
+        pytest.skip("no AVX2 path here")
+    if HAS_DOT:
+        _core._set_bf16_unit("dot")
+    _core._set_simd("avx2" if what == "avx2" else _core._simd_best())
+    rng = np.random.default_rng(4)
+    q, k, v, g = _problem(rng, (2,), 70, 80, 32)
+    out, lse = ac.dot_attention(q, k, values=v, return_weights=False)
+    if what != "avx2":
+        k[1, 5, 3] = np.nan if what == "nan" else np.inf
+    got = []
+    for precision in ("bf16", "ieee"):
+        with ac.set_fp32_precision(precision):
+            got.append(ac.dot_attention_backward(g, q, k, values=v, out=out,
+                                                 lse=lse))
+    assert_all_identical(got[0], got[1], what)
+
+
+@needs_dot
+@pytest.mark.usefixtures("dot")
+@pytest.mark.skipif(len(HALF_DTYPES) < 2, reason="ml_dtypes is missing")
+def test_bfloat16_backward_is_the_bf16_float32_call():
+    """A bfloat16 backward (every floating input bfloat16; the lse float32,
+    as the forward returns it) is the float32 call under "bf16" on the
+    widened inputs, rounded once to bfloat16."""
+    bf = HALF_DTYPES[1]
+    rng = np.random.default_rng(6)
+    q, k, v, g = (x.astype(bf) for x in _problem(rng, (2,), 65, 65, 40))
+    out, lse = ac.dot_attention(q, k, values=v, causal=True,
+                                return_weights=False)
+    assert out.dtype == bf and lse.dtype == np.float32
+    got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
+                                    causal=True)
+    assert all(x.dtype == bf for x in got[:3])
+    wide = [x.astype(np.float32) for x in (g, q, k, v, out)]
+    with ac.set_fp32_precision("bf16"):
+        want = ac.dot_attention_backward(*wide[:3], values=wide[3],
+                                         out=wide[4], lse=lse, causal=True)
+    assert_rounded(got, want, bf, "bfloat16 backward")
