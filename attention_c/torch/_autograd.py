@@ -282,11 +282,12 @@ def _transforms() -> list[Any]:
     return [i.key() for i in retrieve_all_functorch_interpreters()]
 
 
-def _plain(args: tuple[Any, ...]) -> bool:
+def _plain(args: tuple[Any, ...], grad: bool | None = None) -> bool:
     """Whether a call is plain eager inference on CPU tensors: no input
-    that autograd tracks, no torch.func transform, no dispatch mode (fake
-    or proxy tensors, FlopCounter, ...) and no tensor subclass."""
-    grad = torch.is_grad_enabled()
+    that autograd tracks (unless ``grad`` is False), no torch.func
+    transform, no dispatch mode (fake or proxy tensors, FlopCounter, ...)
+    and no tensor subclass."""
+    grad = torch.is_grad_enabled() if grad is None else grad
     for a in args:
         if isinstance(a, torch.Tensor) and (
                 type(a) is not torch.Tensor or a.device.type != "cpu"
@@ -296,10 +297,14 @@ def _plain(args: tuple[Any, ...]) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
-def _infers(*args: Any) -> bool:
+def _eager(*args: Any) -> bool:
     """Whether :func:`_call` with these tensors among its arguments runs
-    the op's body as plain eager inference (see :func:`_plain`)."""
-    return not (torch.compiler.is_compiling() or _tracing()) and _plain(args)
+    eagerly on plain CPU tensors, with autograd or without: no
+    torch.compile, tracing, torch.func transform or dispatch mode, whose
+    fake kernels and transforms see float32 (the ops then take 16-bit
+    tensors as they are: their forward returns the lse in float32)."""
+    return (not (torch.compiler.is_compiling() or _tracing())
+            and _plain(args, grad=False))
 
 
 def _call(kind: str, *args: Any) -> Any:

@@ -34,7 +34,7 @@ import attention_c as _ac
 from . import _pure
 from .._functions import TABLE
 from ._autograd import _call as _call  # what the functions call
-from ._autograd import _infers as _infers
+from ._autograd import _eager as _eager
 from ._autograd import _register, _Spec
 from ._utils import _from_np, _np, _np_opt
 
@@ -51,7 +51,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def _t(x: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
-    return _empty(like) if x is None else torch.from_numpy(x)
+    return _empty(like) if x is None else _from_np(x)
 
 
 def _ga(grad_alpha: torch.Tensor | None) -> np.ndarray | None:

@@ -45,8 +45,8 @@ def _from_np(a: np.ndarray) -> torch.Tensor:
 
 
 def _reads_as_stored(t: torch.Tensor) -> bool:
-    """Whether the kernels may take ``t`` (keys or values of an inference
-    call) in its own 16-bit dtype: they read it in place where they
+    """Whether the kernels may take ``t`` (queries, keys or values of an
+    eager call) in its own 16-bit dtype: they read it in place where they
     decode, and widen a copy elsewhere.  bfloat16 needs ml_dtypes."""
     return (t.dtype == torch.float16
             or (t.dtype == torch.bfloat16 and _BF16 is not None))
@@ -146,13 +146,14 @@ def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
     return out.to(low), alpha.to(low)
 
 
-def _kv(t: torch.Tensor | None, low: torch.dtype | None, infer: bool
+def _kv(t: torch.Tensor | None, low: torch.dtype | None, eager: bool
         ) -> torch.Tensor | None:
     """Queries, keys or values for the kernels: in their 16-bit dtype in
-    plain inference (``infer``), where a decoding kernel reads keys and
-    values in place, widening as it loads, and a call on bfloat16 alone
-    takes the bf16 products; else :func:`_f32`."""
-    if infer and t is not None and low in _LOW and _reads_as_stored(t):
+    an eager call (``eager``, with autograd or without), where a decoding
+    kernel reads keys and values in place, widening as it loads, and a
+    call on bfloat16 alone takes the bf16 products, forward and backward;
+    else :func:`_f32`."""
+    if eager and t is not None and low in _LOW and _reads_as_stored(t):
         return t                 # (not autocast's float32: low is its own)
     return _f32(t, low)
 

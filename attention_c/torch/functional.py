@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import attention_c as _ac
 
-from ._ops import _call, _infers
+from ._ops import _call, _eager
 from ._utils import _back, _check_tensors, _f32, _kv, _tracing
 
 __all__ = ["context_attention", "additive_attention", "dot_attention",
@@ -453,10 +453,10 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                         f"{type(scale).__name__}")
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
-    infer = _infers(query, keys, values, bias, mask, attn_mask, *var[2:4])
-    out, second = _call("dot", _kv(query, low, infer),
-                        _kv(keys, low, infer), mask, attn_mask, causal,
-                        _f32(bias, low), p, seed_t, _kv(values, low, infer),
+    eager = _eager(query, keys, values, bias, mask, attn_mask, *var[2:4])
+    out, second = _call("dot", _kv(query, low, eager),
+                        _kv(keys, low, eager), mask, attn_mask, causal,
+                        _f32(bias, low), p, seed_t, _kv(values, low, eager),
                         None if scale is None else float(scale),
                         bool(return_weights), *var, cu_seqlens_q,
                         cu_seqlens_k)
@@ -515,12 +515,12 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     p, seed_t = _dropout_seed(dropout, seed)
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
-    infer = _infers(query, keys, W, values, bias, mask, attn_mask,
+    eager = _eager(query, keys, W, values, bias, mask, attn_mask,
                     *var[2:4])
-    out, second = _call("general", _kv(query, low, infer),
-                        _kv(keys, low, infer), _kv(W, low, infer), mask,
+    out, second = _call("general", _kv(query, low, eager),
+                        _kv(keys, low, eager), _kv(W, low, eager), mask,
                         attn_mask, causal,
-                        _f32(bias, low), p, seed_t, _kv(values, low, infer),
+                        _f32(bias, low), p, seed_t, _kv(values, low, eager),
                         _f32(key_proj, low), bool(return_weights), *var,
                         cu_seqlens_q, cu_seqlens_k)
     return _back(out, second, low)

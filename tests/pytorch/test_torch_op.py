@@ -452,11 +452,12 @@ def test_low_precision_inference_on_a_cache(dtype, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_inference_is_the_numpy_call(dtype):
-    """Plain inference on 16-bit tensors (a prefill: the streamed path)
-    is the NumPy call on the same 16-bit data, bit for bit: for bfloat16
-    the bf16 products where the CPU has them; with gradients recorded,
-    the float32 path."""
+def test_low_precision_eager_is_the_numpy_call(dtype):
+    """An eager call on 16-bit tensors (a prefill: the streamed path) is
+    the NumPy call on the same 16-bit data, bit for bit: for bfloat16
+    the bf16 products where the CPU has them; with gradients recorded
+    too, and its backward is the NumPy backward on the 16-bit data (bf16
+    products there as well), gradients in the inputs' dtype."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     np_dtype = {torch.bfloat16: ml_dtypes.bfloat16,
                 torch.float16: np.float16}[dtype]
@@ -475,13 +476,19 @@ def test_low_precision_inference_is_the_numpy_call(dtype):
     assert out.dtype == dtype
     assert np.array_equal(arr(out), want)
     assert torch.equal(lse, torch.from_numpy(want_lse).to(dtype))
-    q.requires_grad_(True)
+    for t in (q, k, v):
+        t.requires_grad_(True)
     out2, _ = act.dot_attention(q, k, values=v, causal=True,
                                 return_weights=False)
-    f32 = ac.dot_attention(*(arr(t).astype(np.float32) for t in (q, k)),
-                           values=arr(v).astype(np.float32), causal=True,
-                           return_weights=False)[0]
-    assert np.array_equal(arr(out2.detach()), f32.astype(np_dtype))
+    assert np.array_equal(arr(out2.detach()), want)
+    go = torch.randn(out2.shape, generator=g).to(dtype)
+    out2.backward(go)
+    grads = ac.dot_attention_backward(arr(go), arr(q.detach()),
+                                      arr(k.detach()), values=arr(v.detach()),
+                                      out=want, lse=want_lse, causal=True)
+    for t, w in zip((q, k, v), grads):
+        assert t.grad.dtype == dtype and w.dtype == np_dtype
+        assert np.array_equal(arr(t.grad), w)
 
 
 def test_autocast_bfloat16():
