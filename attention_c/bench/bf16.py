@@ -9,7 +9,10 @@ PyTorch is required (it is the baseline).
 Float32 inputs, (B, heads, T, d) with B * heads the first number of each
 shape, full and causal, at each thread count asked for (ours through
 ``attention_c.set_num_threads``, PyTorch through ``torch.set_num_threads``).
-Timed in interleaved rounds (``harness.measure``), forward only:
+Timed in interleaved rounds (``harness.measure``), the forward alone and
+the forward then the backward (``dot_attention_backward`` from the
+forward's out and lse; PyTorch's autograd from leaf tensors, a gradient
+of out drawn with the inputs):
 
 * ours_fp32: ``dot_attention(q, k, values=v, return_weights=False)`` with
   ``set_fp32_precision("ieee")``;
@@ -21,13 +24,16 @@ Timed in interleaved rounds (``harness.measure``), forward only:
 * ours_bf16_in: the ``"ieee"`` call on ml_dtypes bfloat16 copies of the
   inputs (made once, outside the timing), which returns bfloat16 and takes
   the bf16 products by itself;
-* torch_fp32 / torch_bf16: SDPA under no_grad on float32 tensors / on
-  bfloat16 copies of them (made once, outside the timing).
+* torch_fp32 / torch_bf16: SDPA (under no_grad for the forward alone) on
+  float32 tensors / on bfloat16 copies of them (made once, outside the
+  timing).
 
 The scale is 1 / sqrt(d) on both sides.  Before timing, each output is
-compared with SDPA in float64 on the same data (||x - r|| / ||r||).  GF/s
-count 4 B T^2 d flops (halved for causal), as a share of the measured
-float32 FMA peak of our SIMD path (bf16 products may go beyond it).
+compared with SDPA in float64 on the same data (||x - r|| / ||r||; the
+gradients dq, dk, dv each).  GF/s count 4 B T^2 d flops for the forward,
+3.5 times that with the backward (halved for causal), as a share of the
+measured float32 FMA peak of our SIMD path (bf16 products may go beyond
+it).
 """
 
 import math
@@ -45,6 +51,7 @@ from attention_c.testing import rel_err
 SHAPES = ((8, 1024, 64), (2, 4096, 64))         # (B * heads, T, d)
 QUICK_SHAPES = ((2, 128, 16), (1, 256, 16))
 CASES = ("full", "causal")
+PASSES = ("forward", "f+b")
 IMPLS = ("ours_fp32", "ours_bf16", "ours_bf16_in", "torch_fp32",
          "torch_bf16")
 TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4, "ours_bf16": 2e-2,
@@ -57,12 +64,13 @@ RATIOS = {"bf16/fp32": ("ours_bf16", "ours_fp32"),
 
 
 def make_problem(shape, case, seed=0):
-    """q, k, v (B, heads, T, d), float32 standard normal, and the case."""
+    """q, k, v and the gradient of out g (B, heads, T, d), float32
+    standard normal, and the case."""
     bh, T, d = shape
     rng = np.random.default_rng([seed, bh, T, d, CASES.index(case)])
     lead = split(bh)
     p = {n: rng.standard_normal(lead + (T, d), dtype=np.float32)
-         for n in ("q", "k", "v")}
+         for n in ("q", "k", "v", "g")}
     p.update(causal=case == "causal", scale=1 / math.sqrt(d))
     return p
 
@@ -73,61 +81,78 @@ def flops_forward(shape, causal):
     return 4.0 * bh * T * T * d / (2 if causal else 1)
 
 
-def ours_call(p, precision, dtype=np.float32):
-    """Our forward at ``precision`` on the inputs in ``dtype``; the setting
-    is global, so each call sets it (only when it differs: a get costs far
-    less than a set)."""
-    q, k, v = (p[n].astype(dtype, copy=False) for n in ("q", "k", "v"))
+def ours_call(p, precision, backward, dtype=np.float32):
+    """Our forward (then, ``backward``, its backward: the gradients) at
+    ``precision`` on the inputs in ``dtype``; the setting is global, so
+    each call sets it (only when it differs: a get costs far less than a
+    set)."""
+    q, k, v, g = (p[n].astype(dtype, copy=False) for n in "qkvg")
+    kw = dict(causal=p["causal"], scale=p["scale"])
 
-    def fwd():
+    def run():
         if ac.get_fp32_precision() != precision:
             ac.set_fp32_precision(precision)
-        return ac.dot_attention(q, k, values=v, causal=p["causal"],
-                                scale=p["scale"], return_weights=False)[0]
-    return fwd
+        out, lse = ac.dot_attention(q, k, values=v, return_weights=False,
+                                    **kw)
+        if not backward:
+            return [out]
+        return list(ac.dot_attention_backward(g, q, k, values=v, out=out,
+                                              lse=lse, **kw)[:3])
+    return run
 
 
-def torch_call(torch, p, dtype):
-    """SDPA's forward under no_grad on the problem converted to ``dtype``
+def torch_call(torch, p, dtype, backward):
+    """SDPA's forward under no_grad (or, ``backward``, with autograd from
+    leaf tensors: the gradients) on the problem converted to ``dtype``
     (float32 shares the arrays' memory)."""
-    q, k, v = (torch.from_numpy(p[n]).to(dtype) for n in ("q", "k", "v"))
+    q, k, v, g = (torch.from_numpy(p[n]).to(dtype) for n in "qkvg")
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def fwd():
-        with torch.no_grad():
-            return sdpa(q, k, v, is_causal=p["causal"], scale=p["scale"])
-    return fwd
+    def run():
+        if not backward:
+            with torch.no_grad():
+                return [sdpa(q, k, v, is_causal=p["causal"],
+                             scale=p["scale"])]
+        x = [t.detach().requires_grad_() for t in (q, k, v)]
+        sdpa(*x, is_causal=p["causal"], scale=p["scale"]).backward(g)
+        return [t.grad for t in x]
+    return run
 
 
-def functions(torch, p):
-    """The timed forwards, by IMPLS name."""
+def functions(torch, p, backward):
+    """The timed calls, by IMPLS name."""
     import ml_dtypes
-    return {"ours_fp32": ours_call(p, "ieee"),
-            "ours_bf16": ours_call(p, "bf16"),
-            "ours_bf16_in": ours_call(p, "ieee", ml_dtypes.bfloat16),
-            "torch_fp32": torch_call(torch, p, torch.float32),
-            "torch_bf16": torch_call(torch, p, torch.bfloat16)}
+    return {"ours_fp32": ours_call(p, "ieee", backward),
+            "ours_bf16": ours_call(p, "bf16", backward),
+            "ours_bf16_in": ours_call(p, "ieee", backward,
+                                      ml_dtypes.bfloat16),
+            "torch_fp32": torch_call(torch, p, torch.float32, backward),
+            "torch_bf16": torch_call(torch, p, torch.bfloat16, backward)}
 
 
-def check(torch, p, funcs):
-    """{impl: normwise error of its output} against SDPA in float64."""
-    exact = torch_call(torch, p, torch.float64)().numpy()
+def check(torch, p, funcs, backward):
+    """{impl: [normwise error of each result]} against SDPA in float64:
+    out, or dq, dk, dv."""
+    exact = [x.numpy() for x in torch_call(torch, p, torch.float64,
+                                          backward)()]
     errs = {}
     for name, fn in funcs.items():
-        out = fn()
-        out = out.to(torch.float64).numpy() if torch.is_tensor(out) else out
-        errs[name] = rel_err(out.astype(np.float64), exact)
+        errs[name] = [
+            rel_err((x.to(torch.float64).numpy() if torch.is_tensor(x)
+                     else x).astype(np.float64), r)
+            for x, r in zip(fn(), exact)]
     return errs
 
 
-def run_row(case, shape, threads, ctx, funcs, errs):
-    """Time the forwards on one case, shape and thread count."""
+def run_row(case, shape, threads, ctx, funcs, errs, backward):
+    """Time the calls on one case, shape and thread count."""
     row = {"case": case, "shape": list(shape), "lead": list(split(shape[0])),
-           "threads": threads, "errors": errs}
+           "threads": threads, "pass": PASSES[backward], "errors": errs}
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
-    flops = flops_forward(shape, case == "causal")
+    flops = flops_forward(shape, case == "causal") * (3.5 if backward
+                                                      else 1)
     row["gflops"] = {k: flops / (ms / 1e3) / 1e9 for k, ms in t.items()}
     row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     row["peak_share"] = {k: g / row["peak_gflops"]
@@ -138,15 +163,19 @@ def run_row(case, shape, threads, ctx, funcs, errs):
 def run_all(options, ctx):
     """Every shape, case and thread count; returns the rows."""
     torch, rows = ctx["torch"], []
-    for shape in ctx["shapes"]:
-        for case in CASES:
-            p = make_problem(shape, case, ctx["seed"])
-            funcs = functions(torch, p)
-            errs = check(torch, p, funcs)       # once, before timing
-            harness.warn_inaccurate(errs, TOLERANCE, f"{case} {shape}")
-            rows += harness.rows_by_threads(
-                options.threads, ctx, torch, f"{case:<7} {str(shape):<16}",
-                lambda n: run_row(case, shape, n, ctx, funcs, errs))
+    for backward in (0, 1):
+        for shape in ctx["shapes"]:
+            for case in CASES:
+                p = make_problem(shape, case, ctx["seed"])
+                funcs = functions(torch, p, backward)
+                errs = check(torch, p, funcs, backward)  # once, before
+                harness.warn_inaccurate({k: max(e) for k, e in errs.items()},
+                                        TOLERANCE, f"{case} {shape}")
+                rows += harness.rows_by_threads(
+                    options.threads, ctx, torch,
+                    f"{PASSES[backward]:<8} {case:<7} {str(shape):<16}",
+                    lambda n: run_row(case, shape, n, ctx, funcs, errs,
+                                      backward))
     return rows
 
 
@@ -164,8 +193,8 @@ def header(meta):
     lines = [
         "bf16 products (set_fp32_precision('bf16')) against float32 "
         "products and torch SDPA: float32 inputs (bfloat16 for "
-        "ours_bf16_in), forward, "
-        "return_weights=False",
+        "ours_bf16_in), the forward (return_weights=False) and the "
+        "forward then the backward (f+b)",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "
         f"{meta['config']['simd']}, bf16_products "
@@ -193,29 +222,31 @@ def shape_text(row):
 
 def report(meta, rows):
     """The plain-text report: header, times and ratios, GF/s, errors."""
-    key = ["case", "B x h x T x d", "thr"]
-    times = [[r["case"], shape_text(r), str(r["threads"])]
+    key = ["pass", "case", "B x h x T x d", "thr"]
+    times = [[r["pass"], r["case"], shape_text(r), str(r["threads"])]
              + [f"{r['times_ms'][k]:.3f}" for k in IMPLS]
              + [f"{r['ratios'][k]:.2f}" for k in RATIOS]
              + ["?" if r["others_load"] is None
                 else f"{r['others_load']:.0%}"] for r in rows]
-    rates = [[r["case"], shape_text(r), str(r["threads"]),
+    rates = [[r["pass"], r["case"], shape_text(r), str(r["threads"]),
               f"{r['peak_gflops']:.0f}"]
              + [f"{r['gflops'][k]:.1f} ({r['peak_share'][k]:.0%})"
                 for k in IMPLS] for r in rows]
     seen = {}
-    for r in rows:                  # errors: once per shape and case
-        seen.setdefault((r["case"], shape_text(r)), r["errors"])
-    errors = [[c, s] + [f"{e[k]:.1e}" for k in IMPLS]
-              for (c, s), e in seen.items()]
+    for r in rows:              # errors: once per pass, shape and case
+        seen.setdefault((r["pass"], r["case"], shape_text(r)), r["errors"])
+    errors = [[p, c, s] + [" ".join(f"{x:.1e}" for x in e[k])
+                           for k in IMPLS]
+              for (p, c, s), e in seen.items()]
     return "\n".join(header(meta) + [
-        "", "Median ms per forward; ratios < 1: ours_bf16 faster",
+        "", "Median ms per call; ratios < 1: ours_bf16 faster",
         format_table(key + [f"{k} ms" for k in IMPLS] + list(RATIOS)
                      + ["others"], times, left=2),
         "", "GF/s (share of the float32 FMA peak of the threads used)",
         format_table(key + ["peak"] + list(IMPLS), rates, left=2),
-        "", "Error of out against SDPA in float64 (||x - r|| / ||r||)",
-        format_table(key[:2] + list(IMPLS), errors, left=2)])
+        "", "Error against SDPA in float64 (||x - r|| / ||r||) of out "
+        "(forward), of dq dk dv (f+b)",
+        format_table(key[:3] + list(IMPLS), errors, left=2)])
 
 
 # --------------------------------------------------------------------------
@@ -225,7 +256,8 @@ def parse_args(argv):
     """The options of ``python -m attention_c.bench --bf16``."""
     return harness.parse_mode_args(
         "bf16",
-        "Benchmark the streamed forward of dot_attention on "
+        "Benchmark the streamed forward of dot_attention, and "
+        "the forward then the backward, on "
         "float32 inputs with bf16 products "
         "(set_fp32_precision('bf16')) against float32 products "
         "and torch.nn.functional.scaled_dot_product_attention "

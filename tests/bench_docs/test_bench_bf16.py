@@ -1,8 +1,9 @@
 """``python -m attention_c.bench --bf16`` runs, checks and reports.
 
 Times are never asserted (they depend on the machine and its load); what
-is checked is that a ``--quick`` run ends well, that every shape, case and
-thread count gets a row with every time, that each output's error against
+is checked is that a ``--quick`` run ends well, that every pass (the
+forward, the forward then the backward), shape, case and thread count gets
+a row with every time, that each output's and gradient's error against
 float64 is what its products allow, and that the ratios and rates follow
 the times.
 """
@@ -37,25 +38,29 @@ def run(tmp_path_factory):
 
 def test_every_row_is_measured(run):
     data, _ = run
-    found = {(r["case"], tuple(r["shape"]), r["threads"])
+    found = {(r["pass"], r["case"], tuple(r["shape"]), r["threads"])
              for r in data["results"]}
-    assert found == {(c, s, n) for s in bf16.QUICK_SHAPES
-                     for c in bf16.CASES for n in THREADS}
+    assert found == {(p, c, s, n) for p in bf16.PASSES
+                     for s in bf16.QUICK_SHAPES for c in bf16.CASES
+                     for n in THREADS}
     for row in data["results"]:
         assert math.prod(row["lead"]) == row["shape"][0]
         assert set(row["times_ms"]) == set(bf16.IMPLS)
         for t in row["times_ms"].values():
             assert np.isfinite(t) and t > 0, row
         assert set(row["errors"]) == set(bf16.IMPLS)
-        assert all(np.isfinite(e) for e in row["errors"].values()), row
+        for e in row["errors"].values():     # out, or dq, dk, dv
+            assert len(e) == (1 if row["pass"] == "forward" else 3), row
+            assert np.all(np.isfinite(e)), row
 
 
 def test_errors_against_float64(run):
     data, stdout = run
     for row in data["results"]:
-        errs = row["errors"]
+        errs = {k: max(e) for k, e in row["errors"].items()}
         assert errs["ours_fp32"] < 1e-4, row
         assert errs["ours_bf16"] < 2e-2, row
+        assert errs["ours_bf16_in"] < 2e-2, row
         assert errs["torch_bf16"] < 2e-2, row
     assert "WARNING" not in stdout
 
@@ -67,6 +72,7 @@ def test_ratios_and_rates_follow_the_times(run):
         for name, (a, b) in bf16.RATIOS.items():
             assert row["ratios"][name] == pytest.approx(t[a] / t[b])
         flops = bf16.flops_forward(row["shape"], row["case"] == "causal")
+        flops *= 3.5 if row["pass"] == "f+b" else 1
         for impl in bf16.IMPLS:
             gflops = row["gflops"][impl]
             assert gflops == pytest.approx(flops / t[impl] * 1e3 / 1e9)
