@@ -23,8 +23,8 @@ across blocks and threads, rounded once.
   rounded once, bit for bit.
 
 Tolerances: normwise against float64 with a floor of the inputs' scale,
-BF16_TOL = 8e-3 (each rounded operand costs up to 2^-9 relative;
-measured 1.5e-3 to 3e-3 here); the product exact.
+BF16_TOL = 8e-3 (each rounded operand costs up to 2^-9 relative); the
+product exact.
 """
 
 import numpy as np
