@@ -14,8 +14,8 @@ across blocks and threads, rounded once.
   staying NaN;
 * the backward, skipped where the CPU has no dot products: within
   BF16_TOL of float64 and beyond float32's rounding (the products did
-  run on bf16), full, causal, window, grouped heads, packed sequences,
-  dropout; one key of zeros: dvalues = the sum of grad_out rounded to
+  run on bf16), full, causal, window, dropout, softcap, ALiBi and sinks
+  (their gradients too), grouped heads, packed sequences; one key of zeros: dvalues = the sum of grad_out rounded to
   bf16, exactly; bitwise
   for 1, 2 and 3 threads; inputs unchanged; a non-finite input, or
   another path (AVX2): the float32 products, bitwise the "ieee" call;
@@ -141,6 +141,9 @@ CASES = {
     "causal": {"causal": True},
     "window": {"window": (20, 3)},
     "dropout": {"dropout": 0.2, "seed": 7},
+    "softcap": {"softcap": 2.0, "causal": True},
+    "alibi": {"alibi_slopes": np.float32([0.5, 0.125])},
+    "sinks": {"sinks": np.float32([0.5, -1.0]), "causal": True},
 }
 
 
@@ -173,13 +176,20 @@ def _backward(q, k, v, g, precision, **kw):
 @pytest.mark.parametrize("Tq, T", [(1, 3), (17, 65), (300, 257)])
 def test_backward_on_dot_products(case, Tq, T):
     rng = np.random.default_rng(Tq + T)
-    q, k, v, g = _problem(rng, (2,), Tq, T, 40)
+    # bf16 values (a bfloat16 call's): the error is the products' alone
+    # (float32 inputs rounded would move the scores, and the ALiBi slopes'
+    # gradient, a sum of dS times distances that mostly cancels, by 3e-2)
+    q, k, v, g = (bf16(x) for x in _problem(rng, (2,), Tq, T, 40))
     before = [x.copy() for x in (q, k, v, g)]
     grads, want = _backward(q, k, v, g, "bf16", **CASES[case])
     for x, b in zip((q, k, v, g), before):
         np.testing.assert_array_equal(x, b)
     errs = []
-    for name, x, w in zip(("dq", "dk", "dv"), grads[:3], want[:3]):
+    for name, x, w in zip(("dq", "dk", "dv", "dbias", "dalibi", "dsinks"),
+                          grads, want):
+        if w is None:
+            assert x is None, name
+            continue
         err = rel_err(x, w, floor=1.0)
         assert err < BF16_TOL, f"{case} {name}: {err:.2e}"
         errs.append(err)
