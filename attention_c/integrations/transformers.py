@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import attention_c as ac
-from attention_c.torch._utils import _np, _reads_as_stored
+from attention_c.torch._utils import _from_np, _np, _reads_as_stored
 
 from .compact_cache import (CompactCache, _Deferred, _import, deferred_layer,
                             dense)
@@ -290,9 +290,9 @@ def _function() -> Any:
         if weights and sinks is None:
             out, alpha = ac.dot_attention(_np(q), _np(k), **a)
             ctx.save_for_backward(q, k, v, bias, sinks,
-                                  torch.from_numpy(alpha))
+                                  _from_np(alpha))
             ctx.from_alpha = True
-            w = torch.from_numpy(alpha)
+            w = _from_np(alpha)
         else:
             out, lse = ac.dot_attention(_np(q), _np(k),
                                         return_weights=False, **a)
@@ -300,16 +300,16 @@ def _function() -> Any:
                 # The weights with sinks sum to less than 1: P = exp(s -
                 # lse), from the weights path with the same sinks.
                 _, alpha = ac.dot_attention(_np(q), _np(k), **a)
-                w = torch.from_numpy(alpha)
+                w = _from_np(alpha)
                 ctx.mark_non_differentiable(w)
             else:
                 w = q.new_empty(0)
             ctx.save_for_backward(q, k, v, bias, sinks,
-                                  torch.from_numpy(out),
-                                  torch.from_numpy(lse))
+                                  _from_np(out),
+                                  _from_np(lse))
             ctx.from_alpha = False
         ctx.kw = kw
-        return torch.from_numpy(out), w
+        return _from_np(out), w
 
     def backward(ctx: Any, g: torch.Tensor, gw: torch.Tensor | None
                  ) -> tuple[Any, ...]:
@@ -327,7 +327,7 @@ def _function() -> Any:
                                             _np(k), **call)
 
         def t(x: np.ndarray | None, need: bool) -> torch.Tensor | None:
-            return torch.from_numpy(np.ascontiguousarray(x)) if (
+            return _from_np(np.ascontiguousarray(x)) if (
                 need and x is not None) else None
 
         n = ctx.needs_input_grad
@@ -493,15 +493,17 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
     low = None
     if query.dtype not in (torch.float32, torch.float64):
         low = query.dtype
+    # A 16-bit model's queries, keys and values as they are, with
+    # gradients or without: the call computes in float32 (on the bf16
+    # products for bfloat16, where the CPU has them) and returns their
+    # dtype; a decoding step reads the keys and values in place.  Widened
+    # to float32 copies when NumPy cannot hold the dtype (no ml_dtypes).
+    native = low is not None and all(
+        _reads_as_stored(t) and t.dtype == low for t in (query, key, value))
+    if low is not None and not native:
         query = query.float()
     dt = query.dtype
-    # Inference on a 16-bit cache: the keys and values as they are (a
-    # decoding step reads them in place, widening as it loads).
-    grads = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (query, key, value))
-    stored = (low is not None and not grads and _reads_as_stored(key)
-              and _reads_as_stored(value))
-    if not stored and (key.dtype != dt or value.dtype != dt):
+    if key.dtype != dt or value.dtype != dt:
         key, value = key.to(dt), value.to(dt)
     # Grouped heads in place: query (B, Hkv, G, Tq, d), keys (B, Hkv, 1, T,
     # d), a view each.

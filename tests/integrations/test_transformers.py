@@ -7,11 +7,13 @@ sequences and a save/reload.  No hub access: models come from configs."""
 
 import copy
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import attention_c as ac  # noqa: E402
 from attention_c.integrations import transformers as act  # noqa: E402
 
 NAME = act.register()
@@ -184,9 +186,11 @@ def test_output_attentions(arch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_cache_read_as_stored(dtype):
-    """Inference on 16-bit keys and values (a decoding step, GQA, strided
-    cache views, and a prefill): the bits of the call on float32 copies,
-    rounded once to the dtype; with gradients, the float32 path."""
+    """16-bit queries, keys and values (a decoding step, GQA, strided
+    cache views, and a prefill) go to the kernels as they are: the bits
+    of the call on float32 copies (for bfloat16, with the bf16 products
+    that a bfloat16 call takes: set_fp32_precision("bf16")), rounded once
+    to the dtype; with gradients too, the gradients in the dtype."""
     module = torch.nn.Module()
     g = _gen(11)
     for Tq, T in ((1, 40), (3, 40), (17, 17)):
@@ -194,13 +198,16 @@ def test_half_cache_read_as_stored(dtype):
         cache = torch.randn(2, 2, 2, 50, 8, generator=g).to(dtype)
         k, v = cache[0, ..., :T, :], cache[1, ..., :T, :]
         wide = [x.float() for x in (q, k, v)]
-        with torch.no_grad():
+        precision = "bf16" if dtype == torch.bfloat16 else "ieee"
+        with torch.no_grad(), ac.set_fp32_precision(precision):
             got, _ = act.attention_forward(module, q, k, v, None)
             want, _ = act.attention_forward(module, *wide, None)
         assert got.dtype == dtype
         assert torch.equal(got, want.to(dtype))
     q.requires_grad_(True)
-    out, _ = act.attention_forward(module, q, k, v, None)
+    with ac.set_fp32_precision(precision):
+        out, _ = act.attention_forward(module, q, k, v, None)
+        assert torch.equal(out, want.to(dtype))
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == dtype
 
@@ -214,6 +221,34 @@ def test_bf16_greedy_tokens_equal_sdpa():
     with torch.no_grad():
         assert torch.equal(ours.generate(ids, **kw),
                            theirs.generate(ids, **kw))
+
+
+def test_bf16_training_step_as_accurate_as_sdpa():
+    """A bfloat16 model's logits and parameter gradients through our
+    backend (bf16 tensors to the kernels as they are, bf16 products where
+    the CPU has them, gradients summed in float32) against a float64 copy
+    of it: no further off than transformers' sdpa backend in bfloat16,
+    and every gradient bfloat16."""
+    ours, theirs = _pair(*DECODERS["qwen3"], torch.bfloat16, ref="sdpa")
+    exact = copy.deepcopy(theirs).to(torch.float64)
+    ids = torch.randint(0, V, (2, 33), generator=_gen(13))
+
+    def fn(m):
+        return m(ids).logits.float()
+
+    y0, g0 = _grads(exact, lambda m: m(ids).logits)
+    y1, g1 = _grads(ours, fn)
+    y2, g2 = _grads(theirs, fn)
+    assert all(g.dtype == torch.bfloat16 for g in g1.values())
+
+    def err(y, ref):
+        return ((y.double() - ref).norm() / ref.norm()).item()
+    errs1 = [err(y1, y0)] + [err(g1[n], g0[n]) for n in g0]
+    errs2 = [err(y2, y0)] + [err(g2[n], g0[n]) for n in g0]
+    assert max(errs1) < 0.05, errs1
+    # normwise over all of them: bfloat16's rounding differs entry by entry
+    assert np.linalg.norm(errs1) <= 1.25 * np.linalg.norm(errs2), (
+        errs1, errs2)
 
 
 def test_static_cache_generate():
