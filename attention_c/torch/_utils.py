@@ -138,12 +138,14 @@ def _check_tensors(named: list[tuple[str, torch.Tensor | None]],
     return ref.dtype if ref.dtype in _LOW else None
 
 
-def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, alpha)`` in the caller's low-precision dtype, if any."""
+def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None,
+          lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, alpha)`` in the caller's low-precision dtype, if any; an
+    ``lse`` in place of alpha stays float32, as the NumPy call and
+    FlashAttention return it."""
     if low is None:
         return out, alpha
-    return out.to(low), alpha.to(low)
+    return out.to(low), alpha if lse else alpha.to(low)
 
 
 def _kv(t: torch.Tensor | None, low: torch.dtype | None, eager: bool

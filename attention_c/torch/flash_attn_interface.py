@@ -51,13 +51,11 @@ from typing import Any
 
 import torch
 
+from ._utils import _LOW, _reads_as_stored
 from .functional import dot_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache"]
-
-_LOW = (torch.bfloat16, torch.float16)
-
 
 def _window(window_size: Any) -> tuple[int | None, int | None] | None:
     """FlashAttention's (left, right), -1 unbounded, as the functions'
@@ -161,8 +159,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         f"{type(causal).__name__}")
     win, cap = _window(window_size), _softcap(softcap)
     low = q.dtype if q.dtype in _LOW else None
-    if low is not None:             # in float32, lse and all (a copy)
-        q, k, v = q.float(), k.float(), v.float()
+    if low is not None:
+        # 16-bit q, k, v as they are (dot_attention computes in float32,
+        # on the bf16 products for bfloat16, and returns the lse in
+        # float32), unless NumPy cannot hold them (no ml_dtypes)
+        if not all(_reads_as_stored(t) for t in (q, k, v)):
+            q, k, v = q.float(), k.float(), v.float()
         alibi_slopes, sinks = (None if x is None else x.float()
                                for x in (alibi_slopes, sinks))
     if isinstance(dropout_p, bool) or not isinstance(dropout_p,

@@ -146,7 +146,7 @@ _SEC5_DOC = """bias : Tensor, optional
     return_weights : bool, optional
         True (default): return ``(out, alpha)``; False: ``(out, lse)``,
         and neither the forward nor the backward forms the (..., Tq, T)
-        weights."""
+        weights.  ``lse`` is float32 for bfloat16 and float16 inputs."""
 
 
 def _check_masks(query: torch.Tensor, keys: torch.Tensor,
@@ -460,7 +460,7 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                         None if scale is None else float(scale),
                         bool(return_weights), *var, cu_seqlens_q,
                         cu_seqlens_k)
-    return _back(out, second, low)
+    return _back(out, second, low, lse=not return_weights)
 
 
 def general_attention(query: torch.Tensor, keys: torch.Tensor,
@@ -523,7 +523,7 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
                         _f32(bias, low), p, seed_t, _kv(values, low, eager),
                         _f32(key_proj, low), bool(return_weights), *var,
                         cu_seqlens_q, cu_seqlens_k)
-    return _back(out, second, low)
+    return _back(out, second, low, lse=not return_weights)
 
 
 for _f in (additive_attention, dot_attention, general_attention):

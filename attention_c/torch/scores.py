@@ -181,7 +181,7 @@ def cosine_attention(query: torch.Tensor, keys: torch.Tensor, *,
                         _f32(values, low), _f32(beta, low),
                         bool(return_weights), *var, cu_seqlens_q,
                         cu_seqlens_k)
-    return _back(out, second, low)
+    return _back(out, second, low, lse=not return_weights)
 
 
 cosine_attention.__doc__ = (cosine_attention.__doc__ or "") % dict(

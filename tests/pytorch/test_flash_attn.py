@@ -201,6 +201,34 @@ def test_low_precision(dtype):
     assert rel_err(sinks.grad.double(), g["sinks"]) <= tol
 
 
+def test_bfloat16_is_the_numpy_bfloat16_call():
+    """bfloat16 q, k, v reach the kernels as they are (no float32 copy):
+    out and the float32 lse are the NumPy call's on the same bfloat16
+    data, bit for bit, and so are the gradients of its backward."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v, go = (randn(2, 70, n, 16, seed=s).to(torch.bfloat16)
+                   for n, s in ((4, 1), (2, 2), (2, 3), (4, 4)))
+    x = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flash_attn_func(*x, causal=True, return_attn_probs=True)
+    out.backward(go)
+
+    def arr(t):           # (B, T, heads, d) -> (B, heads_k, G, T, d)
+        t = t.detach().transpose(1, 2)
+        t = t.reshape(t.shape[0], 2, -1, *t.shape[2:]).contiguous()
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+    o, l = attention_c.dot_attention(arr(q), arr(k), values=arr(v),
+                                     causal=True, return_weights=False)
+    assert lse.dtype == torch.float32
+    assert np.array_equal(arr(out), o)
+    assert np.array_equal(lse.detach().reshape(l.shape).numpy(), l)
+    grads = attention_c.dot_attention_backward(
+        arr(go), arr(q), arr(k), values=arr(v), out=o, lse=l, causal=True)
+    for t, w in zip(x, grads):        # (keys shared by G = 2 heads)
+        assert t.grad.dtype == torch.bfloat16
+        assert np.array_equal(arr(t.grad), w)
+
+
 # --------------------------------------------------------------------------
 # Packed sequences
 
