@@ -133,8 +133,8 @@ def functions(torch, p, backward):
 def check(torch, p, funcs, backward):
     """{impl: [normwise error of each result]} against SDPA in float64:
     out, or dq, dk, dv."""
-    exact = [x.numpy() for x in torch_call(torch, p, torch.float64,
-                                          backward)()]
+    exact = [x.numpy()
+             for x in torch_call(torch, p, torch.float64, backward)()]
     errs = {}
     for name, fn in funcs.items():
         errs[name] = [

@@ -57,6 +57,7 @@ from .functional import dot_attention
 __all__ = ["flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache"]
 
+
 def _window(window_size: Any) -> tuple[int | None, int | None] | None:
     """FlashAttention's (left, right), -1 unbounded, as the functions'
     window (None unbounded), or None for (-1, -1)."""

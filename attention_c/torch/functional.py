@@ -516,7 +516,7 @@ def general_attention(query: torch.Tensor, keys: torch.Tensor,
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
     eager = _eager(query, keys, W, values, bias, mask, attn_mask,
-                    *var[2:4])
+                   *var[2:4])
     out, second = _call("general", _kv(query, low, eager),
                         _kv(keys, low, eager), _kv(W, low, eager), mask,
                         attn_mask, causal,

@@ -15,8 +15,8 @@ across blocks and threads, rounded once.
 * the backward, skipped where the CPU has no dot products: within
   BF16_TOL of float64 and beyond float32's rounding (the products did
   run on bf16), full, causal, window, dropout, softcap, ALiBi and sinks
-  (their gradients too), grouped heads, packed sequences; one key of zeros: dvalues = the sum of grad_out rounded to
-  bf16, exactly; bitwise
+  (their gradients too), grouped heads, packed sequences; one key of
+  zeros: dvalues = the sum of grad_out rounded to bf16, exactly; bitwise
   for 1, 2 and 3 threads; inputs unchanged; a non-finite input, or
   another path (AVX2): the float32 products, bitwise the "ieee" call;
 * bfloat16 inputs: the float32 call under "bf16" on the widened inputs,

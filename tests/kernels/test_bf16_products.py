@@ -51,7 +51,6 @@ BF16_TOL = 8e-3
 FLOAT32_ERR = 1e-5
 
 
-
 @pytest.fixture(params=["dot", "amx"])
 def unit(request, restore_settings):
     """Each unit of bf16 products this CPU has, chosen for the test."""

@@ -217,13 +217,13 @@ def test_bfloat16_is_the_numpy_bfloat16_call():
         t = t.reshape(t.shape[0], 2, -1, *t.shape[2:]).contiguous()
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
-    o, l = attention_c.dot_attention(arr(q), arr(k), values=arr(v),
-                                     causal=True, return_weights=False)
+    o, ls = attention_c.dot_attention(arr(q), arr(k), values=arr(v),
+                                      causal=True, return_weights=False)
     assert lse.dtype == torch.float32
     assert np.array_equal(arr(out), o)
-    assert np.array_equal(lse.detach().reshape(l.shape).numpy(), l)
+    assert np.array_equal(lse.detach().reshape(ls.shape).numpy(), ls)
     grads = attention_c.dot_attention_backward(
-        arr(go), arr(q), arr(k), values=arr(v), out=o, lse=l, causal=True)
+        arr(go), arr(q), arr(k), values=arr(v), out=o, lse=ls, causal=True)
     for t, w in zip(x, grads):        # (keys shared by G = 2 heads)
         assert t.grad.dtype == torch.bfloat16
         assert np.array_equal(arr(t.grad), w)
