@@ -300,9 +300,9 @@ def _plain(args: tuple[Any, ...], grad: bool | None = None) -> bool:
 def _eager(*args: Any) -> bool:
     """Whether :func:`_call` with these tensors among its arguments runs
     eagerly on plain CPU tensors, with autograd or without: no
-    torch.compile, tracing, torch.func transform or dispatch mode, whose
-    fake kernels and transforms see float32 (the ops then take 16-bit
-    tensors as they are: their forward returns the lse in float32)."""
+    torch.compile, tracing, torch.func transform or dispatch mode.  Only
+    such calls hand 16-bit tensors to the ops as they are; the others
+    widen them to float32, which the ops' fake kernels assume."""
     return (not (torch.compiler.is_compiling() or _tracing())
             and _plain(args, grad=False))
 
