@@ -45,7 +45,8 @@ import attention_c as ac
 from attention_c import _core  # type: ignore[attr-defined]
 from attention_c.bench import harness
 from attention_c.bench.report import emit, format_load, format_table
-from attention_c.bench.selfattn import HEADS, split
+from attention_c.bench.selfattn import (FWDBWD_FLOPS, HEADS,
+                                        flops_forward, split)
 from attention_c.testing import rel_err
 
 SHAPES = ((8, 1024, 64), (2, 4096, 64))         # (B * heads, T, d)
@@ -73,12 +74,6 @@ def make_problem(shape, case, seed=0):
          for n in ("q", "k", "v", "g")}
     p.update(causal=case == "causal", scale=1 / math.sqrt(d))
     return p
-
-
-def flops_forward(shape, causal):
-    """4 B T^2 d (two products), halved for causal."""
-    bh, T, d = shape
-    return 4.0 * bh * T * T * d / (2 if causal else 1)
 
 
 def ours_call(p, precision, backward, dtype=np.float32):
@@ -151,8 +146,8 @@ def run_row(case, shape, threads, ctx, funcs, errs, backward):
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
-    flops = flops_forward(shape, case == "causal") * (3.5 if backward
-                                                      else 1)
+    flops = flops_forward(shape, case == "causal") * (FWDBWD_FLOPS
+                                                      if backward else 1)
     row["gflops"] = {k: flops / (ms / 1e3) / 1e9 for k, ms in t.items()}
     row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     row["peak_share"] = {k: g / row["peak_gflops"]

@@ -222,6 +222,11 @@ def flops_forward(shape, causal):
     return 4.0 * bh * T * T * d / (2 if causal else 1)
 
 
+# forward + backward: 4 + 10 B T^2 d flops (the backward recomputes the
+# scores: 5 products of the forward's 2), in forwards
+FWDBWD_FLOPS = 3.5
+
+
 def run_row(case, index, shape, threads, ctx, exact):
     """Check and time ours and SDPA on one case, shape and thread count."""
     torch = ctx["torch"]
@@ -241,9 +246,8 @@ def run_row(case, index, shape, threads, ctx, exact):
     harness.measure_into(row, funcs, ctx["target"], repeats)
     row["fwd_gflops"] = (flops_forward(shape, case == "causal")
                          / (row["times_ms"]["ours_fwd"] / 1e3) / 1e9)
-    # forward + backward: 4 + 10 B T^2 d flops (the backward recomputes
-    # the scores: 5 products of the forward's 2)
-    row["fwdbwd_gflops"] = (3.5 * flops_forward(shape, case == "causal")
+    row["fwdbwd_gflops"] = (FWDBWD_FLOPS
+                            * flops_forward(shape, case == "causal")
                             / (row["times_ms"]["ours_fwdbwd"] / 1e3) / 1e9)
     row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     return row
