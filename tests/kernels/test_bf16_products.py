@@ -237,8 +237,9 @@ def test_one_key_rounds_exactly(unit, H):
 
 
 def test_dot_product_model_is_exact():
-    """The model above is exact where it claims: float32 products of bf16
-    values lose nothing (16 significant bits), so only the sums round."""
+    """dot_bf16 (attention_c.testing) is exact where it claims: float32
+    products of bf16 values lose nothing (16 significant bits), so only
+    the sums round."""
     rng = np.random.default_rng(1)
     a = bf16(rng.standard_normal((5, 9)).astype(np.float32))
     b = bf16(rng.standard_normal((4, 9)).astype(np.float32))
