@@ -60,7 +60,7 @@ APPLY_KEEP(double, f64)
     static void dot_keys_multi_##NAME(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
                                       float alpha, const float *const *q,    \
                                       const void *K, ptrdiff_t ldk,          \
-                                      float *const *s, int pf)               \
+                                      float *const *s, ptrdiff_t pf)         \
     {                                                                        \
         (void)pf;                                                            \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
@@ -77,7 +77,8 @@ APPLY_KEEP(double, f64)
                                         ptrdiff_t d, const float *const *w,  \
                                         const void *V, ptrdiff_t ldv,        \
                                         const unsigned char *const *use,     \
-                                        float *const *out, int add, int pf)  \
+                                        float *const *out, int add,          \
+                                        ptrdiff_t pf)                        \
     {                                                                        \
         (void)pf;                                                            \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
