@@ -111,8 +111,10 @@
  *                        values there) instead of starting from 0: rows
  *                        met in pieces (a paged cache) sum as one run.
  *                        pf: the bytes from each row read to a row to
- *                        hint into the second-level cache (the one read
- *                        as many rows later, wherever it is); 0: none.
+ *                        hint (the one read as many rows later, wherever
+ *                        it is; 0: none), into the first-level cache or,
+ *                        with pf2, the second (far ahead in memory: the
+ *                        first's few fill buffers would stall the loads).
  *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
  *                        widened to R, or n R rounded to them
  *                        (attention.h's att_convert16).  float only.
@@ -232,12 +234,14 @@
                            const R *x, R *y);                                \
         void (*dot_keys_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,        \
                                R alpha, const R *const *q, const R *K,       \
-                               ptrdiff_t ldk, R *const *s, ptrdiff_t pf);    \
+                               ptrdiff_t ldk, R *const *s,                   \
+                               ptrdiff_t pf, int pf2);                       \
         void (*sum_values_multi)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,      \
                                  const R *const *w, const R *V,              \
                                  ptrdiff_t ldv,                              \
                                  const unsigned char *const *use,            \
-                                 R *const *out, int add, ptrdiff_t pf);      \
+                                 R *const *out, int add,                     \
+                                 ptrdiff_t pf, int pf2);                     \
         void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
         void (*widen_q8)(ptrdiff_t n, ptrdiff_t g, const int8_t *src,        \
                          const float *scale, R *dst);                        \
@@ -245,23 +249,26 @@
         void (*dot_keys_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
                                     R alpha, const R *const *q,              \
                                     const void *K, ptrdiff_t ldk,            \
-                                    R *const *s, ptrdiff_t pf);              \
+                                    R *const *s, ptrdiff_t pf, int pf2);     \
         void (*sum_values_multi16[2])(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
                                       const R *const *w, const void *V,      \
                                       ptrdiff_t ldv,                         \
                                       const unsigned char *const *use,       \
-                                      R *const *out, int add, ptrdiff_t pf); \
+                                      R *const *out, int add,                \
+                                      ptrdiff_t pf, int pf2);                \
         void (*dot_keys_multi_q8)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,     \
                                   R alpha, const R *const *q,                \
                                   const void *K, ptrdiff_t ldk,              \
                                   const float *sc, ptrdiff_t lds,            \
-                                  ptrdiff_t grp, R *const *s, ptrdiff_t pf); \
+                                  ptrdiff_t grp, R *const *s,                \
+                                  ptrdiff_t pf, int pf2);                    \
         void (*sum_values_multi_q8)(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d,   \
                                     const R *const *w, const void *V,        \
                                     ptrdiff_t ldv, const float *sc,          \
                                     ptrdiff_t lds, ptrdiff_t grp,            \
                                     const unsigned char *const *use,         \
-                                    R *const *out, int add, ptrdiff_t pf);   \
+                                    R *const *out, int add,                  \
+                                    ptrdiff_t pf, int pf2);                  \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
         void (*flash) ATT_FLASH_ARGS(R);                                     \

@@ -60,9 +60,11 @@ APPLY_KEEP(double, f64)
     static void dot_keys_multi_##NAME(ptrdiff_t g, ptrdiff_t n, ptrdiff_t d, \
                                       float alpha, const float *const *q,    \
                                       const void *K, ptrdiff_t ldk,          \
-                                      float *const *s, ptrdiff_t pf)         \
+                                      float *const *s, ptrdiff_t pf,         \
+                                      int pf2)                               \
     {                                                                        \
         (void)pf;                                                            \
+        (void)pf2;                                                           \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
             for (ptrdiff_t t = 0; t < n; t++) {                              \
                 float acc = 0;                                               \
@@ -78,9 +80,10 @@ APPLY_KEEP(double, f64)
                                         const void *V, ptrdiff_t ldv,        \
                                         const unsigned char *const *use,     \
                                         float *const *out, int add,          \
-                                        ptrdiff_t pf)                        \
+                                        ptrdiff_t pf, int pf2)               \
     {                                                                        \
         (void)pf;                                                            \
+        (void)pf2;                                                           \
         for (ptrdiff_t r = 0; r < g; r++) {                                  \
             if (!add) {                                                      \
                 fill_zero_f32(d, out[r]);                                    \
