@@ -2,8 +2,10 @@
 (or int8, ``cache_attention`` alone), against the host's read bandwidth
 and PyTorch's ``scaled_dot_product_attention``: ``dot_attention`` on
 strided views of the cache and ``cache_attention`` on the cache itself,
-contiguous and paged.  ``--model``: a whole decoder's token time with a
-bfloat16 and an int8 CompactCache (:mod:`attention_c.bench.cache_model`).
+contiguous and paged, and through ``attention_c.torch``'s
+``flash_attn_with_kvcache``.  ``--model``: a whole decoder's token time
+with a bfloat16 and an int8 CompactCache
+(:mod:`attention_c.bench.cache_model`).
 
 ``python -m attention_c.bench --cache`` (or ``python -m
 attention_c.bench.cache``) runs it; ``--quick`` runs tiny sizes in seconds.
@@ -60,12 +62,18 @@ attention_c[bfloat16]``) are required.
      outside the timing), with its float32 ``k_scales=`` / ``v_scales=``
      (B, T_max, Hkv, d / 32), paged alike.  Timed interleaved with the
      other rows.
+   * torch_<dtype> (int8 too): ``attention_c.torch.flash_attn_with_kvcache
+     (q, k_cache, v_cache, cache_seqlens=, softmax_scale=, causal=True)``,
+     the PyTorch call of the same kernel, on tensors sharing the memory
+     of cache_<dtype>'s query, buffers, cache_seqlens (and int8 scales)
+     (``torch.from_numpy``; bfloat16 through int16), made once.
 
    Then one **ragged** batch of B = 8 sequences of lengths evenly spread
    from T/8 to T (T = 4096: 512, 1024, ..., 4096, in an order drawn from
    ``--seed``), in (8, T + 64, Hkv, d) buffers: cache_<dtype> and
    paged_<dtype> alone (dot_attention and SDPA would need the batch
-   padded to T and a key mask), cache_seqlens = the lengths.
+   padded to T and a key mask) and torch_<dtype>, cache_seqlens = the
+   lengths.
 
    The scale is 1 / sqrt(d) everywhere.  Bytes per step: the keys and
    values read, (sum of the lengths) Hkv d 2 itemsize (B T Hkv d 2
@@ -75,12 +83,14 @@ attention_c[bfloat16]``) are required.
    repeated steps may then read them from L3, beyond the DRAM bandwidth.
    Ratios: ours and cache_attention on the 16-bit caches against the
    float32 one, ours against SDPA, paged against contiguous and
-   cache_attention against ours, on the same cache.  int8 bytes: the
-   scales too, (sum of the lengths) Hkv (d + 4 d / 32) 2.  The targets of
-   issue 34 (TARGETS): paged <= 1.1 contiguous on every cache dtype, a
-   bfloat16 cache <= 0.55 the float32 one, an int8 cache <= 0.35 the
-   float32 one, at every row and thread count (PASS / MISS; tiny and in
-   L3 with ``--quick``: indicative only).
+   cache_attention against ours, the torch call against the NumPy one
+   (torch/cache), on the same cache.  int8 bytes: the scales too, (sum
+   of the lengths) Hkv (d + 4 d / 32) 2.  The targets of issue 34
+   (TARGETS): paged <= 1.1 contiguous and the PyTorch call <= 1.15 the
+   NumPy one (no hidden copies) on every cache dtype, a bfloat16 cache
+   <= 0.55 the float32 one, an int8 cache <= 0.35 the float32 one, at
+   every row and thread count (PASS / MISS; tiny and in L3 with
+   ``--quick``: indicative only).
 
 Before timing, once per shape, every output is compared with a float64
 computation (NumPy, per sequence on its own length for the ragged batch)
@@ -88,8 +98,9 @@ on the same rounded cache values widened to float64 and the float32
 query, normwise (||x - r|| / ||r||) -- the int8 rows against float64
 on the values *before* quantisation (issue 34's limit 1e-2 at group 32),
 and the contiguous int8 one also against float64 on the values the int8
-cache holds (dequantised; STORED_LIMIT) -- and the paged output with the
-contiguous one bit for bit, as ``cache_attention`` promises.
+cache holds (dequantised; STORED_LIMIT) -- and the paged and the torch
+outputs with the contiguous one bit for bit, as ``cache_attention``
+promises (the torch call runs the same kernel on the same memory).
 """
 
 import math
@@ -123,6 +134,8 @@ SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16",
 IMPLS = tuple(f"{who}_{dt}" for who in ("ours", "sdpa") for dt in DTYPES)
 LAYOUTS = ("cache", "paged")            # cache_attention's rows
 CACHE_IMPLS = tuple(f"{lay}_{dt}" for lay in LAYOUTS for dt in CACHE_DTYPES)
+# flash_attn_with_kvcache on the "cache" layout's memory, by torch tensors
+TORCH_IMPLS = tuple(f"torch_{dt}" for dt in CACHE_DTYPES)
 # Ours computes in float32 on exactly the values the reference widens
 # (the cache read in place, the float32 query), whatever the cache dtype:
 # only float32 rounding.  SDPA rounds its query to the cache dtype and
@@ -135,8 +148,8 @@ CACHE_IMPLS = tuple(f"{lay}_{dt}" for lay in LAYOUTS for dt in CACHE_DTYPES)
 TOLERANCE = {"ours_float32": 1e-5, "ours_bfloat16": 1e-5,
              "ours_float16": 1e-5, "sdpa_float32": 1e-5,
              "sdpa_float16": 2e-3, "sdpa_bfloat16": 1e-2,
-             **{impl: 1e-5 for impl in CACHE_IMPLS},
-             "cache_int8": 1e-2, "paged_int8": 1e-2}
+             **{impl: 1e-5 for impl in CACHE_IMPLS + TORCH_IMPLS},
+             "cache_int8": 1e-2, "paged_int8": 1e-2, "torch_int8": 1e-2}
 STORED_LIMIT = 1e-5
 # ratios: name -> (numerator, denominator); RATIOS on the rows of equal
 # lengths, CACHE_RATIOS on every row (the ragged one has only those).
@@ -149,10 +162,14 @@ RATIOS = {"bf16/f32": ("ours_bfloat16", "ours_float32"),
 CACHE_RATIOS = {**{f"paged/cache {SHORT[dt]}": (f"paged_{dt}",
                                                 f"cache_{dt}")
                    for dt in CACHE_DTYPES},
+                **{f"torch/cache {SHORT[dt]}": (f"torch_{dt}",
+                                                f"cache_{dt}")
+                   for dt in CACHE_DTYPES},
                 **{f"cache {SHORT[dt]}/f32": (f"cache_{dt}", "cache_float32")
                    for dt in CACHE_DTYPES[1:]}}
 # The targets of issue 34: ratio name -> its largest value.
 TARGETS = {**{f"paged/cache {SHORT[dt]}": 1.1 for dt in CACHE_DTYPES},
+           **{f"torch/cache {SHORT[dt]}": 1.15 for dt in CACHE_DTYPES},
            "cache bf16/f32": 0.55, "cache int8/f32": 0.35}
 
 
@@ -291,15 +308,41 @@ def cache_call(p, name, layout):
     return step
 
 
+def torch_call(torch, p, name):
+    """flash_attn_with_kvcache's step on tensors sharing the memory of
+    cache_call(p, name, "cache")'s arrays: any copy it makes is timed."""
+    from attention_c.torch import flash_attn_with_kvcache
+
+    def tensor(a):
+        if name == "bfloat16":              # the same bits, via int16
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+    k, v = (tensor(x) for x in p["buffers"][name])
+    q = torch.from_numpy(p["q_rows"])
+    # causal=True: cache_attention's default (flash_attn's is False)
+    kw = {"cache_seqlens": torch.from_numpy(p["seqlens"]),
+          "softmax_scale": p["scale"], "causal": True}
+    if name == "int8":
+        kw["k_scales"], kw["v_scales"] = (torch.from_numpy(s)
+                                          for s in p["buffers"]["scales"])
+
+    def step():
+        return flash_attn_with_kvcache(q, k, v, **kw)
+    return step
+
+
 def functions(torch, p):
-    """The timed steps, by IMPLS and CACHE_IMPLS name (CACHE_IMPLS alone
-    on a ragged batch)."""
+    """The timed steps, by IMPLS, CACHE_IMPLS and TORCH_IMPLS name (the
+    last two alone on a ragged batch)."""
     funcs = {} if p["ragged"] else {f"ours_{n}": ours_call(p, n)
                                     for n in DTYPES}
     if not p["ragged"]:
         funcs.update({f"sdpa_{n}": sdpa_call(torch, p, n) for n in DTYPES})
     funcs.update({f"{lay}_{n}": cache_call(p, n, lay)
                   for lay in LAYOUTS for n in CACHE_DTYPES})
+    funcs.update({f"torch_{n}": torch_call(torch, p, n)
+                  for n in CACHE_DTYPES})
     return funcs
 
 
@@ -337,12 +380,14 @@ def check(torch, p, funcs):
     cache values (int8: on the values before quantisation), {dtype:
     whether the paged out is bitwise the contiguous one}, the
     contiguous int8 out's error against float64 on the values the int8
-    cache holds)."""
-    errs, same = {}, {}
+    cache holds, {dtype: whether the torch out is bitwise the contiguous
+    (NumPy) one})."""
+    errs, same, torch_same = {}, {}, {}
     for name in CACHE_DTYPES:
         ref = exact(p, name)
         outs = {}
-        for impl in (f"{who}_{name}" for who in ("ours", "sdpa") + LAYOUTS):
+        for impl in (f"{who}_{name}"
+                     for who in ("ours", "sdpa") + LAYOUTS + ("torch",)):
             if impl not in funcs:
                 continue
             out = outs[impl] = funcs[impl]()
@@ -350,13 +395,15 @@ def check(torch, p, funcs):
                 out = out.to(torch.float64).numpy()
             errs[impl] = rel_err(
                 np.asarray(out, np.float64).reshape(ref.shape), ref)
-        a, b = outs[f"cache_{name}"], outs[f"paged_{name}"]
-        same[name] = a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        a = outs[f"cache_{name}"]
+        same[name], torch_same[name] = (
+            a.dtype == b.dtype and a.tobytes() == b.tobytes()
+            for b in (outs[f"paged_{name}"], outs[f"torch_{name}"].numpy()))
     stored_p = {**p, "caches": {"stored": stored_views(p)}}
     ref = exact(stored_p, "stored")
     stored = rel_err(np.asarray(outs["cache_int8"], np.float64)
                      .reshape(ref.shape), ref)
-    return errs, same, stored
+    return errs, same, stored, torch_same
 
 
 def step_bytes(p, name):
@@ -382,12 +429,13 @@ def evaluate_targets(row):
 def run_row(p, threads, ctx, funcs, checked, bandwidth):
     """Time the steps on one shape and thread count."""
     Hq, Hkv, d = p["heads"]
-    errs, same, stored = checked
+    errs, same, stored, torch_same = checked
     row = {"B": p["B"], "T": p["T"], "T_max": p["T"] + SLACK, "Hq": Hq,
            "Hkv": Hkv, "d": d, "ragged": p["ragged"],
            "lengths": p["lengths"], "block_size": BLOCK_SIZE,
            "threads": threads, "errors": errs, "paged_identical": same,
-           "group": p["group"], "int8_stored_error": stored}
+           "group": p["group"], "int8_stored_error": stored,
+           "torch_identical": torch_same}
     harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b]
@@ -426,10 +474,12 @@ def run_all(options, ctx):
         harness.warn_inaccurate({"cache_int8 (stored values)": checked[2]},
                                 {"cache_int8 (stored values)": STORED_LIMIT},
                                 where)
-        for name, same in checked[1].items():
-            if not same:
-                print(f"WARNING: paged_{name} differs from cache_{name} on "
-                      f"{where}", file=sys.stderr)
+        for form, identical in (("paged", checked[1]),
+                                ("torch", checked[3])):
+            for name, same in identical.items():
+                if not same:
+                    print(f"WARNING: {form}_{name} differs from "
+                          f"cache_{name} on {where}", file=sys.stderr)
         rows += harness.rows_by_threads(
             options.threads, ctx, torch,
             f"B={B:<2} T={T:<6}" + (" ragged" if ragged else ""),
@@ -460,6 +510,9 @@ def header(meta):
         f"cache: cache_attention on the buffers themselves, cache_seqlens; "
         f"paged: the same on a paged copy (block_size {BLOCK_SIZE}, "
         f"shuffled block_table);",
+        "torch: attention_c.torch.flash_attn_with_kvcache (causal, as "
+        "cache) on torch tensors sharing the memory of cache's arrays "
+        "(torch.from_numpy);",
         f"int8: quantize_kv(group {meta['group']}) of the float32 values "
         f"(once, untimed), float32 k_scales/v_scales beside the cache",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}; L3 "
@@ -542,7 +595,8 @@ def lengths_cell(r):
 
 def cache_table(rows):
     """One line per shape (ragged too), cache dtype and thread count:
-    cache_attention on the contiguous and the paged cache."""
+    cache_attention on the contiguous and the paged cache, and the torch
+    call against the NumPy one."""
     body = []
     for r in rows:
         for name in CACHE_DTYPES:
@@ -552,6 +606,7 @@ def cache_table(rows):
                 [str(r["B"]), lengths_cell(r), name, str(r["threads"]),
                  f"{r['times_ms'][cache]:.3f}", f"{r['times_ms'][paged]:.3f}",
                  f"{r['ratios'][f'paged/cache {short}']:.2f}",
+                 f"{r['ratios'][f'torch/cache {short}']:.2f}",
                  "-" if name == "float32"
                  else f"{r['ratios'][f'cache {short}/f32']:.2f}",
                  "-" if ours is None else f"{ours:.2f}",
@@ -564,9 +619,9 @@ def cache_table(rows):
                  "?" if r["others_load"] is None
                  else f"{r['others_load']:.0%}"])
     return format_table(["B", "T", "cache", "thr", "cache ms", "paged ms",
-                         "paged/cache", "cache/f32", "cache/ours",
-                         "MB/step", "cache GB/s", "paged GB/s", "others"],
-                        body, left=3)
+                         "paged/cache", "torch/cache", "cache/f32",
+                         "cache/ours", "MB/step", "cache GB/s", "paged GB/s",
+                         "others"], body, left=3)
 
 
 def targets_lines(meta, rows):
@@ -610,11 +665,14 @@ def stored_line(rows):
 
 def report(meta, bandwidth, rows):
     """The plain-text report: header, bandwidth, decode rows, errors."""
-    same = {}
-    for r in rows:
-        key = (r["B"], lengths_cell(r))
-        same[key] = same.get(key, True) and all(r["paged_identical"].values())
-    differ = [f"B={B} T={T}" for (B, T), s in same.items() if not s]
+    def bitwise(field):                 # "yes", or the shapes that differ
+        same = {}
+        for r in rows:
+            key = (r["B"], lengths_cell(r))
+            same[key] = same.get(key, True) and all(r[field].values())
+        differ = [f"B={B} T={T}" for (B, T), s in same.items() if not s]
+        return ("yes, every shape and dtype" if not differ
+                else "NO on " + ", ".join(differ))
     return "\n".join(header(meta) + [""] + bandwidth_lines(meta, bandwidth)
                      + [
         "",
@@ -631,11 +689,12 @@ def report(meta, bandwidth, rows):
         "",
         f"cache_attention, median ms per decode step; paged/cache: on the "
         f"paged copy (block_size {BLOCK_SIZE}) / on",
-        "the buffers; cache/f32: on this cache / on the float32 cache; "
-        "cache/ours: / dot_attention (ours) on",
-        "the same cache; T a-b: the ragged batch's lengths.  MB/step, GB/s "
-        "and others as above (int8: the",
-        "scales included).",
+        "the buffers; torch/cache: flash_attn_with_kvcache on torch views "
+        "of the buffers / the NumPy call;",
+        "cache/f32: on this cache / on the float32 cache; cache/ours: / "
+        "dot_attention (ours) on the same cache;",
+        "T a-b: the ragged batch's lengths.  MB/step, GB/s and others as "
+        "above (int8: the scales included).",
         cache_table(rows),
         "",
         *targets_lines(meta, rows),
@@ -645,9 +704,10 @@ def report(meta, bandwidth, rows):
         errors_table(rows, IMPLS, lambda r: not r["ragged"]),
         errors_table(rows, CACHE_IMPLS, lambda r: True),
         stored_line(rows),
-        "paged out bitwise the contiguous one: " + (
-            "yes, every shape and dtype" if not differ
-            else "NO on " + ", ".join(differ))])
+        "paged out bitwise the contiguous one: "
+        + bitwise("paged_identical"),
+        "torch out bitwise the NumPy one (so its errors are cache's): "
+        + bitwise("torch_identical")])
 
 
 # --------------------------------------------------------------------------
@@ -660,9 +720,10 @@ def parse_args(argv):
         "Benchmark a GQA decode step of dot_attention (on "
         "strided views, read in place) and cache_attention (on "
         "the contiguous cache and a paged copy, and on a ragged "
-        "batch) on key/value caches in float32, bfloat16 and "
-        "float16 (and int8, cache_attention alone) against the "
-        "host's measured read bandwidth and "
+        "batch, and through attention_c.torch's "
+        "flash_attn_with_kvcache) on key/value caches in float32, "
+        "bfloat16 and float16 (and int8, cache_attention alone) "
+        "against the host's measured read bandwidth and "
         "torch.nn.functional.scaled_dot_product_attention with "
         "the same cache dtype, with each one's error against "
         "float64; --model: a Qwen3-shaped decoder's token time "

@@ -4,13 +4,15 @@ Times are never asserted (they depend on the machine and its load); what
 is checked is that a ``--quick`` run ends well, that every thread count
 gets a bandwidth and every shape (the ragged batch too) and thread count
 a row with every time, that each output's error against float64 is within
-its limit and the paged cache gives bitwise the contiguous one's out, that
-the ratios, bytes, rates and targets follow the times, and that the
-paged cache and the ragged lengths are laid out as the docstring says;
-the int8 rows (cache_int8, paged_int8) among them.  ``--model`` (a
-Qwen3-shaped decoder with a bfloat16 and an int8 CompactCache): a
-``--quick`` run's times finite, its check passed, its ratio and target
-following the times.
+its limit and the paged cache and the PyTorch call
+(``flash_attn_with_kvcache``, torch_<dtype>) give bitwise the contiguous
+NumPy call's out, that the ratios (torch/cache too), bytes, rates and
+targets follow the times, that the paged cache and the ragged lengths are
+laid out as the docstring says and the torch call reads the NumPy buffers
+in place; the int8 rows (cache_int8, paged_int8, torch_int8) among them.
+``--model`` (a Qwen3-shaped decoder with a bfloat16 and an int8
+CompactCache): a ``--quick`` run's times finite, its check passed, its
+ratio and target following the times.
 """
 
 import json
@@ -47,10 +49,10 @@ def finite_positive(value):
 
 
 def impls(row):
-    """The implementations timed on a row: cache_attention's alone on the
-    ragged batch."""
-    return (set(cache.CACHE_IMPLS) if row["ragged"]
-            else set(cache.IMPLS + cache.CACHE_IMPLS))
+    """The implementations timed on a row: cache_attention's and the torch
+    call's alone on the ragged batch."""
+    both = cache.CACHE_IMPLS + cache.TORCH_IMPLS
+    return set(both if row["ragged"] else cache.IMPLS + both)
 
 
 def test_every_row_is_measured(run):
@@ -108,6 +110,11 @@ def test_errors_within_tolerance(run):
             assert np.isfinite(err) and err <= cache.TOLERANCE[impl], row
         assert row["paged_identical"] == {n: True
                                           for n in cache.CACHE_DTYPES}
+        # the torch call: the same kernel on the same memory, the same bits
+        assert row["torch_identical"] == {n: True
+                                          for n in cache.CACHE_DTYPES}
+        for n in cache.CACHE_DTYPES:
+            assert row["errors"][f"torch_{n}"] == row["errors"][f"cache_{n}"]
         # int8: its quantisation's error (issue 34: <= 1e-2 at group 32),
         # and float32 rounding alone on the values it holds.
         assert row["group"] == cache.GROUP == 32
@@ -145,6 +152,11 @@ def test_ratios_bytes_and_rates_follow_the_times(run):
                                         * 2)
         assert row["ratios"]["cache int8/f32"] == pytest.approx(
             t["cache_int8"] / t["cache_float32"])
+        for dtype in cache.CACHE_DTYPES:
+            short = cache.SHORT[dtype]
+            assert row["ratios"][f"torch/cache {short}"] == pytest.approx(
+                t[f"torch_{dtype}"] / t[f"cache_{dtype}"])
+            assert cache.TARGETS[f"torch/cache {short}"] == 1.15
         for impl in impls(row):
             dtype = impl.split("_", 1)[1]
             gbps = row["gbps"][impl]
@@ -163,6 +175,8 @@ def test_report_says_what_ran_where(run):
     assert f"SIMD path {meta['config']['simd']}" in stdout
     assert "torch " in stdout and "--quick" in stdout
     assert "cache_attention" in stdout and "block_size 16" in stdout
+    assert "attention_c.torch.flash_attn_with_kvcache" in stdout
+    assert "torch/cache" in stdout
     for name in cache.CACHE_DTYPES + cache.IMPLS + cache.CACHE_IMPLS:
         assert name in stdout
     assert "quantize_kv(group 32)" in stdout
@@ -186,6 +200,19 @@ def test_report_says_what_ran_where(run):
     assert f"Targets: {passed} PASS, {total - passed} MISS" in stdout
     assert ("paged out bitwise the contiguous one: yes, every shape and "
             "dtype") in stdout
+    assert ("torch out bitwise the NumPy one (so its errors are cache's): "
+            "yes, every shape and dtype") in stdout
+    # cache_attention's table: a torch/cache cell per line, its ratio
+    at = next(i for i, line in enumerate(lines)
+              if line.split()[:2] == ["B", "T"] and "torch/cache" in line)
+    head = lines[at].split()
+    assert head[head.index("paged/cache") + 1] == "torch/cache"
+    column = 7          # B, T, cache, thr, the two ms, paged/cache, this
+    body = [line.split() for line in lines[at + 2:at + 2 + len(
+        data["results"]) * len(cache.CACHE_DTYPES)]]
+    assert [cells[column] for cells in body] == [
+        f"{r['ratios'][f'torch/cache {cache.SHORT[n]}']:.2f}"
+        for r in data["results"] for n in cache.CACHE_DTYPES]
 
 
 def test_problem_is_a_strided_view_of_the_cache():
@@ -209,6 +236,36 @@ def test_problem_is_a_strided_view_of_the_cache():
     assert p["q_rows"].shape == (2, 1, 4, 8)
     np.testing.assert_array_equal(p["q_rows"].reshape(p["q"].shape), p["q"])
     assert p["seqlens"].tolist() == [16, 16] and p["seqlens"].dtype == np.int32
+
+
+def test_torch_form_reads_the_numpy_buffers_in_place():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    p = cache.make_problem((4, 2, 32), 2, 16, ragged=True)
+    for name in cache.CACHE_DTYPES:
+        numpy_step = cache.cache_call(p, name, "cache")
+        torch_step = cache.torch_call(torch, p, name)
+        before = numpy_step()
+        out = torch_step()
+        assert out.dtype == torch.float32 and out.shape == (2, 1, 4, 32)
+        assert out.numpy().tobytes() == before.tobytes()
+        # Each array the NumPy call reads, changed in place, changes the
+        # torch call's out alike: its tensors share the memory.
+        shared = [p["q_rows"], *p["buffers"][name], p["seqlens"]] + (
+            list(p["buffers"]["scales"]) if name == "int8" else [])
+        for a in shared:
+            if a is p["seqlens"]:
+                a[0] -= 1
+            else:
+                a[0] = -a[0]
+            changed = numpy_step()
+            assert changed.tobytes() != before.tobytes()
+            assert torch_step().numpy().tobytes() == changed.tobytes()
+            if a is p["seqlens"]:
+                a[0] += 1
+            else:
+                a[0] = -a[0]
+        assert torch_step().numpy().tobytes() == before.tobytes()
 
 
 def test_paged_copy_holds_the_same_positions():
