@@ -37,6 +37,7 @@ Examples
 """
 
 import math
+import platform
 
 import numpy as np
 
@@ -145,22 +146,64 @@ def round_bf16(x):
     return u.astype(np.uint32).view(np.float32)
 
 
-def dot_bf16(a, b):
-    """a @ b^T (last axes; float32 holding bf16 values) as vdpbf16ps sums
-    it: over pairs of elements in order, each pair's odd product added
-    before its even one, each product exact, each sum rounded to float32.
+def add_odd(x, y):
+    """x + y (float32) as Arm's BFDOT adds: rounded to odd (truncated, the
+    lowest bit set when inexact), a result below the least normal float
+    flushed to 0.
+
+    Examples
+    --------
+    >>> float(add_odd(np.float32(1), np.float32(2**-31))) == 1 + 2**-23
+    True
+    """
+    x = np.asarray(x, np.float32).astype(np.float64)
+    y = np.asarray(y, np.float32).astype(np.float64)
+    s = x + y
+    bp = s - x
+    e = (x - (s - bp)) + (y - bp)               # x + y == s + e exactly
+    f = s.astype(np.float32)
+    f = np.where(np.abs(f) > np.abs(s), np.nextafter(f, np.float32(0)), f)
+    below = (f == s) & (e != 0) & ((e < 0) != (s < 0))
+    inexact = (f != s) | (e != 0)
+    f = np.where(below, np.nextafter(f, np.float32(0)), f)
+    u = f.view(np.uint32) | inexact.astype(np.uint32)
+    f = u.view(np.float32)
+    tiny = np.abs(f) < np.finfo(np.float32).tiny
+    return np.where(tiny, np.copysign(np.float32(0), f), f)
+
+
+def dot_bf16(a, b, sums=None):
+    """a @ b^T (last axes; float32 holding bf16 values) as the CPU's bf16
+    dot products sum it: over pairs of elements in order, each product
+    exact, and
+
+    * ``sums="nearest"`` (x86's vdpbf16ps): each pair's odd product added
+      before its even one, each sum rounded to nearest;
+    * ``sums="odd"`` (Arm's BFDOT): each pair's two products summed, then
+      added, each sum rounded to odd (:func:`add_odd`).
+
+    The default is this machine's (Arm on AArch64, else x86).
 
     Examples
     --------
     >>> dot_bf16(np.float32([[1, 2, 3]]), np.float32([[4, 5, 6]]))
     array([[32.]], dtype=float32)
     """
+    if sums is None:
+        arm = platform.machine().lower() in ("aarch64", "arm64")
+        sums = "odd" if arm else "nearest"
+    if sums not in ("nearest", "odd"):
+        raise ValueError(f"sums must be 'nearest' or 'odd', not {sums!r}")
     a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, a.shape[-1] % 2)])
     b = np.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, b.shape[-1] % 2)])
     acc = np.zeros(a.shape[:-1] + (b.shape[-2],), np.float32)
     for j in range(0, a.shape[-1], 2):
-        for e in (j + 1, j):
-            acc += a[..., e, None] * b[..., None, :, e]    # exact products
+        p0, p1 = (a[..., e, None] * b[..., None, :, e]    # exact products
+                  for e in (j, j + 1))
+        if sums == "odd":
+            acc = add_odd(acc, add_odd(p0, p1))
+        else:
+            acc = (acc + p1) + p0
     return acc
 
 

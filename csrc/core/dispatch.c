@@ -90,9 +90,32 @@ static int x86_amx_granted(void)
 }
 #endif
 
+#if ATT_HAVE_NEON_BF16 && defined(__linux__)
+#include <sys/auxv.h>
+
+/* The BF16 extension (Linux's HWCAP2_BF16, arch/arm64/include/uapi/asm/
+ * hwcap.h): BFDOT and the other bf16 instructions */
+static int arm_has_bf16(void)
+{
+    return (getauxval(AT_HWCAP2) >> 14) & 1;
+}
+#elif ATT_HAVE_NEON_BF16
+/* Elsewhere: a build that targets the extension runs where it is */
+static int arm_has_bf16(void)
+{
+#if defined(__ARM_FEATURE_BF16)
+    return 1;
+#else
+    return 0;
+#endif
+}
+#endif
+
 int att_bf16_supported(int simd, int unit)
 {
-#if ATT_HAVE_BF16DOT
+#if ATT_HAVE_NEON_BF16
+    return simd == ATT_SIMD_NEON && unit == ATT_BF16_DOT && arm_has_bf16();
+#elif ATT_HAVE_BF16DOT
     unsigned a, b, c, d;
     /* AVX512_BF16 (leaf 7, subleaf 1: EAX bit 5): the dot products, and
      * the conversions both kernels round with */

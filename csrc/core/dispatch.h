@@ -44,6 +44,16 @@
 #else
 #define ATT_HAVE_NEON 0
 #endif
+/* The BF16 extension's dot products (BFDOT, simd/neon.c's FLASH_DP): GCC
+ * compiles them under a target pragma; clang 14's arm_neon.h declares
+ * them only for a build that targets the extension already. */
+#if ATT_HAVE_NEON &&                                                        \
+    ((!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10) ||         \
+     defined(__ARM_FEATURE_BF16))
+#define ATT_HAVE_NEON_BF16 1
+#else
+#define ATT_HAVE_NEON_BF16 0
+#endif
 
 /* The SIMD gemm sums along K in blocks of ATT_GEMM_KC from k = 0 (the
  * scalar one in one run), so a product over keys [lo, T) with lo a
@@ -154,8 +164,10 @@
  *             att_bf16_unit - 1) where att_bf16_supported(simd, unit):
  *             dot products (simd/flash.inc's FLASH_DP) and AMX tiles
  *             (simd/flash_amx.inc); flash_bf16_nr and flash_bf16_work as
- *             flash's.  NULL but in the AVX-512 float table of a build
- *             whose compiler has the instructions.
+ *             flash's.  NULL but in the float tables of AVX-512 (dot
+ *             products: AVX512_BF16; tiles: AMX) and NEON (dot products:
+ *             the BF16 extension's BFDOT, whose sums round to odd) of a
+ *             build whose compiler has the instructions.
  * apad, the padded width of the additive rows, is a multiple of vlen.
  * The fused context-attention layer (attention.h's context_attention) of
  * a SIMD path; NULL in the scalar table, whose layer is pooled/'s own:

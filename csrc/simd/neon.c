@@ -21,6 +21,7 @@
 #include "attention.h"
 #include "core/arena.h"
 #include "core/dispatch.h"
+#include "core/half.h"
 #include "ref/formulas.h"
 
 #define MR 8
@@ -178,17 +179,22 @@ static inline float32x4_t load_i8_f32(const int8_t *p)
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
 }
 #define VLOAD_I8(p) load_i8_f32(p)
-/* 4 floats rounded to bfloat16 at p: to nearest even by adding 0x7fff
- * and the kept lowest bit, NaN to the quiet NaN of its sign (core/
- * half.h); to binary16 by the conversion instruction (FPCR: nearest) */
-static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
+/* 4 floats rounded to bfloat16: to nearest even by adding 0x7fff and the
+ * kept lowest bit, NaN to the quiet NaN of its sign (core/half.h) */
+static inline uint16x4_t round_bf16_f32(float32x4_t x)
 {
     uint32x4_t u = vreinterpretq_u32_f32(x), hi = vshrq_n_u32(u, 16);
     uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(
         vdupq_n_u32(0x7fff), vandq_u32(hi, vdupq_n_u32(1)))), 16);
     uint32x4_t qnan = vorrq_u32(vandq_u32(hi, vdupq_n_u32(0x8000)),
                                 vdupq_n_u32(0x7fc0));
-    vst1_u16(p, vmovn_u32(vbslq_u32(vceqq_f32(x, x), r, qnan)));
+    return vmovn_u32(vbslq_u32(vceqq_f32(x, x), r, qnan));
+}
+/* 4 floats rounded to bfloat16 at p; to binary16 by the conversion
+ * instruction (FPCR: nearest) */
+static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
+{
+    vst1_u16(p, round_bf16_f32(x));
 }
 #define VSTORE_BF16(p, x) store_bf16_f32(p, x)
 #define VSTORE_F16(p, x) \
@@ -198,6 +204,119 @@ static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
 #include "simd/tile.inc"
 #include "simd/fused.inc"
 #include "simd/fused_backward.inc"
+#if ATT_HAVE_NEON_BF16
+/* The bf16 products of float calls that allow them, on the BF16
+ * extension's BFDOT (simd/flash.inc's loops with FLASH_DP), under a
+ * target that adds it; core/dispatch.c checks the CPU at run time. */
+#if !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+bf16")
+#endif
+/* BFDOT (the extension without FEAT_EBF16's FPCR.EBF, as every BF16 CPU
+ * runs it): lane j of acc plus (a[2j] b[2j] + a[2j + 1] b[2j + 1]), the
+ * pair's sum rounded to odd, then acc plus it rounded to odd, subnormal
+ * inputs and results flushed to 0; FPCR ignored */
+#define DP_VEC bfloat16x8_t
+#define DP_LOAD(p) vreinterpretq_bf16_u32(vld1q_u32(p))
+#define DP_SET1(x) vreinterpretq_bf16_u32(vdupq_n_u32(x))
+#define DP_PROD(acc, a, b) vbfdotq_f32(acc, a, b)
+
+/* bf16's largest finite value */
+#define BF16_MAX 3.38953139e38f
+
+/* 4 floats clamped to bf16's finite range (NaN stays NaN), rounded */
+static inline uint16x4_t round_bf16_clamp(float32x4_t x)
+{
+    return round_bf16_f32(vminq_f32(vdupq_n_f32(BF16_MAX),
+                                    vmaxq_f32(vdupq_n_f32(-BF16_MAX), x)));
+}
+
+static inline uint16_t round_bf16_clamp1(float x)
+{
+    return att_f32_to_bf16(x > BF16_MAX ? BF16_MAX
+                                        : (x < -BF16_MAX ? -BF16_MAX : x));
+}
+
+/* simd/flash.inc's packing: np pairs of x[0, n) at dst, those from n on
+ * as 0 (a pair is its two bf16 in memory order) */
+static void FSFX(bf16_pack_row)(const float *x, ptrdiff_t n, ptrdiff_t np,
+                                uint32_t *dst)
+{
+    uint16_t *h = (uint16_t *)dst;
+    ptrdiff_t j = 0;
+    for (; j + 8 <= n && j + 8 <= 2 * np; j += 8) {
+        vst1q_u16(h + j, vcombine_u16(round_bf16_clamp(vld1q_f32(x + j)),
+                                      round_bf16_clamp(vld1q_f32(x + j + 4))));
+    }
+    for (; j < 2 * np; j++) {
+        h[j] = j < n ? round_bf16_clamp1(x[j]) : 0;
+    }
+}
+
+/* n pairs (r0[h], r1[h]) at dst, r1 read as 0 unless two */
+static void FSFX(bf16_pack_zip)(const float *r0, const float *r1, int two,
+                                ptrdiff_t n, uint32_t *dst)
+{
+    uint16_t *p = (uint16_t *)dst;
+    ptrdiff_t h = 0;
+    for (; h + 4 <= n; h += 4) {
+        uint16x4_t a = round_bf16_clamp(vld1q_f32(r0 + h));
+        uint16x4_t b = two ? round_bf16_clamp(vld1q_f32(r1 + h))
+                           : vdup_n_u16(0);
+        vst1q_u16(p + 2 * h, vcombine_u16(vzip1_u16(a, b), vzip2_u16(a, b)));
+    }
+    for (; h < n; h++) {
+        p[2 * h] = round_bf16_clamp1(r0[h]);
+        p[2 * h + 1] = two ? round_bf16_clamp1(r1[h]) : 0;
+    }
+}
+
+/* 4 pairs (r0[j], r1[j]) of weights (finite, below bf16's largest: no
+ * clamp) at dst */
+static inline void FSFX(bf16_zip_weights)(const float *r0, const float *r1,
+                                          uint32_t *dst)
+{
+    uint16x4_t a = round_bf16_f32(vld1q_f32(r0));
+    uint16x4_t b = round_bf16_f32(vld1q_f32(r1));
+    vst1q_u16((uint16_t *)dst, vcombine_u16(vzip1_u16(a, b),
+                                            vzip2_u16(a, b)));
+}
+
+/* 4 keys a tile, not FLASH_MR's 6: 16 accumulators, 4 vectors of Q and
+ * 4 broadcast pairs fit the 32 registers (GCC 12 spilled three of the
+ * 6 x 4 tile's accumulators at every pair of d) */
+#define FLASH_DP_MR 4
+#define FLASH_DP 1
+#include "simd/flash.inc"
+#undef FLASH_DP
+#define FLASH_DOT FSFX(flash_forward_dp)
+#define FLASH_DOT_WORK FSFX(flash_work_dp)
+/* The dot products' rate (core/dispatch.h's dot_loop), as fma_loop's:
+ * the chains of FMA_LIST, a += x x + x x each (x in bf16), iters steps
+ * in registers: 4 VLEN chains iters flops */
+static double FSFX(dot_loop)(ptrdiff_t iters)
+{
+    const bfloat16x8_t x = vreinterpretq_bf16_u16(vdupq_n_u16(
+        att_f32_to_bf16((float)(1.0 / ((double)iters + 2.0)))));
+#define DOT_INIT(i) float32x4_t a##i = vdupq_n_f32(1 + (i) / 32.0f);
+#define DOT_STEP(i) a##i = vbfdotq_f32(a##i, x, x);
+#define DOT_SUM(i) s = vaddq_f32(s, a##i);
+    FMA_LIST(DOT_INIT)
+    for (ptrdiff_t it = 0; it < iters; it++) {
+        FMA_LIST(DOT_STEP)
+    }
+    float32x4_t s = vdupq_n_f32(0);
+    FMA_LIST(DOT_SUM)
+#undef DOT_INIT
+#undef DOT_STEP
+#undef DOT_SUM
+    return (double)vaddvq_f32(s);
+}
+#define FLASH_DOT_LOOP FSFX(dot_loop)
+#if !defined(__clang__)
+#pragma GCC pop_options
+#endif
+#endif
 #include "simd/ops.inc"
 #include "simd/undef.inc"
 

@@ -1,7 +1,9 @@
 """bf16 products for float32 calls (attention_c.set_fp32_precision): the
-streamed forward on AMX tiles (csrc/simd/flash_amx.inc) or on AVX512_BF16's
-dot products (csrc/simd/flash.inc's FLASH_DP) where the CPU has them,
-float32 products everywhere else.
+streamed forward on AMX tiles (csrc/simd/flash_amx.inc) or on the dot
+products (csrc/simd/flash.inc's FLASH_DP: AVX512_BF16's vdpbf16ps, Arm's
+BFDOT) where the CPU has them, float32 products everywhere else.  (The
+NEON path's BFDOT runs under qemu in tests/neon, whose driver models its
+rounding in C.)
 
 * the setting: default "ieee", a context manager that restores it, bad
   values refused, show_config reports it;
@@ -14,8 +16,11 @@ float32 products everywhere else.
   - the rounding, exactly: one key gives out = V rounded to bf16 (to
     nearest even, clamped to bf16's finite range) and lse = the score of
     Q and K rounded to bf16, products exact, summed in float32, scaled in
-    float32; on the dot products bit for bit, vdpbf16ps modelled (each
-    pair's odd product added before its even one, each sum rounded);
+    float32; on the dot products bit for bit, the CPU's sums modelled
+    (attention_c.testing.dot_bf16: x86's vdpbf16ps adds each pair's odd
+    product before its even one, each sum to nearest; Arm's BFDOT adds
+    the pair's sum, each sum to odd, which add_odd models and is checked
+    against exact sums here);
   - sizes across the tiles (16 queries, 16 and 64 keys, 32 elements of d,
     16 of dv) and one more or less, causal, window, sinks, grouped heads,
     packed sequences with one that sees no key, the general score:
@@ -32,6 +37,7 @@ import io
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -39,8 +45,8 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import (assert_all_identical, assert_rounded,
-                                 dot_bf16, f64, rel_err)
+from attention_c.testing import (add_odd, assert_all_identical,
+                                 assert_rounded, dot_bf16, f64, rel_err)
 from attention_c.testing import round_bf16 as bf16
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -245,7 +251,43 @@ def test_dot_product_model_is_exact():
     b = bf16(rng.standard_normal((4, 9)).astype(np.float32))
     prods = f64(a)[:, None, :] * f64(b)[None, :, :]
     np.testing.assert_array_equal(prods.astype(np.float32), prods)
-    assert rel_err(dot_bf16(a, b), f64(a) @ f64(b).T) < 1e-6
+    for sums in ("nearest", "odd"):
+        assert rel_err(dot_bf16(a, b, sums), f64(a) @ f64(b).T) < 1e-6
+    with pytest.raises(ValueError, match="'nearest' or 'odd'"):
+        dot_bf16(a, b, "up")
+
+
+def _odd_exact(x, y):
+    """x + y rounded to odd from the exact sum (fractions), flushed below
+    the least normal float: what add_odd must give."""
+    exact = Fraction(float(x)) + Fraction(float(y))
+    t = np.float32(float(exact))
+    if abs(Fraction(float(t))) > abs(exact):
+        t = np.nextafter(t, np.float32(0))
+    if Fraction(float(t)) != exact:
+        t = (np.array([t]).view(np.uint32) | 1).view(np.float32)[0]
+    return np.float32(0) if abs(t) < np.finfo(np.float32).tiny else t
+
+
+def test_round_to_odd_model():
+    """add_odd (attention_c.testing), Arm BFDOT's sums: known results (an
+    inexact sum truncated with its lowest bit set, exact ones exact,
+    subnormal results flushed), then random sums over 60 binades against
+    the exact sum rounded to odd."""
+    f = np.float32
+    ulp = 2.0 ** -23
+    known = [(1, 2 ** -31, 1 + ulp), (1, -2 ** -31, 1 - ulp / 2),
+             (2, 1 + ulp, 3 + 2 * ulp), (1, 1, 2), (1.5, -1.5, 0),
+             (2 ** -126, -2 ** -127, 0), (-1, -2 ** -40, -(1 + ulp))]
+    for x, y, want in known:
+        assert add_odd(f(x), f(y)) == f(want), (x, y)
+    rng = np.random.default_rng(7)
+    x, y = ((rng.standard_normal(3000) *
+             np.exp2(rng.integers(-30, 30, 3000))).astype(f)
+            for _ in range(2))
+    got = add_odd(x, y)
+    want = np.array([_odd_exact(a, b) for a, b in zip(x, y)], f)
+    np.testing.assert_array_equal(got, want)
 
 
 CASES = {

@@ -25,7 +25,9 @@
  *   - attention against an int8 cache (float or binary16 scales, groups
  *     on and off the vectors): the bits of the float call on the
  *     dequantized cache;
- *   - the 16-bit conversions (att_convert16) against the scalar path's.
+ *   - the 16-bit conversions (att_convert16) against the scalar path's;
+ *   - where the CPU has bf16 dot products, the bf16 forward of float
+ *     calls against a model of the ISA's rounding (check_bf16.h).
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -172,6 +174,8 @@ static unsigned char *make_mask(ctx *c, int kind, ptrdiff_t B, ptrdiff_t Tq,
 #define TYPE_NAME "float64"
 #define ATT(name) att_##name##_f64
 #include "check_impl.h"
+
+#include "check_bf16.h"
 
 /* The scalar path is always there; on AArch64 NEON is the best path and
  * no x86 path is offered; on x86-64 NEON is never offered. */
@@ -548,6 +552,7 @@ int main(int argc, char **argv)
         check_half_decode(&c);
         check_cache_q8(&c);
         check_convert16(&c);
+        check_bf16(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);

@@ -1,0 +1,246 @@
+/*
+ * check_bf16.h - check.c's checks of the bf16 products of float calls
+ * (ATT_PRECISION_BF16 on the dot products, core/dispatch.h's
+ * flash_bf16[ATT_BF16_DOT - 1]) on a path whose CPU has them
+ * (att_bf16_supported): AVX512_BF16's vdpbf16ps where the host has it,
+ * the BF16 extension's BFDOT under qemu-aarch64.  Each ISA rounds its
+ * sums its own way, and the model of each is here:
+ *   - one key, bit for bit: out is V rounded to bf16, lse the score of Q
+ *     and K rounded to bf16 summed pair by pair as the ISA sums, times
+ *     scale log2(e), times ln 2 (in float);
+ *   - the streamed forward on sizes across the tiles and blocks (full,
+ *     causal, a window, grouped heads): within BF16_TOL of the scalar
+ *     path's float32 result and further from it than float32 products
+ *     come (the bf16 products did run), the same bits on 1 and 2 threads;
+ *   - the round-to-odd model itself on sums whose result is known.
+ */
+
+/* Normwise error of the bf16 forward against float32 (attention_c.testing's
+ * BF16_TOL: each operand and weight rounded to bf16 costs up to 2^-9
+ * relative), and the least it must show (float32 products stay within
+ * TOL = 1e-5) */
+#define BF16_TOL 8e-3
+#define BF16_SEEN 1e-5
+
+/* x clamped to bf16's finite range, rounded to nearest even, widened */
+static float bf16_of(float x)
+{
+    const float mx = 3.38953139e38f;
+    return att_bf16_to_f32(att_f32_to_bf16(x > mx ? mx
+                                           : (x < -mx ? -mx : x)));
+}
+
+/* x with its lowest bit set */
+static float odd_bit(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u |= 1;
+    memcpy(&x, &u, sizeof u);
+    return x;
+}
+
+/* a + b rounded to odd (truncated, the lowest bit set when inexact), a
+ * result below the least normal float flushed to 0: BFDOT's sums.  The
+ * exact sum is s + e (Knuth's two-sum in double). */
+static float add_odd(float a, float b)
+{
+    double x = a, y = b, s = x + y, bp = s - x;
+    double e = (x - (s - bp)) + (y - bp);
+    float f = (float)s;
+    if (fabs((double)f) > fabs(s)) {
+        f = nextafterf(f, 0);                 /* s toward 0 */
+    }
+    int inexact = (double)f != s || e != 0;
+    if ((double)f == s && e != 0 && (e < 0) != (s < 0)) {
+        f = nextafterf(f, 0);                 /* s + e is below |s| */
+    }
+    f = inexact ? odd_bit(f) : f;
+    return fabsf(f) < FLT_MIN ? copysignf(0, f) : f;
+}
+
+/* One lane's product acc + a[0] b[0] + a[1] b[1] (bf16 values; their
+ * products are exact in float) as path simd sums it */
+static float dot_pair(int simd, float acc, const float *a, const float *b)
+{
+    if (simd == ATT_SIMD_NEON) {        /* BFDOT: the pair, then acc */
+        return add_odd(acc, add_odd(a[0] * b[0], a[1] * b[1]));
+    }
+    /* vdpbf16ps: the odd product first, each sum to nearest */
+    return fmaf(a[0], b[0], fmaf(a[1], b[1], acc));
+}
+
+/* The model on sums whose result is known. */
+static void check_add_odd(ctx *c)
+{
+    snprintf(c->what, sizeof c->what, "round-to-odd model");
+    float ulp1 = 0x1p-23f;
+    expect(c, add_odd(1, 0x1p-31f) == 1 + ulp1 &&   /* inexact: odd */
+              add_odd(1, -0x1p-31f) == 1 - ulp1 / 2 &&
+              add_odd(2, 1 + ulp1) == odd_bit(3) &&
+              add_odd(1, 1) == 2 && add_odd(1.5f, -1.5f) == 0 &&
+              add_odd(0x1p-126f, -0x1p-127f) == 0 &&  /* flushed */
+              add_odd(-1, -0x1p-40f) == -(1 + ulp1),
+           "a sum rounds otherwise than to odd");
+}
+
+/* The forward of B query sequences of Tq (Bk = (B + 1) / 2 key sequences
+ * of T), dot score, on path simd (ATT_SIMD_SCALAR: float32 products) or
+ * its bf16 products on `threads` threads; out and lse returned. */
+static int bf16_forward(ctx *c, int simd, int bf16, int threads,
+                        att_fdims f, const float *q, const float *k,
+                        const float *v, const ptrdiff_t *kidx, float *out,
+                        float *lse)
+{
+    att_exec ex = {simd, threads, c->pool,
+                   bf16 ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                   bf16 ? ATT_BF16_DOT : 0};
+    att_family_in_f32 in = {.query = q, .keys = k, .values = v,
+                            .kidx = kidx, .vidx = kidx,
+                            .scale = (float)(1 / sqrt((double)f.H))};
+    att_family_out_f32 fo = {.out = out, .lse = lse};
+    void *work = workspace_f32(c, att_family_workspace_f32(&f, 0, &ex));
+    int st = att_family_forward_f32(&f, &ex, &in, &fo, work);
+    free(work);
+    c->calls++;
+    return st;
+}
+
+/* One key: out = bf16(V), lse = the modelled score, bit for bit. */
+static void bf16_one_key(ctx *c, ptrdiff_t H)
+{
+    ptrdiff_t Tq = 40, H2 = (H + 1) / 2;
+    snprintf(c->what, sizeof c->what, "bf16 one key H=%td", H);
+    float *q = rand_f32(c, Tq * H, 1), *k = rand_f32(c, H, 1);
+    float *v = rand_f32(c, H, 1);
+    float *out = nans_f32(Tq * H), *lse = nans_f32(Tq);
+    float *a = xmalloc((size_t)(2 * H2) * sizeof(float));
+    float *b = xmalloc((size_t)(2 * H2) * sizeof(float));
+    ptrdiff_t kidx[1] = {0};
+    att_fdims f = {.B = 1, .Tq = Tq, .T = 1, .H = H, .Hv = H, .Hq = H,
+                   .score = ATT_SCORE_DOT, .stream = 1};
+    v[0] = FLT_MAX;                     /* past bf16's range: clamped */
+    int st = bf16_forward(c, c->simd, 1, 1, f, q, k, v, kidx, out, lse);
+    expect(c, st == ATT_OK, "forward returned %d", st);
+    long bad = 0;
+    for (ptrdiff_t i = 0; i < Tq * H; i++) {
+        bad += out[i] != bf16_of(v[i % H]);
+    }
+    expect(c, bad == 0, "%ld of out differ from V rounded to bf16", bad);
+    const float scale = (float)(1 / sqrt((double)H));
+    const float cs = scale * (float)1.4426950408889634;
+    bad = 0;
+    for (ptrdiff_t i = 0; i < Tq; i++) {
+        float s = 0;
+        for (ptrdiff_t j = 0; j < 2 * H2; j++) {     /* 0 past H */
+            a[j] = j < H ? bf16_of(k[j]) : 0;
+            b[j] = j < H ? bf16_of(q[i * H + j]) : 0;
+        }
+        for (ptrdiff_t p = 0; p < H2; p++) {
+            s = dot_pair(c->simd, s, a + 2 * p, b + 2 * p);
+        }
+        float m = s * cs;
+        bad += lse[i] != m * (float)0.6931471805599453;
+    }
+    expect(c, bad == 0, "%ld of lse differ from the modelled score", bad);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+    free(a);
+    free(b);
+}
+
+/* Sizes across the tiles: against float32 products, and threads; out's
+ * error returned. */
+static double bf16_case(ctx *c, att_fdims f)
+{
+    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
+    ptrdiff_t Bk = (B + 1) / 2;
+    snprintf(c->what, sizeof c->what, "bf16 flash B=%td Tq=%td T=%td H=%td "
+             "Hv=%td causal=%d window=%d", B, Tq, T, H, Hv, f.causal,
+             f.window);
+    c->shapes++;
+    float *q = rand_f32(c, B * Tq * H, 1), *k = rand_f32(c, Bk * T * H, 1);
+    float *v = rand_f32(c, Bk * T * Hv, 1);
+    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
+    for (ptrdiff_t b = 0; b < B; b++) {
+        kidx[b] = b / 2;
+    }
+    f.score = ATT_SCORE_DOT;
+    f.stream = 1;
+    f.Hq = H;
+    f.Bk = f.Bv = Bk;
+    float *out[3], *lse[3];
+    for (int r = 0; r < 3; r++) {   /* float32; bf16 on 1, on 2 threads */
+        out[r] = nans_f32(B * Tq * Hv);
+        lse[r] = nans_f32(B * Tq);
+        int st = bf16_forward(c, r ? c->simd : ATT_SIMD_SCALAR, r > 0,
+                              r == 2 ? 2 : 1, f, q, k, v, kidx, out[r],
+                              lse[r]);
+        expect(c, st == ATT_OK, "run %d returned %d", r, st);
+    }
+    double e = rel_err_f32(B * Tq * Hv, out[1], out[0]), e_out = e;
+    expect(c, e <= BF16_TOL && e > BF16_SEEN,
+           "out: normwise error %.3g against float32, not in (%g, %g]", e,
+           BF16_SEEN, BF16_TOL);
+    for (ptrdiff_t i = 0; i < B * Tq; i++) {    /* no key seen: -inf */
+        int none = lse[0][i] == -INFINITY;
+        for (int r = 0; r < 3 && none; r++) {
+            expect(c, lse[r][i] == -INFINITY, "lse %td not -inf", i);
+            lse[r][i] = 0;
+        }
+    }
+    e = rel_err_f32(B * Tq, lse[1], lse[0]);
+    expect(c, e <= BF16_TOL, "lse: normwise error %.3g against float32",
+           e);
+    expect(c, memcmp(out[1], out[2], (size_t)(B * Tq * Hv) * sizeof(float)) == 0 &&
+              memcmp(lse[1], lse[2], (size_t)(B * Tq) * sizeof(float)) == 0,
+           "1 and 2 threads differ");
+    for (int r = 0; r < 3; r++) {
+        free(out[r]);
+        free(lse[r]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(kidx);
+    return e_out;
+}
+
+static void check_bf16(ctx *c)
+{
+    if (!att_bf16_supported(c->simd, ATT_BF16_DOT)) {
+        return;
+    }
+    check_add_odd(c);
+    static const ptrdiff_t heads[] = {1, 2, 3, 17, 32, 33, 64, 65};
+    for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
+        bf16_one_key(c, heads[i]);
+    }
+#define FF(B_, Tq_, T_, H_, Hv_) \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_}
+    static const att_fdims sizes[] = {
+        FF(2, 9, 1, 3, 2), FF(3, 17, 47, 8, 5), FF(2, 65, 49, 17, 9),
+        FF(1, 130, 97, 8, 8), FF(2, 257, 300, 16, 16), FF(1, 40, 200, 64, 64),
+    };
+#undef FF
+    double lo = INFINITY, hi = 0;
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        for (int w = 0; w < 3; w++) {
+            att_fdims f = sizes[s];
+            f.causal = w == 1;
+            f.window = w == 2;
+            f.wleft = 13;
+            f.wright = 5;
+            double e = bf16_case(c, f);
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+        }
+    }
+    if (c->verbose) {
+        printf("  bf16 out against float32 products: normwise error "
+               "%.3g to %.3g\n", lo, hi);
+    }
+}
