@@ -131,14 +131,14 @@ def set_fp32_precision(precision):
     of :func:`dot_attention` and :func:`general_attention`, so also the
     forward of ``scaled_dot_product_attention`` and ``flash_attn_func`` of
     ``attention_c.torch`` in float32) on AMX tiles (Intel Sapphire Rapids
-    and later) or on AVX512_BF16's dot products where they beat the
-    float32 FMAs (AMD Zen 4 and later: measured once per process);
-    ``show_config()["bf16_unit"]`` says which one this CPU runs, and the
-    ``ATTENTION_C_BF16_UNIT=dot|amx`` environment variable chooses one,
-    for instance the dot products on an Intel CPU, where they run at half
-    the float32 rate.  Every other call (backwards included: they take the
-    forward's ``out`` and ``lse`` as they are), and every call on other
-    CPUs, keeps float32 products.  Results stay float32; their error
+    and later) or on the dot products where they beat the float32 FMAs
+    (measured once per process: AVX512_BF16's on AMD Zen 4 and later;
+    BFDOT on Arm CPUs with the BF16 extension); on the dot products of
+    x86 the streamed backward too.  ``show_config()["bf16_unit"]`` says
+    which unit this CPU runs, and the ``ATTENTION_C_BF16_UNIT=dot|amx``
+    environment variable chooses one, for instance the dot products on an
+    Intel CPU, where they run at half the float32 rate.  Every other call,
+    and every call on other CPUs, keeps float32 products.  Results stay float32; their error
     grows from about 4e-7 to about 3.5e-3 (normwise, against float64).
 
     The setting is per process, shared by all Python threads.  Calling it
