@@ -133,13 +133,14 @@ def set_fp32_precision(precision):
     ``attention_c.torch`` in float32) on AMX tiles (Intel Sapphire Rapids
     and later) or on the dot products where they beat the float32 FMAs
     (measured once per process: AVX512_BF16's on AMD Zen 4 and later;
-    BFDOT on Arm CPUs with the BF16 extension); on the dot products of
-    x86 the streamed backward too.  ``show_config()["bf16_unit"]`` says
-    which unit this CPU runs, and the ``ATTENTION_C_BF16_UNIT=dot|amx``
+    BFDOT on Arm CPUs with the BF16 extension); on the dot products the
+    streamed backward too.  ``show_config()["bf16_unit"]`` says which
+    unit this CPU runs, and the ``ATTENTION_C_BF16_UNIT=dot|amx``
     environment variable chooses one, for instance the dot products on an
     Intel CPU, where they run at half the float32 rate.  Every other call,
-    and every call on other CPUs, keeps float32 products.  Results stay float32; their error
-    grows from about 4e-7 to about 3.5e-3 (normwise, against float64).
+    and every call on other CPUs, keeps float32 products.  Results stay
+    float32; their error grows from about 4e-7 to about 3.5e-3 (normwise,
+    against float64).
 
     The setting is per process, shared by all Python threads.  Calling it
     sets the precision at once; used as a context manager, the previous

@@ -206,81 +206,14 @@ static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
 #include "simd/fused_backward.inc"
 #if ATT_HAVE_NEON_BF16
 /* The bf16 products of float calls that allow them, on the BF16
- * extension's BFDOT (simd/flash.inc's loops with FLASH_DP), under a
- * target that adds it; core/dispatch.c checks the CPU at run time. */
+ * extension's BFDOT (simd/flash.inc's loops with FLASH_DP, the backward's
+ * simd/gemm_dp.inc), under a target that adds it; core/dispatch.c checks
+ * the CPU at run time. */
 #if !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC target("arch=armv8.2-a+bf16")
 #endif
-/* BFDOT (the extension without FEAT_EBF16's FPCR.EBF, as every BF16 CPU
- * runs it): lane j of acc plus (a[2j] b[2j] + a[2j + 1] b[2j + 1]), the
- * pair's sum rounded to odd, then acc plus it rounded to odd, subnormal
- * inputs and results flushed to 0; FPCR ignored */
-#define DP_VEC bfloat16x8_t
-#define DP_LOAD(p) vreinterpretq_bf16_u32(vld1q_u32(p))
-#define DP_SET1(x) vreinterpretq_bf16_u32(vdupq_n_u32(x))
-#define DP_PROD(acc, a, b) vbfdotq_f32(acc, a, b)
-
-/* bf16's largest finite value */
-#define BF16_MAX 3.38953139e38f
-
-/* 4 floats clamped to bf16's finite range (NaN stays NaN), rounded */
-static inline uint16x4_t round_bf16_clamp(float32x4_t x)
-{
-    return round_bf16_f32(vminq_f32(vdupq_n_f32(BF16_MAX),
-                                    vmaxq_f32(vdupq_n_f32(-BF16_MAX), x)));
-}
-
-static inline uint16_t round_bf16_clamp1(float x)
-{
-    return att_f32_to_bf16(x > BF16_MAX ? BF16_MAX
-                                        : (x < -BF16_MAX ? -BF16_MAX : x));
-}
-
-/* simd/flash.inc's packing: np pairs of x[0, n) at dst, those from n on
- * as 0 (a pair is its two bf16 in memory order) */
-static void FSFX(bf16_pack_row)(const float *x, ptrdiff_t n, ptrdiff_t np,
-                                uint32_t *dst)
-{
-    uint16_t *h = (uint16_t *)dst;
-    ptrdiff_t j = 0;
-    for (; j + 8 <= n && j + 8 <= 2 * np; j += 8) {
-        vst1q_u16(h + j, vcombine_u16(round_bf16_clamp(vld1q_f32(x + j)),
-                                      round_bf16_clamp(vld1q_f32(x + j + 4))));
-    }
-    for (; j < 2 * np; j++) {
-        h[j] = j < n ? round_bf16_clamp1(x[j]) : 0;
-    }
-}
-
-/* n pairs (r0[h], r1[h]) at dst, r1 read as 0 unless two */
-static void FSFX(bf16_pack_zip)(const float *r0, const float *r1, int two,
-                                ptrdiff_t n, uint32_t *dst)
-{
-    uint16_t *p = (uint16_t *)dst;
-    ptrdiff_t h = 0;
-    for (; h + 4 <= n; h += 4) {
-        uint16x4_t a = round_bf16_clamp(vld1q_f32(r0 + h));
-        uint16x4_t b = two ? round_bf16_clamp(vld1q_f32(r1 + h))
-                           : vdup_n_u16(0);
-        vst1q_u16(p + 2 * h, vcombine_u16(vzip1_u16(a, b), vzip2_u16(a, b)));
-    }
-    for (; h < n; h++) {
-        p[2 * h] = round_bf16_clamp1(r0[h]);
-        p[2 * h + 1] = two ? round_bf16_clamp1(r1[h]) : 0;
-    }
-}
-
-/* 4 pairs (r0[j], r1[j]) of weights (finite, below bf16's largest: no
- * clamp) at dst */
-static inline void FSFX(bf16_zip_weights)(const float *r0, const float *r1,
-                                          uint32_t *dst)
-{
-    uint16x4_t a = round_bf16_f32(vld1q_f32(r0));
-    uint16x4_t b = round_bf16_f32(vld1q_f32(r1));
-    vst1q_u16((uint16_t *)dst, vcombine_u16(vzip1_u16(a, b),
-                                            vzip2_u16(a, b)));
-}
+#include "simd/bf16_neon.inc"
 
 /* 4 keys a tile, not FLASH_MR's 6: 16 accumulators, 4 vectors of Q and
  * 4 broadcast pairs fit the 32 registers (GCC 12 spilled three of the
@@ -313,6 +246,7 @@ static double FSFX(dot_loop)(ptrdiff_t iters)
     return (double)vaddvq_f32(s);
 }
 #define FLASH_DOT_LOOP FSFX(dot_loop)
+#include "simd/gemm_dp.inc"
 #if !defined(__clang__)
 #pragma GCC pop_options
 #endif

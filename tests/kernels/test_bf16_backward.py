@@ -1,9 +1,10 @@
 """The backward on bf16 dot products (csrc/simd/gemm_dp.inc): a streamed
 backward that may take bf16 products (a bfloat16 call, or a float32 one
-under set_fp32_precision("bf16")) runs its five products on AVX512_BF16's
-vdpbf16ps where the dot unit is chosen (by default where it beats the
-FMAs: AMD Zen 4 and later), summing in float32, the gradients in float32
-across blocks and threads, rounded once.
+under set_fp32_precision("bf16")) runs its five products on the dot
+products (AVX512_BF16's vdpbf16ps, Arm's BFDOT) where the dot unit is
+chosen (by default where it beats the FMAs: AMD Zen 4 and later),
+summing in float32, the gradients in float32 across blocks and threads,
+rounded once.  (The NEON path's BFDOT runs under qemu in tests/neon.)
 
 * the product (the tests' hook _gemm), bit for bit against its model
   (attention_c.testing.dot_bf16 over K blocks of 256, times alpha, plus
@@ -41,15 +42,18 @@ pytestmark = pytest.mark.filterwarnings("error")
 
 BF16_TOL = 8e-3
 FLOAT32_ERR = 1e-5       # what float32 products stay within (testing.TOL)
-HAS_DOT = "dot" in _core._bf16_units() and "avx512" in _core._simd_paths()
+# the path with the dot products: AVX-512's (AVX512_BF16) or NEON's (BF16)
+DOT_PATH = next((p for p in ("avx512", "neon") if p in _core._simd_paths()),
+                None)
+HAS_DOT = "dot" in _core._bf16_units() and DOT_PATH is not None
 needs_dot = pytest.mark.skipif(not HAS_DOT, reason="this CPU has no bf16 "
-                               "dot products (AVX512_BF16)")
+                               "dot products (AVX512_BF16, Arm's BF16)")
 
 
 @pytest.fixture
 def dot(restore_settings):
-    """The dot products chosen, on the AVX-512 path."""
-    _core._set_simd("avx512")
+    """The dot products chosen, on their path."""
+    _core._set_simd(DOT_PATH)
     _core._set_bf16_unit("dot")
 
 
@@ -97,7 +101,7 @@ def test_gemm_bf16_is_its_model(M, N, K, a_order, b_order):
         c = rng.standard_normal((M, N)).astype(np.float32)
         want = _model(a, b, alpha, beta, c)
         a0, b0 = a.copy(), b.copy()
-        _core_tests._gemm(a, b, c, alpha, beta, "avx512", True)
+        _core_tests._gemm(a, b, c, alpha, beta, DOT_PATH, True)
         assert_all_identical([c], [want], f"{M}x{N}x{K} {alpha} {beta}")
         np.testing.assert_array_equal(a, a0)
         np.testing.assert_array_equal(b, b0)
@@ -115,10 +119,10 @@ def test_gemm_bf16_kmask_and_nan(b_order):
     kmask = (rng.random(K) > 0.3).astype(np.uint8)
     b[np.flatnonzero(kmask == 0)[0], 3] = np.nan
     c = np.zeros((M, N), np.float32)
-    _core_tests._gemm(a, b, c, 1.0, 0.0, "avx512", True, kmask)
+    _core_tests._gemm(a, b, c, 1.0, 0.0, DOT_PATH, True, kmask)
     assert_all_identical([c], [_model(a, b, 1.0, 0.0, c, kmask)], "kmask")
     a[4, 7] = np.nan
-    _core_tests._gemm(a, b, c, 1.0, 0.0, "avx512", True, kmask)
+    _core_tests._gemm(a, b, c, 1.0, 0.0, DOT_PATH, True, kmask)
     assert np.isnan(c[4]).all() and not np.isnan(np.delete(c, 4, 0)).any()
 
 

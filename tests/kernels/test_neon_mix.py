@@ -1,15 +1,16 @@
 """The instruction mix of the NEON path's bf16 products (csrc/simd/neon.c's
-copy of simd/flash.inc with FLASH_DP, on the BF16 extension's BFDOT),
-read from the disassembly of neon.c cross-compiled for AArch64: qemu
-proves their results (tests/neon) but says nothing of their speed, so
-the register tiles are checked here as test_instruction_mix.py checks
-the x86 ones.
+copies of simd/flash.inc with FLASH_DP and of simd/gemm_dp.inc, on the
+BF16 extension's BFDOT), read from the disassembly of neon.c
+cross-compiled for AArch64: qemu proves their results (tests/neon) but
+says nothing of their speed, so the register tiles are checked here as
+test_instruction_mix.py checks the x86 ones.
 
-The scores' tile and the P.V tiles must be FLASH_DP_MR x FLASH_NV (then
-fewer rows of V^T) register tiles of BFDOT: each k step loads its vectors
-of pairs and broadcasts FLASH_DP_MR pairs (ldr s + dup, or ld1r), then
-runs rows x FLASH_NV BFDOTs into as many distinct accumulators, nothing
-else on the vector registers and nothing to or from the stack.
+The forward's scores' tile and P.V tiles must be FLASH_DP_MR x FLASH_NV
+(then fewer rows of V^T) register tiles of BFDOT, the backward's product
+(simd/gemm_dp.inc) MR x 2 vectors: each step loads its vectors of pairs
+and broadcasts a pair per row (ldr s + dup, or ld1r), then runs rows x
+vectors BFDOTs into as many distinct accumulators, nothing else on the
+vector registers and nothing to or from the stack.
 
 Runs where the cross compiler and its objdump are installed
 (gcc-aarch64-linux-gnu, which .ci/neon installs); skipped elsewhere.
@@ -81,12 +82,11 @@ def _innermost_loops(insns):
             sorted(inner)]
 
 
-def test_bfdot_tiles(funcs):
-    base = "flash_forward_dp_f32_neon"
-    assert base in funcs, f"no {base}: neon.c built without BF16"
-    nv, mr = _define("FLASH_NV"), _define("FLASH_DP_MR")
-    syms = [s for s in funcs if "_dp_f32_neon" in s]
-    rows = []
+def _bfdot_tiles(funcs, syms):
+    """(symbol, BFDOTs, accumulators) of each innermost loop of syms with
+    more than two BFDOTs, asserting each is a register tile: nothing else
+    on the vector registers but loads and broadcasts, no stack access."""
+    tiles = []
     for sym in syms:
         for loop in _innermost_loops(funcs[sym]):
             if sum(m == "bfdot" for _a, m, _o in loop) <= 2:
@@ -100,13 +100,38 @@ def test_bfdot_tiles(funcs):
                 elif _VREG.search(o) and m not in ("dup", "ld1r", "ldr",
                                                    "ldp", "ld1"):
                     problems.append(f"other {addr:x}: {m} {o}")
-            n = sum(m == "bfdot" for _a, m, _o in loop)
-            rows.append(len(accs) // nv)
             listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
-            assert not problems and n == len(accs) and n % nv == 0, (
-                f"{sym}:\n  " + "\n  ".join(problems) + "\n" + listing)
+            assert not problems, (f"{sym}:\n  " + "\n  ".join(problems)
+                                  + "\n" + listing)
+            tiles.append((sym, sum(m == "bfdot" for _a, m, _o in loop),
+                          len(accs)))
+    return tiles
+
+
+def test_bfdot_tiles(funcs):
+    """The forward (simd/flash.inc): the scores' tile and the first P.V
+    tile, FLASH_DP_MR x FLASH_NV each."""
+    base = "flash_forward_dp_f32_neon"
+    assert base in funcs, f"no {base}: neon.c built without BF16"
+    nv, mr = _define("FLASH_NV"), _define("FLASH_DP_MR")
+    syms = [s for s in funcs if s.startswith("flash_") and "_dp_" in s]
+    tiles = _bfdot_tiles(funcs, syms)
+    assert all(n == accs and n % nv == 0 for _s, n, accs in tiles), tiles
+    rows = [accs // nv for _s, _n, accs in tiles]
     # the scores' tile and the first P.V tile (flash_pv inlined or not)
     assert rows.count(mr) >= 2, f"not two {mr} x {nv} tiles: {rows}"
+
+
+def test_gemm_tile(funcs):
+    """The backward's products (simd/gemm_dp.inc): MR rows x 2 vectors,
+    a pair of k a step, 2 MR BFDOTs into 2 MR accumulators."""
+    syms = [s for s in funcs if s.startswith(("gemm_dp_f32_neon",
+                                              "dp_tile_f32_neon"))]
+    assert syms, "no gemm_dp_f32_neon: neon.c built without BF16"
+    mr = _define("MR")
+    tiles = _bfdot_tiles(funcs, syms)
+    assert tiles and all(n == accs == 2 * mr for _s, n, accs in tiles), (
+        tiles)
 
 
 def test_dot_loop_is_bfdot(funcs):

@@ -27,7 +27,8 @@
  *     dequantized cache;
  *   - the 16-bit conversions (att_convert16) against the scalar path's;
  *   - where the CPU has bf16 dot products, the bf16 forward of float
- *     calls against a model of the ISA's rounding (check_bf16.h).
+ *     calls, the backward's product and the backward, against a model
+ *     of the ISA's rounding and float32 products (check_bf16.h).
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -43,6 +44,7 @@
 #include <time.h>
 
 #include "attention.h"
+#include "core/dispatch.h"        /* ATT_GEMM_KC */
 #include "core/half.h"
 #include "core/testhooks.h"
 #include "core/peak.h"
@@ -159,6 +161,17 @@ static unsigned char *make_mask(ctx *c, int kind, ptrdiff_t B, ptrdiff_t Tq,
         }
     }
     return m;
+}
+
+/* f with visibility kind v: 0 full, 1 causal, 2 a window (13 keys
+ * before, 5 after): the fused forward's cases. */
+static att_fdims with_visibility(att_fdims f, int v)
+{
+    f.causal = v == 1;
+    f.window = v == 2;
+    f.wleft = 13;
+    f.wright = 5;
+    return f;
 }
 
 #define REAL float

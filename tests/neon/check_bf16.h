@@ -12,7 +12,14 @@
  *     causal, a window, grouped heads): within BF16_TOL of the scalar
  *     path's float32 result and further from it than float32 products
  *     come (the bf16 products did run), the same bits on 1 and 2 threads;
- *   - the round-to-odd model itself on sums whose result is known.
+ *   - the round-to-odd model itself on sums whose result is known;
+ *   - the backward's product on them (gemm_bf16, where the path has it),
+ *     bit for bit against the model: operands by rows, by columns and
+ *     strided both ways, sizes around the tiles and pairs of k, K past
+ *     a block of ATT_GEMM_KC, beta 0 (C not read) and 1, rows of B that
+ *     kmask leaves out (a NaN there stays out);
+ *   - the streamed backward on them: dq, dk, dv within BF16_TOL of the
+ *     float32 products' and beyond BF16_SEEN, 1 and 2 threads bitwise.
  */
 
 /* Normwise error of the bf16 forward against float32 (attention_c.testing's
@@ -209,6 +216,165 @@ static double bf16_case(ctx *c, att_fdims f)
     return e_out;
 }
 
+/* gemm_bf16 against its model: A and B rounded to bf16 (rows of B that
+ * kmask clears as 0), each K block of ATT_GEMM_KC from 0 summed pair by
+ * pair as the ISA sums, times alpha; the first block plus beta C (fused)
+ * unless beta is 0, each later one added (fused, times 1). */
+static void bf16_gemm_case(ctx *c, ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
+                           int layout, float beta, int masked)
+{
+    snprintf(c->what, sizeof c->what, "bf16 gemm M=%td N=%td K=%td "
+             "layout=%d beta=%g kmask=%d", M, N, K, layout, beta, masked);
+    /* layout 0: A by rows, B by rows; 1: both transposed; 2: strided */
+    ptrdiff_t ars = layout == 0 ? K : (layout == 1 ? 1 : 2 * K + 3);
+    ptrdiff_t acs = layout == 0 ? 1 : (layout == 1 ? M : 2);
+    ptrdiff_t brs = layout == 0 ? N : (layout == 1 ? 1 : 2 * N + 5);
+    ptrdiff_t bcs = layout == 0 ? 1 : (layout == 1 ? K : 2);
+    ptrdiff_t na = (M - 1) * ars + (K - 1) * acs + 1;
+    ptrdiff_t nb = (K - 1) * brs + (N - 1) * bcs + 1;
+    float *A = nans_f32(na), *B = nans_f32(nb), *C = rand_f32(c, M * N, 1);
+    float *want = xmalloc((size_t)(M * N) * sizeof(float));
+    float *work = xmalloc((size_t)att_gemm_path_work(c->simd) *
+                          sizeof(float));
+    unsigned char *kmask = masked ? xmalloc((size_t)K) : NULL;
+    for (ptrdiff_t k = 0; k < K; k++) {
+        for (ptrdiff_t i = 0; i < M; i++) {
+            A[i * ars + k * acs] = (float)(2 * uniform(c) - 1);
+        }
+        int live = !masked || (kmask[k] = (unsigned char)(k % 3 != 1));
+        for (ptrdiff_t j = 0; j < N; j++) {   /* left out: NaN stays */
+            B[k * brs + j * bcs] = live ? (float)(2 * uniform(c) - 1) : NAN;
+        }
+    }
+    const float alpha = 0.75f;
+    for (ptrdiff_t i = 0; i < M; i++) {
+        for (ptrdiff_t j = 0; j < N; j++) {
+            float cij = C[i * N + j];
+            for (ptrdiff_t k0 = 0; k0 < K; k0 += ATT_GEMM_KC) {
+                ptrdiff_t kc = K - k0 < ATT_GEMM_KC ? K - k0 : ATT_GEMM_KC;
+                float acc = 0;
+                for (ptrdiff_t k = k0; k < k0 + kc; k += 2) {
+                    float a[2], b[2];
+                    for (int h = 0; h < 2; h++) {
+                        int in = k + h < k0 + kc;
+                        int live = in && (!masked || kmask[k + h]);
+                        a[h] = in ? bf16_of(A[i * ars + (k + h) * acs]) : 0;
+                        b[h] = live ? bf16_of(B[(k + h) * brs + j * bcs])
+                                    : 0;
+                    }
+                    acc = dot_pair(c->simd, acc, a, b);
+                }
+                float x = alpha * acc;
+                float bk = k0 == 0 ? beta : 1;
+                cij = bk != 0 ? fmaf(bk, cij, x) : x;
+            }
+            want[i * N + j] = cij;
+        }
+    }
+    if (beta == 0) {                /* C must not be read */
+        for (ptrdiff_t i = 0; i < M * N; i++) {
+            C[i] = NAN;
+        }
+    }
+    int st = att_gemm_path(c->simd, 1, M, N, K, alpha, A, ars, acs, B, brs,
+                           bcs, kmask, beta, C, N, work);
+    c->calls++;
+    expect(c, st == ATT_OK, "returned %d", st);
+    long bad = 0;
+    for (ptrdiff_t i = 0; i < M * N; i++) {
+        bad += memcmp(C + i, want + i, sizeof(float)) != 0;
+    }
+    expect(c, bad == 0, "%ld of %td differ from the model", bad, M * N);
+    free(A);
+    free(B);
+    free(C);
+    free(want);
+    free(work);
+    free(kmask);
+}
+
+static void bf16_gemm_all(ctx *c)
+{
+    static const ptrdiff_t Ms[] = {1, 3, 9, 17}, Ns[] = {1, 7, 8, 9, 33};
+    static const ptrdiff_t Ks[] = {1, 17, 64, 300};
+    for (size_t m = 0; m < sizeof(Ms) / sizeof(Ms[0]); m++) {
+        for (size_t n = 0; n < sizeof(Ns) / sizeof(Ns[0]); n++) {
+            for (size_t k = 0; k < sizeof(Ks) / sizeof(Ks[0]); k++) {
+                int v = (int)(m + n + k);
+                bf16_gemm_case(c, Ms[m], Ns[n], Ks[k], v % 3,
+                               v % 2 ? 1.0f : 0.0f, v % 4 == 1);
+            }
+        }
+    }
+}
+
+/* The streamed backward on bf16 products against float32 products'
+ * (each given the forward's out and lse of float32 products), and 1
+ * against 2 threads. */
+static void bf16_backward_case(ctx *c, att_fdims f)
+{
+    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
+    snprintf(c->what, sizeof c->what, "bf16 backward B=%td Tq=%td T=%td "
+             "H=%td Hv=%td causal=%d", B, Tq, T, H, Hv, f.causal);
+    f.score = ATT_SCORE_DOT;
+    f.stream = 1;
+    f.Hq = H;
+    float *q = rand_f32(c, B * Tq * H, 1), *k = rand_f32(c, B * T * H, 1);
+    float *v = rand_f32(c, B * T * Hv, 1), *g = rand_f32(c, B * Tq * Hv, 1);
+    float *out = nans_f32(B * Tq * Hv), *lse = nans_f32(B * Tq);
+    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
+    for (ptrdiff_t b = 0; b < B; b++) {
+        kidx[b] = b;
+    }
+    int st = bf16_forward(c, ATT_SIMD_SCALAR, 0, 1, f, q, k, v, kidx, out,
+                          lse);
+    expect(c, st == ATT_OK, "forward returned %d", st);
+    att_family_in_f32 in = {.query = q, .keys = k, .values = v,
+                            .kidx = kidx, .vidx = kidx, .out = out,
+                            .lse = lse, .grad_out = g,
+                            .scale = (float)(1 / sqrt((double)H))};
+    ptrdiff_t n[3] = {B * Tq * H, B * T * H, B * T * Hv};
+    float *grad[3][3];                  /* [run][dq, dk, dv] */
+    for (int r = 0; r < 3; r++) {       /* float32; bf16 on 1, 2 threads */
+        att_exec ex = {r ? c->simd : ATT_SIMD_SCALAR, r == 2 ? 2 : 1,
+                       c->pool, r ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                       r ? ATT_BF16_DOT : 0};
+        for (int i = 0; i < 3; i++) {
+            grad[r][i] = nans_f32(n[i]);
+        }
+        att_family_out_f32 fo = {.dquery = grad[r][0], .dkeys = grad[r][1],
+                                 .dvalues = grad[r][2]};
+        void *work = workspace_f32(c, att_family_workspace_f32(&f, 1, &ex));
+        st = att_family_backward_f32(&f, &ex, &in, &fo, work);
+        c->calls++;
+        expect(c, st == ATT_OK, "backward run %d returned %d", r, st);
+        free(work);
+    }
+    static const char *const names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        double e = rel_err_f32(n[i], grad[1][i], grad[0][i]);
+        if (c->verbose) {
+            printf("  %s: %s normwise error %.3g\n", c->what, names[i], e);
+        }
+        expect(c, e <= BF16_TOL && e > BF16_SEEN, "%s: normwise error "
+               "%.3g against float32, not in (%g, %g]", names[i], e,
+               BF16_SEEN, BF16_TOL);
+        expect(c, memcmp(grad[1][i], grad[2][i],
+                         (size_t)n[i] * sizeof(float)) == 0,
+               "%s: 1 and 2 threads differ", names[i]);
+        for (int r = 0; r < 3; r++) {
+            free(grad[r][i]);
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(out);
+    free(lse);
+    free(kidx);
+}
+
 static void check_bf16(ctx *c)
 {
     if (!att_bf16_supported(c->simd, ATT_BF16_DOT)) {
@@ -228,13 +394,8 @@ static void check_bf16(ctx *c)
 #undef FF
     double lo = INFINITY, hi = 0;
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-        for (int w = 0; w < 3; w++) {
-            att_fdims f = sizes[s];
-            f.causal = w == 1;
-            f.window = w == 2;
-            f.wleft = 13;
-            f.wright = 5;
-            double e = bf16_case(c, f);
+        for (int v = 0; v < 3; v++) {
+            double e = bf16_case(c, with_visibility(sizes[s], v));
             lo = e < lo ? e : lo;
             hi = e > hi ? e : hi;
         }
@@ -242,5 +403,20 @@ static void check_bf16(ctx *c)
     if (c->verbose) {
         printf("  bf16 out against float32 products: normwise error "
                "%.3g to %.3g\n", lo, hi);
+    }
+    if (att_gemm_path(c->simd, 1, 0, 0, 0, 1, NULL, 0, 0, NULL, 0, 0, NULL,
+                      0, NULL, 0, NULL) != ATT_OK) {
+        return;                         /* no gemm_bf16 on this path */
+    }
+    bf16_gemm_all(c);
+#define FF(B_, Tq_, T_, H_, Hv_, causal_) \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_, .causal = causal_}
+    static const att_fdims back[] = {
+        FF(1, 17, 47, 8, 5, 0), FF(2, 65, 49, 17, 9, 1),
+        FF(1, 130, 300, 64, 64, 0), FF(1, 200, 200, 32, 32, 1),
+    };
+#undef FF
+    for (size_t i = 0; i < sizeof(back) / sizeof(back[0]); i++) {
+        bf16_backward_case(c, back[i]);
     }
 }

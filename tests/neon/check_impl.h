@@ -612,12 +612,7 @@ static void SFX(flash_all)(ctx *c)
 #undef FF
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
         for (int v = 0; v < 3; v++) {
-            att_fdims f = sizes[s];
-            f.causal = v == 1;
-            f.window = v == 2;
-            f.wleft = 13;
-            f.wright = 5;
-            SFX(flash_case)(c, f, 0);
+            SFX(flash_case)(c, with_visibility(sizes[s], v), 0);
         }
         att_fdims f = sizes[s];
         f.causal = 1;
