@@ -8,9 +8,10 @@ test_instruction_mix.py checks the x86 ones.
 The forward's scores' tile and P.V tiles must be FLASH_DP_MR x FLASH_NV
 (then fewer rows of V^T) register tiles of BFDOT, the backward's product
 (simd/gemm_dp.inc) MR x 2 vectors: each step loads its vectors of pairs
-and broadcasts a pair per row (ldr s + dup, or ld1r), then runs rows x
-vectors BFDOTs into as many distinct accumulators, nothing else on the
-vector registers and nothing to or from the stack.
+and broadcasts a pair per row (ldr s + dup, or ld1r; the P.V tile and
+the product take their rows' pairs by BFDOT's by-element form, no dup),
+then runs rows x vectors BFDOTs into as many distinct accumulators,
+nothing else on the vector registers and nothing to or from the stack.
 
 Runs where the cross compiler and its objdump are installed
 (gcc-aarch64-linux-gnu, which .ci/neon installs); skipped elsewhere.
@@ -104,7 +105,8 @@ def _bfdot_tiles(funcs, syms):
             assert not problems, (f"{sym}:\n  " + "\n  ".join(problems)
                                   + "\n" + listing)
             tiles.append((sym, sum(m == "bfdot" for _a, m, _o in loop),
-                          len(accs)))
+                          len(accs),
+                          sum(m == "dup" for _a, m, _o in loop)))
     return tiles
 
 
@@ -116,10 +118,14 @@ def test_bfdot_tiles(funcs):
     nv, mr = _define("FLASH_NV"), _define("FLASH_DP_MR")
     syms = [s for s in funcs if s.startswith("flash_") and "_dp_" in s]
     tiles = _bfdot_tiles(funcs, syms)
-    assert all(n == accs and n % nv == 0 for _s, n, accs in tiles), tiles
-    rows = [accs // nv for _s, _n, accs in tiles]
+    assert all(n == accs and n % nv == 0 for _s, n, accs, _d in tiles), (
+        tiles)
+    rows = [accs // nv for _s, _n, accs, _d in tiles]
     # the scores' tile and the first P.V tile (flash_pv inlined or not)
     assert rows.count(mr) >= 2, f"not two {mr} x {nv} tiles: {rows}"
+    # the P.V tile takes its rows' pairs by lane (DP_ROWS4): no dup
+    assert any(accs == mr * nv and dups == 0
+               for _s, _n, accs, dups in tiles), tiles
 
 
 def test_gemm_tile(funcs):
@@ -130,8 +136,9 @@ def test_gemm_tile(funcs):
     assert syms, "no gemm_dp_f32_neon: neon.c built without BF16"
     mr = _define("MR")
     tiles = _bfdot_tiles(funcs, syms)
-    assert tiles and all(n == accs == 2 * mr for _s, n, accs in tiles), (
-        tiles)
+    # A's pairs by lane (DP_TILE_STEP): no dup
+    assert tiles and all(n == accs == 2 * mr and dups == 0
+                         for _s, n, accs, dups in tiles), tiles
 
 
 def test_dot_loop_is_bfdot(funcs):
