@@ -103,11 +103,7 @@ static int arm_has_bf16(void)
 /* Elsewhere: a build that targets the extension runs where it is */
 static int arm_has_bf16(void)
 {
-#if defined(__ARM_FEATURE_BF16)
-    return 1;
-#else
-    return 0;
-#endif
+    return ATT_NEON_BF16_BUILD;
 }
 #endif
 

@@ -46,10 +46,16 @@
 #endif
 /* The BF16 extension's dot products (BFDOT, simd/neon.c's FLASH_DP): GCC
  * compiles them under a target pragma; clang 14's arm_neon.h declares
- * them only for a build that targets the extension already. */
+ * them only for a build that targets the extension already
+ * (ATT_NEON_BF16_BUILD: -march=...+bf16, armv8.6-a and later). */
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC) || defined(__ARM_FEATURE_BF16)
+#define ATT_NEON_BF16_BUILD 1
+#else
+#define ATT_NEON_BF16_BUILD 0
+#endif
 #if ATT_HAVE_NEON &&                                                        \
     ((!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10) ||         \
-     defined(__ARM_FEATURE_BF16))
+     ATT_NEON_BF16_BUILD)
 #define ATT_HAVE_NEON_BF16 1
 #else
 #define ATT_HAVE_NEON_BF16 0

@@ -209,7 +209,15 @@ static inline void store_bf16_f32(uint16_t *p, float32x4_t x)
  * extension's BFDOT (simd/flash.inc's loops with FLASH_DP, the backward's
  * simd/gemm_dp.inc), under a target that adds it; core/dispatch.c checks
  * the CPU at run time. */
-#if !defined(__clang__)
+/* GCC 12's arm_neon.h declares the bf16 intrinsics for armv8.2-a+bf16, so
+ * "+bf16" alone on armv8-a would not inline them; a build that targets
+ * the extension already keeps its own, higher, target. */
+#if !defined(__clang__) && !ATT_NEON_BF16_BUILD
+#define NEON_BF16_PRAGMA 1
+#else
+#define NEON_BF16_PRAGMA 0
+#endif
+#if NEON_BF16_PRAGMA
 #pragma GCC push_options
 #pragma GCC target("arch=armv8.2-a+bf16")
 #endif
@@ -247,9 +255,10 @@ static double FSFX(dot_loop)(ptrdiff_t iters)
 }
 #define FLASH_DOT_LOOP FSFX(dot_loop)
 #include "simd/gemm_dp.inc"
-#if !defined(__clang__)
+#if NEON_BF16_PRAGMA
 #pragma GCC pop_options
 #endif
+#undef NEON_BF16_PRAGMA
 #endif
 #include "simd/ops.inc"
 #include "simd/undef.inc"
