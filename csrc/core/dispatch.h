@@ -48,7 +48,8 @@
  * compiles them under a target pragma; clang 14's arm_neon.h declares
  * them only for a build that targets the extension already
  * (ATT_NEON_BF16_BUILD: -march=...+bf16, armv8.6-a and later). */
-#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC) || defined(__ARM_FEATURE_BF16)
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC) ||                        \
+    defined(__ARM_FEATURE_BF16)
 #define ATT_NEON_BF16_BUILD 1
 #else
 #define ATT_NEON_BF16_BUILD 0

@@ -60,6 +60,17 @@ static inline uint16_t att_f32_to_bf16(float x)
     return (uint16_t)(u >> 16);
 }
 
+/* bfloat16's largest finite value, and x rounded to bfloat16 after
+ * clamping to it, as the bf16 products round their operands (a NaN stays
+ * a NaN) */
+#define ATT_BF16_MAX 3.38953139e38f
+
+static inline uint16_t att_f32_to_bf16_clamped(float x)
+{
+    return att_f32_to_bf16(x > ATT_BF16_MAX ? ATT_BF16_MAX
+                           : (x < -ATT_BF16_MAX ? -ATT_BF16_MAX : x));
+}
+
 /* x rounded to binary16, to nearest even: subnormal results kept, a
  * finite x past 65520 gives inf; a NaN keeps its sign and the top of its
  * payload with the quiet bit set (the conversion instructions' result;

@@ -22,6 +22,7 @@
 #include "attention.h"
 #include "core/arena.h"
 #include "core/dispatch.h"
+#include "core/half.h"
 #include "ref/formulas.h"
 
 #define MR 12

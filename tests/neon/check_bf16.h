@@ -32,9 +32,7 @@
 /* x clamped to bf16's finite range, rounded to nearest even, widened */
 static float bf16_of(float x)
 {
-    const float mx = 3.38953139e38f;
-    return att_bf16_to_f32(att_f32_to_bf16(x > mx ? mx
-                                           : (x < -mx ? -mx : x)));
+    return att_bf16_to_f32(att_f32_to_bf16_clamped(x));
 }
 
 /* x with its lowest bit set */
@@ -202,8 +200,9 @@ static double bf16_case(ctx *c, att_fdims f)
     e = rel_err_f32(B * Tq, lse[1], lse[0]);
     expect(c, e <= BF16_TOL, "lse: normwise error %.3g against float32",
            e);
-    expect(c, memcmp(out[1], out[2], (size_t)(B * Tq * Hv) * sizeof(float)) == 0 &&
-              memcmp(lse[1], lse[2], (size_t)(B * Tq) * sizeof(float)) == 0,
+    size_t nout = (size_t)(B * Tq * Hv), nlse = (size_t)(B * Tq);
+    expect(c, memcmp(out[1], out[2], nout * sizeof(float)) == 0 &&
+              memcmp(lse[1], lse[2], nlse * sizeof(float)) == 0,
            "1 and 2 threads differ");
     for (int r = 0; r < 3; r++) {
         free(out[r]);
