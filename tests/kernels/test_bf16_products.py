@@ -333,6 +333,28 @@ def test_sizes_match_reference(unit, size, case):
         assert err > FLOAT32_ERR, f"{case} {size}: bf16 products did not run"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_climbing_scores_raise_the_max(unit, causal):
+    """Scores that climb along the keys (by 1.5 per key, then by 40, past
+    exp's range within a tile) pass the running max by more than 2^8
+    inside a block of keys: the weights of the block's tiles before, out
+    already in bf16, are scaled down (and those that fall below the least
+    normal number become 0).  Q and K in bf16 already, so that scores
+    this large (up to 10^4) carry float32's rounding alone: within
+    BF16_TOL; and falling, where the first tile's max holds."""
+    rng = np.random.default_rng(11)
+    Tq, T, H = 37, 250, 32
+    for step in (1.5, 40.0):
+        q = bf16(1 + 0.01 * rng.standard_normal((1, Tq, H)))
+        k = bf16(np.arange(T)[:, None] * step / np.sqrt(H)
+                 + 0.01 * rng.standard_normal((1, T, H)))
+        v = rng.standard_normal((1, T, 24)).astype(np.float32)
+        _check_bf16(ac.dot_attention, q, k, v, f"step {step}",
+                    causal=causal)
+        _check_bf16(ac.dot_attention, q, k[:, ::-1].copy(), v,
+                    f"step -{step}", causal=causal)
+
+
 def test_packed_sequences_and_general_score(unit):
     """Packed sequences, the last with no keys (out 0, lse -inf); and the
     general score (q W against the keys)."""
