@@ -102,6 +102,8 @@
  *                        others and below the least normal number;
  *                        returns their sum (in double).
  *   max_row              the max of a row (-inf when empty).
+ *   bad_rows             bad[r] = 1 where row r of x (n rows of w, ld
+ *                        apart) holds a NaN or an infinity, else 0.
  *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
  *   dot_keys             s_t = alpha q . K_t for t < n, K_t = K + t ldk
  *                        (d wide): decoding's scores, one query against
@@ -240,6 +242,8 @@
         double (*exp_shift)(ptrdiff_t n, R *s, R M,                          \
                             const unsigned char *vis);                       \
         R (*max_row)(ptrdiff_t n, const R *s);                               \
+        void (*bad_rows)(ptrdiff_t n, ptrdiff_t w, const R *x, ptrdiff_t ld, \
+                         unsigned char *bad);                                \
         void (*ds_row)(ptrdiff_t n, const R *p, R *dp, R D);                 \
         void (*dot_keys)(ptrdiff_t n, ptrdiff_t d, R alpha, const R *q,      \
                          const R *K, ptrdiff_t ldk, R *s);                   \

@@ -8,8 +8,6 @@
  *   OPS, FIN, FOUT its att_ops (core/dispatch.h), att_family_in and
  *                  att_family_out (attention.h) types
  *   OPS_FOR        its table lookup (att_ops_for_f32 / _f64)
- *   UBITS, EXP_BITS an unsigned integer of its size and its exponent's
- *                  bits (all ones: an infinity or a NaN)
  * All in one translation unit, so the helpers stay inlined where they
  * were; cosine.inc, last, holds the entry points (attention.h), which
  * run the content score on the dot path.  Plain C11 with libm; no Python
@@ -70,8 +68,6 @@
 #define FIN att_family_in_f32
 #define FOUT att_family_out_f32
 #define OPS_FOR att_ops_for_f32
-#define UBITS uint32_t
-#define EXP_BITS UINT32_C(0x7f800000)
 #include "family/plan.inc"
 #include "family/visibility.inc"
 #include "family/nonfinite.inc"
@@ -89,8 +85,6 @@
 #undef FIN
 #undef FOUT
 #undef OPS_FOR
-#undef UBITS
-#undef EXP_BITS
 
 #define REAL double
 #define SFX(name) name##_f64
@@ -100,8 +94,6 @@
 #define FIN att_family_in_f64
 #define FOUT att_family_out_f64
 #define OPS_FOR att_ops_for_f64
-#define UBITS uint64_t
-#define EXP_BITS UINT64_C(0x7ff0000000000000)
 #include "family/plan.inc"
 #include "family/visibility.inc"
 #include "family/nonfinite.inc"
@@ -119,5 +111,3 @@
 #undef FIN
 #undef FOUT
 #undef OPS_FOR
-#undef UBITS
-#undef EXP_BITS

@@ -140,6 +140,7 @@ static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
     .softmax_backward = seq_softmax_backward_##SFX,                          \
     .exp_shift = exp_shift_##SFX,                                            \
     .max_row = max_row_##SFX,                                                \
+    .bad_rows = bad_rows_##SFX,                                              \
     .ds_row = ds_row_##SFX,                                                  \
     .dot_keys = dot_keys_##SFX,                                              \
     .sum_values = sum_values_##SFX,                                          \
