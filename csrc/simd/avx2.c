@@ -172,6 +172,28 @@ static inline void reduce4x2_ps(const __m256 *a, float alpha,
 #define VKEEP keep_ps
 #define VANY_GT(a, b) \
     (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0)
+/* The 8 x 8 transpose of r[0..7] in place (simd/flash.inc's output):
+ * pairs of rows zipped, then quads, then the 128-bit halves swapped */
+static inline void transpose8_ps(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* u[4g + c], half h: column 4h + c of rows 4g .. 4g + 3 */
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+#define VTRANSPOSE transpose8_ps
 /* 8 bfloat16 (binary16) at p widened to float: zero-extended, shifted
  * into the upper half (F16C's conversion) */
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(                 \

@@ -65,6 +65,47 @@ static inline __m512d keep_pd(__m512d x, const unsigned char *keep)
     return _mm512_maskz_mov_pd((__mmask8)_mm_test_epi8_mask(k, k), x);
 }
 
+/* The 16 x 16 transpose of the 32-bit words of r[0..15] (16 rows of 16
+ * pairs) in place: word c of r[i] goes to word i of r[c] */
+static inline void transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + c], lane L: column 4L + c of rows 4g .. 4g + 3 */
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[c + 8] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        r[c + 4] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[c + 12] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+}
+
+/* The same on floats (simd/flash.inc's output: VTRANSPOSE) */
+static inline void transpose16_ps(__m512 r[16])
+{
+    __m512i x[16];
+    for (int i = 0; i < 16; i++) {
+        x[i] = _mm512_castps_si512(r[i]);
+    }
+    transpose16_epi32(x);
+    for (int i = 0; i < 16; i++) {
+        r[i] = _mm512_castsi512_ps(x[i]);
+    }
+}
+
 /* ---- float: 16 lanes ---- */
 #define REAL float
 #define FSFX(name) name##_f32_avx512
@@ -139,6 +180,7 @@ static inline void reduce4x4_ps(const __m512 *a, float alpha,
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
 #define VKEEP keep_ps
 #define VANY_GT(a, b) (_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0)
+#define VTRANSPOSE transpose16_ps
 /* 16 bfloat16 (binary16) at p widened to float: zero-extended, shifted
  * into the upper half (AVX-512F's conversion) */
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(                 \

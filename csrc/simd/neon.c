@@ -163,6 +163,16 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
 #define VCOPYSIGN copysign_f32
 #define VKEEP keep_f32
 #define VANY_GT(a, b) (vmaxvq_u32(vcgtq_f32(a, b)) != 0)
+/* The 4 x 4 transpose of r[0..3] in place (simd/flash.inc's output) */
+static inline void transpose4_f32(float32x4_t r[4])
+{
+    float32x4x2_t a = vtrnq_f32(r[0], r[1]), b = vtrnq_f32(r[2], r[3]);
+    r[0] = vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0]));
+    r[1] = vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1]));
+    r[2] = vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0]));
+    r[3] = vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1]));
+}
+#define VTRANSPOSE transpose4_f32
 #define FLASH_MR 6
 /* 4 bfloat16 (binary16) at p widened to float: shifted into the upper
  * half (the base conversion of AArch64) */
