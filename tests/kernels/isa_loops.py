@@ -11,7 +11,7 @@ As a script (from the repo root; SO: attention_c/_core*.so)::
 
 The register-tiled micro-kernel (csrc/simd/tile.inc, TILE_ACCUMULATE) is
 compiled into micro_kernel_rows / micro_kernel_packed (simd/tile.inc) and
-tile_rows / tile_packed (simd/ops.inc), FSFX-suffixed (name_f32_avx512,
+tile_rows / tile_packed (simd/gemm.inc), FSFX-suffixed (name_f32_avx512,
 ...).  GCC may inline the static ones into their caller (gemm_macro) or
 clone them (.isra.0, .constprop.0), so a kernel loop is found as an
 innermost loop (a backward branch with no other inside its span) holding

@@ -49,7 +49,7 @@ def test_micro_kernel_loop(funcs, isa, dtype):
     mr = il.mr_of(isa)
     loops = il.kernel_loops(funcs, isa, dtype)
     where = {sym.split(".")[0] for sym, _ in loops}
-    # the two out-of-line kernels (called from simd/ops.inc, fused.inc
+    # the two out-of-line kernels (called from simd/gemm.inc, fused.inc
     # and fused_backward.inc) and tile_rows / tile_packed, on their own
     # or inlined into gemm_macro: four loops at least
     for base in ("micro_kernel_rows", "micro_kernel_packed"):
