@@ -172,7 +172,7 @@ static inline void reduce4x2_ps(const __m256 *a, float alpha,
 #define VKEEP keep_ps
 #define VANY_GT(a, b) \
     (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0)
-/* The 8 x 8 transpose of r[0..7] in place (simd/flash.inc's output):
+/* VTRANSPOSE: the 8 x 8 transpose of r[0..7] in place (vmath.inc):
  * pairs of rows zipped, then quads, then the 128-bit halves swapped */
 static inline void transpose8_ps(__m256 r[8])
 {

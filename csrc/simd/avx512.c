@@ -93,7 +93,7 @@ static inline void transpose16_epi32(__m512i r[16])
     }
 }
 
-/* The same on floats (simd/flash.inc's output: VTRANSPOSE) */
+/* The same on floats: the float section's VTRANSPOSE (vmath.inc) */
 static inline void transpose16_ps(__m512 r[16])
 {
     __m512i x[16];

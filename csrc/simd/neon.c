@@ -163,7 +163,7 @@ static inline float64x2_t keep_f64(float64x2_t x, const unsigned char *keep)
 #define VCOPYSIGN copysign_f32
 #define VKEEP keep_f32
 #define VANY_GT(a, b) (vmaxvq_u32(vcgtq_f32(a, b)) != 0)
-/* The 4 x 4 transpose of r[0..3] in place (simd/flash.inc's output) */
+/* VTRANSPOSE: the 4 x 4 transpose of r[0..3] in place (vmath.inc) */
 static inline void transpose4_f32(float32x4_t r[4])
 {
     float32x4x2_t a = vtrnq_f32(r[0], r[1]), b = vtrnq_f32(r[2], r[3]);
