@@ -13,6 +13,8 @@ it on the SIMD paths (the scalar path runs the general one).
   almost every tile, and scores spread over more than the float range of
   exp (weights flushed to exactly 0), against the reference;
 * queries that see no key (an empty key segment): out 0, lse -inf;
+* a panel whose keys lie more than 2^22 apart (masked one lane at a
+  time: float32 does not hold their offsets exactly);
 * every SIMD path against the reference; bitwise identical results for
   1, 2 and 3 threads.
 
@@ -120,6 +122,32 @@ def test_query_seeing_nothing(dtype):
     out, lse = _run(ac.dot_attention, q, k, v, kw)
     assert np.all(out[:, 25:] == 0) and np.all(lse[:, 25:] == -np.inf)
     _check(q, k, v, kw, dtype, "segments")
+
+
+def test_key_offsets_past_float_precision():
+    """A panel of queries whose keys lie more than 2^22 apart (two packed
+    sequences of 9 queries, past decoding's 8, the first with 2^22 + 7
+    keys): float32 does not hold the keys' offsets exactly there, so the
+    kernel masks its tiles one lane at a time, not by its lane-wise
+    compares.  Against the reference, one query at a time (its (Tq, T)
+    scores would take 300 MB)."""
+    rng = np.random.default_rng(6)
+    T0, n = 2**22 + 7, 9
+    q = rng.standard_normal((1, 2 * n, 2)).astype(np.float32)
+    k = rng.standard_normal((1, T0 + 5, 2)).astype(np.float32)
+    v = rng.standard_normal((1, T0 + 5, 3)).astype(np.float32)
+    out, lse = ac.dot_attention(
+        q, k, values=v, return_weights=False,
+        cu_seqlens_q=np.array([0, n, 2 * n], dtype=np.int32),
+        cu_seqlens_k=np.array([0, T0, T0 + 5], dtype=np.int32))
+    for i in range(2 * n):
+        keys = slice(0, T0) if i < n else slice(T0, T0 + 5)
+        want, want_lse = ref.dot_attention(
+            f64(q[:, i:i + 1]), f64(k[:, keys]), values=f64(v[:, keys]),
+            return_weights=False)
+        assert rel_err(out[:, i:i + 1], want, floor=1.0) < TOL[np.float32]
+        assert rel_err(lse[:, i], want_lse[:, 0], floor=1.0) \
+            < TOL[np.float32]
 
 
 @pytest.mark.usefixtures("restore_settings")
