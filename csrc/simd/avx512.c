@@ -65,8 +65,8 @@ static inline __m512d keep_pd(__m512d x, const unsigned char *keep)
     return _mm512_maskz_mov_pd((__mmask8)_mm_test_epi8_mask(k, k), x);
 }
 
-/* The 16 x 16 transpose of the 32-bit words of r[0..15] (16 rows of 16
- * pairs) in place: word c of r[i] goes to word i of r[c] */
+/* The 16 x 16 transpose of the 32-bit words of r[0..15] in place (rows
+ * of bf16 pairs, or of floats): word c of r[i] goes to word i of r[c] */
 static inline void transpose16_epi32(__m512i r[16])
 {
     __m512i t[16], u[16];
