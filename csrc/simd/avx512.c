@@ -26,6 +26,10 @@
 #include "ref/formulas.h"
 
 #define MR 12
+/* A short micro-panel's tile (simd/gemm.inc): 4 rows, 8 chains of FMAs,
+ * latency x pipes on every x86 with AVX-512 (a float32 backward at (8,
+ * 1024, 64) spent 3 % of its time on 4-row panels run as 12) */
+#define MR_SMALL 4
 /* The FMA peak's chains (ops.inc's fma_loop): 24 of the 32 registers, a
  * margin over latency x ports (Skylake-SP to Sapphire Rapids 4 x 2, Zen 4
  * and 5 4 x 2 pipes). */
