@@ -105,6 +105,8 @@
  *   bad_rows             bad[r] = 1 where row r of x (n rows of w, ld
  *                        apart) holds a NaN or an infinity, else 0.
  *   ds_row               dp_t = p_t (dp_t - D), a row's dL/ds.
+ *   exp_ds               exp_shift of every t (no sum), then ds_row: the
+ *                        streamed backward's row in one pass.
  *   dot_keys             s_t = alpha q . K_t for t < n, K_t = K + t ldk
  *                        (d wide): decoding's scores, one query against
  *                        rows read where they are.  Each s_t is summed in
@@ -245,6 +247,7 @@
         void (*bad_rows)(ptrdiff_t n, ptrdiff_t w, const R *x, ptrdiff_t ld, \
                          unsigned char *bad);                                \
         void (*ds_row)(ptrdiff_t n, const R *p, R *dp, R D);                 \
+        void (*exp_ds)(ptrdiff_t n, R *s, R M, R *dp, R D);                  \
         void (*dot_keys)(ptrdiff_t n, ptrdiff_t d, R alpha, const R *q,      \
                          const R *K, ptrdiff_t ldk, R *s);                   \
         void (*sum_values)(ptrdiff_t n, ptrdiff_t d, const R *w,            \

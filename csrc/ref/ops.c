@@ -142,6 +142,7 @@ static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
     .max_row = max_row_##SFX,                                                \
     .bad_rows = bad_rows_##SFX,                                              \
     .ds_row = ds_row_##SFX,                                                  \
+    .exp_ds = exp_ds_##SFX,                                                  \
     .dot_keys = dot_keys_##SFX,                                              \
     .sum_values = sum_values_##SFX,                                          \
     .keep_row = att_keep_row,                                                \
