@@ -35,7 +35,7 @@ LANES = {("avx2", "f32"): 8, ("avx2", "f64"): 4,
          ("avx512", "f32"): 16, ("avx512", "f64"): 8}
 # the functions that hold the micro-kernel's k-loop, inlined or not
 KERNEL_FUNCS = ("micro_kernel_rows", "micro_kernel_packed", "tile_rows",
-                "tile_packed", "gemm_macro")
+                "tile_packed", "gemm_macro", "micro_kernel_small")
 # the streamed forward's other hot loops (simd/ops.inc), each found as
 # the loop with the most instructions of its kind on the path's vectors
 # (exp's polynomial FMAs; the max), not the masking or the tail
@@ -48,12 +48,25 @@ _VREG = re.compile(r"%[xyz]mm\d+")
 _MEM = re.compile(r"(?:[-\w]*)\((%\w+)?(?:,%\w+)?(?:,\d)?\)(\{1to\d+\})?")
 
 
-def mr_of(isa, name="MR"):
+def mr_of(isa, name="MR", default=None):
     """MR of the path's micro-tile, from its source (#define MR n); or
     another of its defines (FLASH_MR, FLASH_NV: the fused forward's
-    tile, simd/flash.inc), the first (float's) when it has two."""
+    tile, simd/flash.inc; MR_SMALL, the short micro-panels' tile), the
+    first (float's) when it has two; default when it has none."""
     text = (ROOT / "csrc" / "simd" / f"{isa}.c").read_text()
-    return int(re.search(rf"^#define {name} (\d+)$", text, re.M).group(1))
+    m = re.search(rf"^#define {name} (\d+)$", text, re.M)
+    if m is None and default is not None:
+        return default
+    return int(m.group(1))
+
+
+def loop_rows(isa, loop):
+    """The rows a k-loop of the micro-kernel is checked against: MR, or
+    MR_SMALL where the path has that tile (simd/gemm.inc) and the loop
+    holds 2 MR_SMALL FMAs."""
+    small = mr_of(isa, "MR_SMALL", 0)
+    fmas = sum(is_fma(i[1]) for i in loop)
+    return small if small and fmas == 2 * small else mr_of(isa)
 
 
 def disassemble(so):
@@ -518,11 +531,11 @@ def _main(argv):
     if cmd == "list":
         funcs = disassemble(argv[1])
         for isa in ISAS:
-            mr = mr_of(isa)
             for dtype in DTYPES:
                 for sym, loop in kernel_loops(funcs, isa, dtype):
                     fmas = sum(is_fma(i[1]) for i in loop)
-                    bad = check_kernel_loop(loop, isa, dtype, mr,
+                    bad = check_kernel_loop(loop, isa, dtype,
+                                            loop_rows(isa, loop),
                                             stack_regs(funcs[sym]))
                     print(f"kernel {sym}+{loop[0][0]:x} {len(loop)} "
                           f"insns {fmas} FMAs: "

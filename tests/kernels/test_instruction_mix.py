@@ -46,7 +46,6 @@ def funcs():
 @needs_objdump
 @pytest.mark.parametrize("isa, dtype", PATHS)
 def test_micro_kernel_loop(funcs, isa, dtype):
-    mr = il.mr_of(isa)
     loops = il.kernel_loops(funcs, isa, dtype)
     where = {sym.split(".")[0] for sym, _ in loops}
     # the two out-of-line kernels (called from simd/gemm.inc, fused.inc
@@ -57,8 +56,14 @@ def test_micro_kernel_loop(funcs, isa, dtype):
             f"no k-loop of {base}_{dtype}_{isa} in {_core.__file__}: "
             f"found {sorted(where)}")
     assert len(loops) >= 4, f"{len(loops)} k-loops in {sorted(where)}"
+    # the short micro-panels' tile, where the path has one (gemm_macro)
+    small = il.mr_of(isa, "MR_SMALL", 0)
+    assert not small or any(il.loop_rows(isa, loop) == small
+                            for _, loop in loops), (
+        f"no {small}-row k-loop on {isa} {dtype}: found {sorted(where)}")
     for sym, loop in loops:
-        problems = il.check_kernel_loop(loop, isa, dtype, mr,
+        problems = il.check_kernel_loop(loop, isa, dtype,
+                                        il.loop_rows(isa, loop),
                                         il.stack_regs(funcs[sym]))
         listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
         assert not problems, (f"{sym}, loop at {loop[0][0]:x}:\n  "
