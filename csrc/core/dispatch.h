@@ -85,6 +85,12 @@
  *             k in order added by vdpbf16ps (simd/gemm_dp.inc), alpha
  *             and beta in float32.  NULL but in the AVX-512 float table
  *             of a build whose compiler has AVX512_BF16.
+ *   pack_b, gemm_packed  gemm in two steps, for a B several products
+ *             share: pack_b packs B (K x N, 1 <= K, N <= ATT_GEMM_KC)
+ *             into Bp, K times N rounded up to gemm_nr elements; then
+ *             gemm_packed runs gemm (kmask NULL) on the first N' <= N
+ *             columns of that B, with the same bits.  NULL in the scalar
+ *             table.
  *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
  *             in an order of its own; used when every product of a call
  *             has one row, so that results still depend on sizes only.
@@ -220,6 +226,13 @@
                      ptrdiff_t brs, ptrdiff_t bcs,                           \
                      const unsigned char *kmask, R beta, R *C,               \
                      ptrdiff_t ldc, R *work);                                \
+        ptrdiff_t gemm_nr;                                                   \
+        void (*pack_b)(ptrdiff_t K, ptrdiff_t N, const R *B, ptrdiff_t brs,  \
+                       ptrdiff_t bcs, R *Bp);                                \
+        void (*gemm_packed)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,  \
+                            const R *A, ptrdiff_t ars, ptrdiff_t acs,        \
+                            const R *Bp, R beta, R *C, ptrdiff_t ldc,        \
+                            R *work);                                        \
         void (*gemm_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,    \
                           const R *A, ptrdiff_t ars, ptrdiff_t acs,          \
                           const R *B, ptrdiff_t brs, ptrdiff_t bcs,          \
