@@ -90,7 +90,8 @@
  *             into Bp, K times N rounded up to gemm_nr elements; then
  *             gemm_packed runs gemm (kmask NULL) on the first N' <= N
  *             columns of that B, with the same bits.  NULL in the scalar
- *             table.
+ *             table.  pack_b_bf16, gemm_packed_bf16: the same for
+ *             gemm_bf16 (NULL where it is).
  *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
  *             in an order of its own; used when every product of a call
  *             has one row, so that results still depend on sizes only.
@@ -233,6 +234,12 @@
                             const R *A, ptrdiff_t ars, ptrdiff_t acs,        \
                             const R *Bp, R beta, R *C, ptrdiff_t ldc,        \
                             R *work);                                        \
+        void (*pack_b_bf16)(ptrdiff_t K, ptrdiff_t N, const R *B,            \
+                            ptrdiff_t brs, ptrdiff_t bcs, R *Bp);            \
+        void (*gemm_packed_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,      \
+                                 R alpha, const R *A, ptrdiff_t ars,         \
+                                 ptrdiff_t acs, const R *Bp, R beta, R *C,   \
+                                 ptrdiff_t ldc, R *work);                    \
         void (*gemm_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,    \
                           const R *A, ptrdiff_t ars, ptrdiff_t acs,          \
                           const R *B, ptrdiff_t brs, ptrdiff_t bcs,          \

@@ -132,6 +132,7 @@ def test_gemm_tile(funcs):
     """The backward's products (simd/gemm_dp.inc): MR rows x 2 vectors,
     a pair of k a step, 2 MR BFDOTs into 2 MR accumulators."""
     syms = [s for s in funcs if s.startswith(("gemm_dp_f32_neon",
+                                              "dp_rows_f32_neon",
                                               "dp_tile_f32_neon"))]
     assert syms, "no gemm_dp_f32_neon: neon.c built without BF16"
     mr = _define("MR")
