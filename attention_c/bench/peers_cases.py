@@ -47,10 +47,12 @@ THREAD_CONTROL = {
            "intra_op_parallelism_threads=1 at 1)",
 }
 
-# Targets: (kind, peer, limit); peer "best" = the fastest peer of the row.
+# Targets of issue 32 (those of issue 26, 0.75 and 0.8, asked more than
+# the FMA peak): (kind, peer, limit); peer "best" = the fastest peer of
+# the row.
 TARGETS = (
-    ("fwd", "sdpa", 0.75), ("fwdbwd", "sdpa", 0.75),
-    ("fwd", "ort", 0.8), ("fwd", "openvino", 0.8),
+    ("fwd", "sdpa", 0.85), ("fwdbwd", "sdpa", 0.85),
+    ("fwd", "ort", 0.93), ("fwd", "openvino", 0.93),
     ("decode", "best", 0.8),
 )
 KIND_TEXT = {"fwd": "forward", "fwdbwd": "forward + backward",

@@ -1,6 +1,6 @@
 """The rows, targets and report of ``attention_c.bench.peers``: the
 median times of the rounds, the ratios ours / peer, PASS / MISS of the
-targets of issue 26, the Markdown table and text."""
+targets of issue 32, the Markdown table and text."""
 
 import re
 import statistics
@@ -59,7 +59,7 @@ def make_rows(cases, threads, medians, children):
 
 
 def evaluate(rows):
-    """PASS / MISS of every target of issue 26 that has its peer in a
+    """PASS / MISS of every target of issue 32 that has its peer in a
     row."""
     targets = []
     for row in rows:
@@ -184,7 +184,7 @@ def report_lines(meta, rows, targets):
         "faster of Attention-23 and MultiHeadAttention (named); decode "
         "targets against the fastest peer; *: others used more than "
         f"{harness.DISTURBED:.0%} of the CPUs.",
-        harness.targets_line(targets, 26),
+        harness.targets_line(targets, 32),
         harness.targets_count(targets),
     ]
     return lines

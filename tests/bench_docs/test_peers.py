@@ -242,7 +242,7 @@ def test_quick_run_reports_a_table(tmp_path):
     section = page_section(written, "peers")
     assert section.startswith("`python -m attention_c.bench --peers` on ")
     assert "| case | thr | ours ms | sdpa ms |" in section
-    assert "**Targets of issue 26:**" in section
+    assert "**Targets of issue 32:**" in section
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["meta"]["timed"] == ["ours", "sdpa"]
     assert data["meta"]["cpu"] in proc.stdout
@@ -253,4 +253,4 @@ def test_quick_run_reports_a_table(tmp_path):
         assert row["ratios"]["sdpa"] == pytest.approx(t["ours"] / t["sdpa"])
     assert data["targets"]
     assert "| case | thr | ours ms | sdpa ms |" in proc.stdout
-    assert "Targets of issue 26" in proc.stdout
+    assert "Targets of issue 32" in proc.stdout
