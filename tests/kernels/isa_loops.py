@@ -127,8 +127,8 @@ def innermost_loops(insns):
         m = _TARGET.match(ops)
         if mnem.startswith("j") and m:
             target = int(m.group(1), 16)
-            if insns[0][0] <= target <= addr and _cycles(insns, target,
-                                                           addr):
+            if (insns[0][0] <= target <= addr
+                    and _cycles(insns, target, addr)):
                 spans.append((target, addr))
     inner = [s for s in spans
              if not any(o != s and s[0] <= o[0] and o[1] <= s[1]
