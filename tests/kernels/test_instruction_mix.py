@@ -157,6 +157,32 @@ def test_dot_product_kernel(funcs):
 
 
 @needs_objdump
+def test_gemm_dot_product_tiles(funcs):
+    """The backward's products on AVX512_BF16 (simd/gemm_dp.inc's
+    dp_tile): a k-loop of 2 MR vdpbf16ps into 2 MR distinct accumulators
+    (the whole tile) and one of 2 MR_SMALL (a short micro-panel's rows),
+    each on zmm, nothing on the stack."""
+    sym = "dp_tile_f32_avx512"
+    if sym not in funcs:
+        pytest.skip("built without AVX512_BF16 (compiler)")
+    stack = il.stack_regs(funcs[sym])
+    rows = []
+    for loop in il.innermost_loops(funcs[sym]):
+        dots = [il.operands(o) for _a, m, o in loop if m == "vdpbf16ps"]
+        if len(dots) <= 2:
+            continue
+        accs = {ops[-1] for ops in dots}
+        listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
+        assert len(accs) == len(dots), listing
+        assert all(a.startswith("%zmm") for a in accs), listing
+        assert not any(f"(%{r}" in o for _a, _m, o in loop for r in stack), (
+            "a spill:\n" + listing)
+        rows.append(len(dots) // 2)
+    mr, small = il.mr_of("avx512"), il.mr_of("avx512", "MR_SMALL")
+    assert sorted(set(rows)) == sorted({mr, small}), rows
+
+
+@needs_objdump
 @pytest.mark.parametrize("isa, dtype", PATHS)
 def test_flash_loops(funcs, isa, dtype):
     """The fused forward's products (simd/flash.inc): the scores' tile,
