@@ -6,6 +6,7 @@
 #if defined(__linux__)
 #define _GNU_SOURCE     /* syscall(), for att_bf16_products */
 #endif
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "attention.h"
@@ -13,6 +14,24 @@
 #include "core/peak.h"
 #include "core/philox.h"
 #include "core/testhooks.h"
+
+/* The CPU's facts that CPUID (or the OS) tells, asked once each: under
+ * a hypervisor CPUID traps to it (7 us a time on a KVM guest with AMD
+ * Zen 4), and every kernel call asks (exec_ok, the family's choice of
+ * products).  Not state: each holds -1 until its one true answer, the
+ * same whichever thread stores it first. */
+static atomic_int cpu_fact[3] = {-1, -1, -1};
+enum { FACT_F16C, FACT_BF16, FACT_AMX };
+
+static int cpu_knows(int fact, int (*ask)(void))
+{
+    int v = atomic_load_explicit(&cpu_fact[fact], memory_order_relaxed);
+    if (v < 0) {
+        v = ask() != 0;
+        atomic_store_explicit(&cpu_fact[fact], v, memory_order_relaxed);
+    }
+    return v;
+}
 
 #if ATT_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -24,6 +43,14 @@ static int x86_has_f16c(void)
 {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
+/* AVX512_BF16 (leaf 7, subleaf 1: EAX bit 5): the dot products, and the
+ * conversions both bf16 kernels round with */
+static int x86_has_bf16(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 #endif
 
@@ -43,7 +70,7 @@ int att_simd_best(void)
         return ATT_SIMD_AVX512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        x86_has_f16c()) {
+        cpu_knows(FACT_F16C, x86_has_f16c)) {
         return ATT_SIMD_AVX2;
     }
 #endif
@@ -110,20 +137,18 @@ static int arm_has_bf16(void)
 int att_bf16_supported(int simd, int unit)
 {
 #if ATT_HAVE_NEON_BF16
-    return simd == ATT_SIMD_NEON && unit == ATT_BF16_DOT && arm_has_bf16();
+    return simd == ATT_SIMD_NEON && unit == ATT_BF16_DOT &&
+           cpu_knows(FACT_BF16, arm_has_bf16);
 #elif ATT_HAVE_BF16DOT
-    unsigned a, b, c, d;
-    /* AVX512_BF16 (leaf 7, subleaf 1: EAX bit 5): the dot products, and
-     * the conversions both kernels round with */
     if (simd != ATT_SIMD_AVX512 || !att_simd_supported(simd) ||
-        !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) {
+        !cpu_knows(FACT_BF16, x86_has_bf16)) {
         return 0;
     }
     if (unit == ATT_BF16_DOT) {
         return 1;
     }
 #if ATT_HAVE_AMX
-    return unit == ATT_BF16_AMX && x86_amx_granted();
+    return unit == ATT_BF16_AMX && cpu_knows(FACT_AMX, x86_amx_granted);
 #else
     return 0;
 #endif
