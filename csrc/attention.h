@@ -278,6 +278,17 @@ typedef struct {
  * widened to float exactly as it is loaded (the result is the float
  * call's on the widened arrays, bit for bit); ATT_STORE_NATIVE (0)
  * everywhere else.
+ * io_store ATT_STORE_BF16 (a float forward, where
+ * att_family_takes_bf16(f, ex, in) said 1 for these inputs): query, keys
+ * and values are bfloat16 as stored, C-contiguous, and out is written in
+ * bfloat16, rounded to nearest even; the bits of the call on the widened
+ * arrays with out rounded after, without their float32 copies.  It says
+ * 1 for a dot score streamed (lse), more than a decoding step's queries,
+ * visibility by ranges alone (no mask, attn_mask or bias; causal, window
+ * and segments are ranges), no softcap, alibi or dropout, values given,
+ * no kproj, koff or voff, under ATT_PRECISION_BF16 on a path with the
+ * bf16 dot products (ex->bf16 ATT_BF16_DOT), every element finite: it
+ * reads them all.  io_store ATT_STORE_NATIVE (0) everywhere else.
  */
 enum att_strided {
     ATT_STRIDED_KEYS = 1,
@@ -320,6 +331,7 @@ int att_convert16(int simd, int store, int widen, ptrdiff_t n,
         att_view alibi, sinks;        /* REAL, element b at VIEW_AT */     \
         att_view sharpness;           /* cosine: REAL beta (b, i) */       \
         int kstore, vstore;           /* enum att_store: keys, values */   \
+        int io_store;                 /* query, keys, values and out */    \
     } att_family_in_##SFX;                                                   \
     typedef struct {                                                         \
         R *out, *alpha, *lse;                                                \
@@ -329,6 +341,8 @@ int att_convert16(int simd, int store, int widen, ptrdiff_t n,
         att_view dsharpness;          /* cosine backward, likewise */      \
     } att_family_out_##SFX;                                                  \
     int att_family_reads_strided_##SFX(const att_fdims *f, int backward);   \
+    int att_family_takes_bf16_##SFX(const att_fdims *f, const att_exec *ex, \
+                                    const att_family_in_##SFX *in);          \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \
                                          const att_exec *ex);                \
     int att_family_forward_##SFX(const att_fdims *f, const att_exec *ex,     \

@@ -175,7 +175,13 @@
  *             NULL in the scalar table.  work: flash_work(nq, d, dv)
  *             elements (-1: a size overflows), aligned for REAL.
  *             flash_nr, the queries of its panels (a multiple of vlen, at
- *             most 256), is the block of queries it runs best on.
+ *             most 256), is the block of queries it runs best on.  Q, K,
+ *             V and O are REAL (store ATT_STORE_NATIVE), strides in
+ *             elements; only flash_bf16[ATT_BF16_DOT - 1] takes store
+ *             ATT_STORE_BF16: Q, K and V bfloat16 as stored, O written in
+ *             it (rounded to nearest even as att_convert16 rounds): the
+ *             bits of the float call on the widened Q, K and V, rounded
+ *             after (its operands are rounded to bf16 anyway).
  *   flash_bf16  the same with the products on bf16 (Q, K, V and P
  *             rounded to bf16, float sums), for float calls that allow
  *             it (ATT_PRECISION_BF16), one per unit (index: enum
@@ -213,10 +219,10 @@
  */
 /* The arguments of flash and flash_bf16 (above) */
 #define ATT_FLASH_ARGS(R)                                                    \
-    (ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale, R sink, const R *Q,   \
-     ptrdiff_t ldq, const R *K, ptrdiff_t ldk, const R *V, ptrdiff_t ldv,    \
-     const ptrdiff_t *lo, const ptrdiff_t *hi, R *O, ptrdiff_t ldo, R *lse,  \
-     R *work)
+    (ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale, R sink, int store,    \
+     const void *Q, ptrdiff_t ldq, const void *K, ptrdiff_t ldk,            \
+     const void *V, ptrdiff_t ldv, const ptrdiff_t *lo, const ptrdiff_t *hi, \
+     void *O, ptrdiff_t ldo, R *lse, R *work)
 
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \

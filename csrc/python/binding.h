@@ -249,6 +249,11 @@ struct Call {
                                          else NULL (owned) */
     int store[MAX_ARGS];              /* enum att_store of keys and
                                          values read in place */
+    unsigned maybe16;                 /* bit i: argument i (query, keys,
+                                         values) left in bfloat16 for
+                                         settle16 */
+    int io16;                         /* ... and read so, out written so
+                                         (attention.h's io_store) */
     PyObject *out[MAX_OUTS];          /* owned until returned */
     void *work;
     char *kept[N_KEEP];               /* KEEP_WIDE, KEEP_OUT: taken by */
@@ -344,6 +349,11 @@ int view_target(const Call *c, int i, npy_intp *dims);
  * views, indices and groups of sequences. */
 int cast_args(Call *c);
 int make_views(Call *c);
+int settle16(Call *c);
+
+/* table.c: whether the family's forward takes the call's query, keys and
+ * values as stored bfloat16 (att_family_takes_bf16; reads them) */
+int family_takes_bf16(Call *c);
 
 /* call.c: steps 1-6 for row fn (grads: the public function's named tuple
  * of a backward, or NULL); the error of a kernel's status. */

@@ -560,6 +560,15 @@ static ptrdiff_t work_size(Call *c)
     return bytes;
 }
 
+/* Whether output k is made in float32 and rounded to the call's 16-bit
+ * dtype after (round_outputs): not the log-sum-exp, which stays float32,
+ * nor the out of a kernel that writes it so (settle16). */
+static int rounded(const Call *c, int k)
+{
+    int id = c->fn->outs[k].id;
+    return c->ret != NULL && id != Y_LSE && !(c->io16 && id == Y_OUT);
+}
+
 /* Makes the wanted outputs and the scratch.  Every byte count is checked
  * before anything is allocated, so sizes that overflow give MemoryError
  * without touching memory.  On failure what was made is left in c for
@@ -602,7 +611,7 @@ static int make_outputs(Call *c)
     }
     size_t kept = 0;             /* rounded by round_outputs: see keep */
     for (int k = 0; k < fn->nouts && c->ret != NULL; k++) {
-        if (wanted(c, k) && fn->outs[k].id != Y_LSE) {
+        if (wanted(c, k) && rounded(c, k)) {
             kept += kept_bytes(nds[k], dims[k]);
         }
     }
@@ -611,12 +620,21 @@ static int make_outputs(Call *c)
         if (!wanted(c, k)) {
             continue;
         }
-        int rounded = c->ret != NULL && fn->outs[k].id != Y_LSE;
-        if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0 ||
-            (c->out[k] = rounded ? kept_array(c, KEEP_OUT, nds[k], dims[k])
-                                 : PyArray_SimpleNew(nds[k], dims[k],
-                                                     c->typenum))
-            == NULL) {
+        if (ALLOC_POINT("output", out_names[fn->outs[k].id], 1) < 0) {
+            return -1;
+        }
+        if (rounded(c, k)) {
+            c->out[k] = kept_array(c, KEEP_OUT, nds[k], dims[k]);
+        }
+        else if (c->io16 && fn->outs[k].id == Y_OUT) {  /* written so */
+            Py_INCREF(c->ret);      /* PyArray_NewFromDescr steals it */
+            c->out[k] = PyArray_NewFromDescr(&PyArray_Type, c->ret, nds[k],
+                                             dims[k], NULL, NULL, 0, NULL);
+        }
+        else {
+            c->out[k] = PyArray_SimpleNew(nds[k], dims[k], c->typenum);
+        }
+        if (c->out[k] == NULL) {
             return -1;
         }
     }
@@ -672,7 +690,7 @@ static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
 static int round_outputs(Call *c)
 {
     for (int k = 0; c->ret != NULL && k < c->fn->nouts; k++) {
-        if (c->out[k] == NULL || c->fn->outs[k].id == Y_LSE) {
+        if (c->out[k] == NULL || !rounded(c, k)) {
             continue;
         }
         PyArrayObject *o = (PyArrayObject *)c->out[k];
@@ -781,7 +799,7 @@ PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
     if (take_args(&c, args, nargs, kwnames) < 0 || view_args(&c) < 0 ||
         check_shapes(&c) < 0 || (fn->check && fn->check(&c) < 0) ||
         cast_args(&c) < 0 || exec_for_dtype(&c) < 0 || make_views(&c) < 0 ||
-        check_alpha(&c) < 0 || make_outputs(&c) < 0) {
+        check_alpha(&c) < 0 || settle16(&c) < 0 || make_outputs(&c) < 0) {
         goto done;
     }
     if (no_queries(&c)) {

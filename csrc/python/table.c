@@ -224,7 +224,9 @@ static att_view grad_view(const Call *c, int g, int id)
     return v;
 }
 
-/* The family's call for one type: its inputs and outputs by name. */
+/* The family's call for one type: its inputs and outputs by name; or,
+ * ask, whether its forward takes this call's query, keys and values as
+ * stored bfloat16 (attention.h's att_family_takes_bf16). */
 #define FAMILY_CALL(R, SFX)                                                  \
     do {                                                                     \
         int wi = c->fn->pos[X_W];                                            \
@@ -249,7 +251,8 @@ static att_view grad_view(const Call *c, int g, int id)
             .softcap = (R)softcap, .alibi = view_of(c, X_ALIBI_SLOPES),      \
             .sinks = view_of(c, X_SINKS),                                    \
             .sharpness = view_of(c, X_SHARPNESS),                            \
-            .kstore = store_of(c, X_KEYS), .vstore = store_of(c, X_VALUES)};  \
+            .kstore = store_of(c, X_KEYS), .vstore = store_of(c, X_VALUES), \
+            .io_store = c->io16 ? ATT_STORE_BF16 : ATT_STORE_NATIVE};        \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
@@ -266,12 +269,15 @@ static att_view grad_view(const Call *c, int g, int id)
             out.dkeys = OUT(Y_DW);                                           \
             out.dbias = (att_view){OUT(Y_DB), NULL, 0, 0, 1};                \
         }                                                                    \
+        if (ask) {                                                           \
+            return att_family_takes_bf16_##SFX(&f, &c->ex, &in);             \
+        }                                                                    \
         return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
                : att_family_forward_##SFX(&f, &c->ex, &in, &out, c->work);   \
     } while (0)
 
-static int k_family(Call *c)
+static int family_call(Call *c, int ask)
 {
     att_fdims f = family_dims(c);
     /* dot: scale None means 1/sqrt(H) (1 when H = 0: no score at all);
@@ -293,6 +299,16 @@ static int k_family(Call *c)
         FAMILY_CALL(float, f32);
     }
     FAMILY_CALL(double, f64);
+}
+
+static int k_family(Call *c)
+{
+    return family_call(c, 0);
+}
+
+int family_takes_bf16(Call *c)
+{
+    return family_call(c, 1);
 }
 
 /* The location score: the family's call, then W's rows t >= T, which no

@@ -217,9 +217,58 @@ static int widen_half(Call *c, int i)
     return 1;
 }
 
+/* Whether argument i is a query, keys or values that the family's
+ * streamed forward may read as stored bfloat16 (settle16 asks the kernel
+ * once the views are made), by what the call says (the kernel's
+ * conditions, attention.h's att_family_takes_bf16, but the values'
+ * finiteness: where they fail, the copies settle16 makes are not in the
+ * kept buffer): a bfloat16 call (every floating input bfloat16, so its
+ * products are bf16: exec_for_dtype) on the dot products, the dot score
+ * streamed, no mask, attn_mask, bias, dropout, softcap or ALiBi, the
+ * array C-contiguous. */
+static int may_stay16(const Call *c, int i)
+{
+    const FuncSpec *fn = c->fn;
+    int id = fn->args[i].id;
+    PyArrayObject *a = c->arr[i];
+    static const int none[] = {X_MASK, X_ATTN_MASK, X_BIAS, X_DROPOUT,
+                               X_SOFTCAP, X_ALIBI_SLOPES};
+    for (size_t n = 0; n < sizeof none / sizeof none[0]; n++) {
+        if (given(c, none[n])) {
+            return 0;
+        }
+    }
+    return c->typenum == NPY_FLOAT && c->ret != NULL &&
+           half_store(c->ret) == ATT_STORE_BF16 && fn->fused &&
+           c->ex.bf16 == ATT_BF16_DOT && fn->family && !fn->location &&
+           fn->score == ATT_SCORE_DOT && !is_backward(fn) &&
+           stream_of(c) &&
+           (id == X_QUERY || id == X_KEYS || id == X_VALUES) &&
+           half_store(PyArray_DESCR(a)) == ATT_STORE_BF16 &&
+           PyArray_ISCARRAY_RO(a) && PyArray_ISNOTSWAPPED(a);
+}
+
+/* Step 4b, for a call that left its query, keys and values in bfloat16
+ * (may_stay16): the kernel reads them so if it can (family_takes_bf16:
+ * this call's options and finite values), else they are widened now. */
+int settle16(Call *c)
+{
+    if (!c->maybe16) {
+        return 0;
+    }
+    c->io16 = __builtin_popcount(c->maybe16) == 3 && family_takes_bf16(c);
+    for (int i = 0; i < c->fn->nargs && !c->io16; i++) {
+        if ((c->maybe16 >> i & 1) && widen_half(c, i) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Step 4: the floating arrays in one dtype (result_type), C-contiguous
  * and aligned, but for the keys and values a decoding call reads where
- * they are, as stored (read_rows); masks C-contiguous. */
+ * they are, as stored (read_rows), and a bfloat16 call's query, keys and
+ * values that settle16 decides on; masks C-contiguous. */
 int cast_args(Call *c)
 {
     const FuncSpec *fn = c->fn;
@@ -252,7 +301,8 @@ int cast_args(Call *c)
         int store;
         if (a != NULL && !(fn->args[i].flags & (F_MASK | F_INDEX)) &&
             half_store(PyArray_DESCR(a)) != ATT_STORE_NATIVE &&
-            !reads_in_place(c, i, &store)) {   /* a decoding step's cache */
+            !reads_in_place(c, i, &store) &&   /* a decoding step's cache */
+            !may_stay16(c, i)) {       /* (widened later if need be) */
             wide += kept_bytes(PyArray_NDIM(a), PyArray_DIMS(a));
         }
     }
@@ -276,6 +326,10 @@ int cast_args(Call *c)
             continue;       /* as PyArray_FromArray would return it */
         }
         int rows = read_rows(c, i);        /* decoding: keys in place */
+        if (rows == 0 && may_stay16(c, i)) {
+            c->maybe16 |= 1u << i;
+            continue;
+        }
         if (rows == 0 && !mask) {
             rows = widen_half(c, i);
         }

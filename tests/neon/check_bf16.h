@@ -157,6 +157,74 @@ static void bf16_one_key(ctx *c, ptrdiff_t H)
     free(b);
 }
 
+/* bfloat16 as stored (io_store, attention.h's att_family_takes_bf16):
+ * query, keys and values rounded to bf16, the forward on them as stored
+ * gives the bits of the forward on them widened, out rounded after, on 1
+ * and 2 threads; a key of infinity is refused. */
+static void bf16_stored_case(ctx *c, att_fdims f, const float *q,
+                             const float *k, const float *v,
+                             const ptrdiff_t *kidx)
+{
+    ptrdiff_t n[3] = {f.B * f.Tq * f.H, f.Bk * f.T * f.H, f.Bk * f.T * f.Hv};
+    const float *x[3] = {q, k, v};
+    uint16_t *h[3];
+    float *w[3];
+    for (int a = 0; a < 3; a++) {
+        h[a] = xmalloc((size_t)(n[a] + 1) * sizeof(uint16_t));
+        w[a] = xmalloc((size_t)(n[a] + 1) * sizeof(float));
+        for (ptrdiff_t i = 0; i < n[a]; i++) {
+            h[a][i] = att_f32_to_bf16_clamped(x[a][i]);
+            w[a][i] = att_bf16_to_f32(h[a][i]);
+        }
+    }
+    ptrdiff_t no = f.B * f.Tq * f.Hv, nl = f.B * f.Tq;
+    float *out = nans_f32(no), *lse = nans_f32(nl), *lse16 = nans_f32(nl);
+    uint16_t *out16 = xmalloc((size_t)no * sizeof(uint16_t));
+    int st = bf16_forward(c, c->simd, 1, 1, f, w[0], w[1], w[2], kidx, out,
+                          lse);
+    expect(c, st == ATT_OK, "widened run returned %d", st);
+    att_family_in_f32 in = {.query = (const float *)(const void *)h[0],
+                            .keys = (const float *)(const void *)h[1],
+                            .values = (const float *)(const void *)h[2],
+                            .kidx = kidx, .vidx = kidx,
+                            .scale = (float)(1 / sqrt((double)f.H)),
+                            .io_store = ATT_STORE_BF16};
+    for (int threads = 1; threads <= 2; threads++) {
+        att_exec ex = {c->simd, threads, c->pool, ATT_PRECISION_BF16,
+                       ATT_BF16_DOT};
+        expect(c, att_family_takes_bf16_f32(&f, &ex, &in) == 1,
+               "bf16 as stored refused");
+        memset(out16, 0xff, (size_t)no * sizeof(uint16_t));
+        att_family_out_f32 fo = {.out = (float *)(void *)out16,
+                                 .lse = lse16};
+        void *work = workspace_f32(c, att_family_workspace_f32(&f, 0, &ex));
+        st = att_family_forward_f32(&f, &ex, &in, &fo, work);
+        free(work);
+        c->calls++;
+        expect(c, st == ATT_OK, "stored run returned %d", st);
+        long bad = 0;
+        for (ptrdiff_t i = 0; i < no; i++) {
+            bad += out16[i] != att_f32_to_bf16(out[i]);
+        }
+        expect(c, bad == 0 && memcmp(lse, lse16, (size_t)nl *
+                                                 sizeof(float)) == 0,
+               "%ld of out (or lse) differ as stored, %d threads", bad,
+               threads);
+    }
+    h[1][n[1] / 2] = 0x7f80;            /* +inf: the general path's */
+    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_BF16, ATT_BF16_DOT};
+    expect(c, att_family_takes_bf16_f32(&f, &ex, &in) == 0,
+           "a key of infinity taken as stored");
+    for (int a = 0; a < 3; a++) {
+        free(h[a]);
+        free(w[a]);
+    }
+    free(out);
+    free(lse);
+    free(lse16);
+    free(out16);
+}
+
 /* Sizes across the tiles: against float32 products, and threads; out's
  * error returned. */
 static double bf16_case(ctx *c, att_fdims f)
@@ -204,6 +272,9 @@ static double bf16_case(ctx *c, att_fdims f)
     expect(c, memcmp(out[1], out[2], nout * sizeof(float)) == 0 &&
               memcmp(lse[1], lse[2], nlse * sizeof(float)) == 0,
            "1 and 2 threads differ");
+    if (B * Tq > 0 && T > 0 && H > 0 && Tq > 8) {     /* (not decoding) */
+        bf16_stored_case(c, f, q, k, v, kidx);
+    }
     for (int r = 0; r < 3; r++) {
         free(out[r]);
         free(lse[r]);

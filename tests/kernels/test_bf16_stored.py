@@ -1,0 +1,157 @@
+"""A bfloat16 call's streamed forward reads its queries, keys and values
+as stored and writes its output in bfloat16 (csrc/simd/flash.inc under
+FLASH_DP, attention.h's att_family_takes_bf16), where the CPU has the
+bf16 dot products: no float32 copy of any of them.
+
+* the results are the float32 call's under set_fp32_precision("bf16") on
+  the widened arrays, its output rounded once, bit for bit: sizes 1, 3,
+  17 and 65, odd widths, full, causal, window, grouped heads broadcast
+  over the leading axes, packed segments, sinks; 1 and 2 threads (so on
+  every host: where the path is not taken, both calls widen);
+* non-finite inputs (which the fused kernel does not take) fall back to
+  the widened call, with the same results;
+* on a CPU with the dot products, a call allocates no float32 copies: its
+  peak memory is below the float32 call's on the same sizes;
+* the inputs are left as they were.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import attention_c as ac
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+SHAPES = [  # (B, G, Gk, Tq, T, d, dv): G query heads against Gk kv heads
+    (1, 1, 1, 17, 17, 3, 5),
+    (2, 1, 1, 9, 1, 1, 1),
+    (1, 3, 1, 65, 65, 17, 1),
+    (2, 4, 2, 33, 65, 64, 64),
+    (1, 2, 2, 200, 300, 64, 17),
+]
+KINDS = [{}, {"causal": True}, {"window": (5, 3)},
+         {"causal": True, "window": (20, 0)}]
+
+
+def inputs(rng, B, G, Gk, Tq, T, d, dv):
+    q = rng.standard_normal((B, G, Tq, d)).astype(BF16)
+    k = rng.standard_normal((B, Gk, 1, T, d)).astype(BF16)
+    v = rng.standard_normal((B, Gk, 1, T, dv)).astype(BF16)
+    # grouped heads: query head g reads kv head g // (G // Gk)
+    q = q.reshape(B, Gk, G // Gk, Tq, d)
+    return q, k, v
+
+
+def widened_call(q, k, v, **kw):
+    """The float32 call on the widened arrays with bf16 products, its
+    output rounded to bfloat16 once."""
+    with ac.set_fp32_precision("bf16"):
+        out, lse = ac.dot_attention(
+            q.astype(np.float32), k.astype(np.float32),
+            values=v.astype(np.float32), return_weights=False, **kw)
+    return out.astype(BF16), lse
+
+
+def assert_bits(got, want, what):
+    assert got[0].dtype == BF16 and got[1].dtype == np.float32, what
+    assert got[0].shape == want[0].shape, what
+    assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16)), (
+        what, np.nanmax(np.abs(got[0].astype(np.float64)
+                               - want[0].astype(np.float64))))
+    assert np.array_equal(got[1], want[1], equal_nan=True), what
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kw", KINDS, ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_as_widened(shape, kw, threads):
+    ac.set_num_threads(threads)
+    rng = np.random.default_rng(sum(shape) + threads)
+    q, k, v = inputs(rng, *shape)
+    before = [x.tobytes() for x in (q, k, v)]
+    got = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
+    assert_bits(got, widened_call(q, k, v, **kw), (shape, kw, threads))
+    assert [x.tobytes() for x in (q, k, v)] == before
+
+
+@pytest.mark.usefixtures("restore_settings")
+def test_sinks_and_segments_as_widened():
+    """Sinks (one more logit per head; bfloat16 like the rest, so the call
+    stays a bfloat16 one) and packed segments (cu_seqlens): ranges of keys
+    the fused kernel takes as they are."""
+    rng = np.random.default_rng(5)
+    q, k, v = inputs(rng, 2, 4, 2, 40, 40, 32, 32)
+    sinks = rng.standard_normal((2, 2, 2)).astype(BF16)
+    got = ac.dot_attention(q, k, values=v, sinks=sinks, causal=True,
+                           return_weights=False)
+    with ac.set_fp32_precision("bf16"):
+        want = ac.dot_attention(
+            q.astype(np.float32), k.astype(np.float32),
+            values=v.astype(np.float32), sinks=sinks.astype(np.float32),
+            causal=True, return_weights=False)
+    assert_bits(got, (want[0].astype(BF16), want[1]), "sinks")
+    cu = np.array([0, 7, 30, 64], dtype=np.int64)
+    qs, ks, vs = (rng.standard_normal((4, 64, 16)).astype(BF16)
+                  for _ in range(3))
+    seg = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+               return_weights=False)
+    got = ac.dot_attention(qs, ks, values=vs, **seg)
+    with ac.set_fp32_precision("bf16"):
+        want = ac.dot_attention(qs.astype(np.float32), ks.astype(np.float32),
+                                values=vs.astype(np.float32), **seg)
+    assert_bits(got, (want[0].astype(BF16), want[1]), "segments")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("where", ["query", "keys", "values"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_falls_back(where, bad):
+    """A NaN or an infinity anywhere: the call widens (the fused kernel
+    takes finite inputs only) and gives the widened call's results."""
+    rng = np.random.default_rng(9)
+    q, k, v = inputs(rng, 2, 2, 1, 20, 30, 16, 8)
+    x = {"query": q, "keys": k, "values": v}[where]
+    x.reshape(-1)[37] = bad
+    got = ac.dot_attention(q, k, values=v, causal=True, return_weights=False)
+    assert_bits(got, widened_call(q, k, v, causal=True), (where, bad))
+
+
+PEAK = textwrap.dedent("""
+    import sys, tracemalloc
+    import numpy as np, ml_dtypes
+    import attention_c as ac
+    dtype = np.dtype(sys.argv[1])
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 4, 1024, 64)).astype(dtype)
+               for _ in range(3))
+    ac.set_fp32_precision("bf16")
+    tracemalloc.start()
+    out = ac.dot_attention(q, k, values=v, causal=True, return_weights=False)
+    print(tracemalloc.get_traced_memory()[1])
+""")
+
+
+def peak_bytes(dtype):
+    """The peak memory traced in a fresh process (no buffers kept from
+    earlier calls) over one forward at (1, 4, 1024, 64) in dtype."""
+    run = subprocess.run([sys.executable, "-c", PEAK, dtype],
+                         capture_output=True, text=True, check=True)
+    return int(run.stdout)
+
+
+def test_no_float32_copies():
+    """With the dot products, a bfloat16 forward takes less memory than a
+    float32 one of the same sizes (its output is half as large, and it
+    makes no float32 copies: they would be 3 MB, its whole output 0.5)."""
+    if ac.show_config()["bf16_unit"] != "dot":
+        pytest.skip("the CPU or path has no bf16 dot products in use")
+    bf16, f32 = peak_bytes("bfloat16"), peak_bytes("float32")
+    assert bf16 < f32, (bf16, f32)
