@@ -146,6 +146,9 @@
  *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
  *                        widened to R, or n R rounded to them
  *                        (attention.h's att_convert16).  float only.
+ *   finite_bf16          1 when the n bfloat16 elements at x are all
+ *                        finite (no infinity, no NaN), else 0.  float
+ *                        only.
  *   widen_q8             n int8 (n a multiple of g) times their group's
  *                        scale, dst[c] = scale[c / g] src[c], one float
  *                        product each: an int8 cache's rows.  float only.
@@ -295,6 +298,7 @@
                                  R *const *out, int add,                     \
                                  ptrdiff_t pf, int pf2);                     \
         void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
+        int (*finite_bf16)(ptrdiff_t n, const uint16_t *x);                  \
         void (*widen_q8)(ptrdiff_t n, ptrdiff_t g, const int8_t *src,        \
                          const float *scale, R *dst);                        \
         void (*round16[2])(ptrdiff_t n, const R *src, uint16_t *dst);        \

@@ -215,6 +215,10 @@ static void bf16_stored_case(ctx *c, att_fdims f, const float *q,
     att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_BF16, ATT_BF16_DOT};
     expect(c, att_family_takes_bf16_f32(&f, &ex, &in) == 0,
            "a key of infinity taken as stored");
+    h[1][n[1] / 2] = 0;
+    h[2][n[2] - 1] = 0xffc1;            /* a NaN, the last value's last */
+    expect(c, att_family_takes_bf16_f32(&f, &ex, &in) == 0,
+           "a value's NaN taken as stored");
     for (int a = 0; a < 3; a++) {
         free(h[a]);
         free(w[a]);
