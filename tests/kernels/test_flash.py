@@ -3,8 +3,11 @@ inside the products, the scores in log2 units, the running max raised
 only when a score passes it by 2^8.  It runs for a dot or general score
 whose visibility is a range of keys per query (full, causal, window,
 packed sequences, sinks), no mask, bias, softcap, ALiBi or dropout, and
-finite inputs; every case below is one of those, so the kernel computes
-it on the SIMD paths (the scalar path runs the general one).
+finite inputs, with more queries than half its panel under float
+products; every case below is one of those, so the kernel computes it on
+the SIMD paths (the scalar path runs the general one), but the smallest
+(a half-empty panel runs the general path: 9 and 17 queries on AVX-512,
+9 on AVX2).
 
 * sizes that cross its panels of queries (16, 24 or 64 lanes by path),
   its tiles of keys (3 to 8) and blocks of keys (48), against the float64
@@ -37,9 +40,9 @@ SIMD_PATHS = list(_core._simd_paths())
 dtype_param = pytest.mark.parametrize("dtype", DTYPES,
                                       ids=lambda d: np.dtype(d).name)
 
-# (Tq, T): panels of 16, 24 and 64 queries and one more or less, blocks
-# of 48 keys and one more or less, a key count that is no multiple of a
-# tile
+# (Tq, T): panels of 16, 24 and 64 queries and one more or less (65: a
+# panel of one query), blocks of 48 keys and one more or less, a key
+# count that is no multiple of a tile
 SIZES = [(9, 1), (17, 3), (63, 47), (65, 49), (64, 48), (130, 97),
          (257, 300)]
 VARIANTS = {
