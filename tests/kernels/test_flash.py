@@ -3,11 +3,10 @@ inside the products, the scores in log2 units, the running max raised
 only when a score passes it by 2^8.  It runs for a dot or general score
 whose visibility is a range of keys per query (full, causal, window,
 packed sequences, sinks), no mask, bias, softcap, ALiBi or dropout, and
-finite inputs, with more queries than half its panel under float
-products; every case below is one of those, so the kernel computes it on
-the SIMD paths (the scalar path runs the general one), but the smallest
-(a half-empty panel runs the general path: 9 and 17 queries on AVX-512,
-9 on AVX2).
+finite inputs, and under float products not at most half its panel of
+queries against two panels of keys or more; every case below is one of
+those, so the kernel computes it on the SIMD paths (the scalar path runs
+the general one).
 
 * sizes that cross its panels of queries (16, 24 or 64 lanes by path),
   its tiles of keys (3 to 8) and blocks of keys (48), against the float64
