@@ -89,16 +89,19 @@ def test_sizes_match_reference(size, variant, dtype):
     _check(q, k, v, VARIANTS[variant], dtype, f"{variant} {size}")
 
 
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
 @dtype_param
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("Tq", [9, 12, 16, 17, 32, 33])
-def test_few_queries_many_keys(Tq, variant, dtype):
+def test_few_queries_many_keys(Tq, variant, dtype, simd):
     """At most half a panel of queries against two panels of keys or
     more (here 300) run the general path under float products, more the
     kernel (the rule's edges on each path: 12 and 16 on AVX2, 32 and 33
-    on AVX-512); either way the reference's results."""
+    on AVX-512); either way the reference's results, on every path."""
+    _core._set_simd(simd)
     q, k, v = _inputs(np.random.default_rng(Tq), dtype, (2, 4), Tq, 300)
-    _check(q, k, v, VARIANTS[variant], dtype, f"{variant} {Tq}x300")
+    _check(q, k, v, VARIANTS[variant], dtype, f"{simd} {variant} {Tq}x300")
 
 
 @dtype_param
