@@ -61,7 +61,20 @@ TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4, "ours_bf16": 2e-2,
 RATIOS = {"bf16/fp32": ("ours_bf16", "ours_fp32"),
           "bf16/torch_bf16": ("ours_bf16", "torch_bf16"),
           "bf16/torch_fp32": ("ours_bf16", "torch_fp32"),
+          "bf16_in/fp32": ("ours_bf16_in", "ours_fp32"),
           "bf16_in/torch_bf16": ("ours_bf16_in", "torch_bf16")}
+# issue 33's targets, ratio -> {pass: limit}: with bf16 products, 1.7x
+# and 1.6x our float32 (forward, f+b), 0.55x and 0.7x PyTorch's bf16;
+# without them, no more than 1.05x our float32 and 0.95x PyTorch's bf16
+TARGETS = {"bf16/fp32": {"forward": 1 / 1.7, "f+b": 1 / 1.6},
+           "bf16_in/fp32": {"forward": 1 / 1.7, "f+b": 1 / 1.6},
+           "bf16/torch_bf16": {"forward": 0.55, "f+b": 0.7},
+           "bf16_in/torch_bf16": {"forward": 0.55, "f+b": 0.7}}
+TARGETS_WITHOUT = {"bf16_in/fp32": {"forward": 1.05, "f+b": 1.05},
+                   "bf16_in/torch_bf16": {"forward": 0.95, "f+b": 0.95}}
+# and the error of bfloat16 inputs against PyTorch's bf16: out 1.1x, each
+# of dq, dk, dv 0.9x
+ERROR_TARGETS = {"forward": 1.1, "f+b": 0.9}
 
 
 def make_problem(shape, case, seed=0):
@@ -215,8 +228,53 @@ def shape_text(row):
     return "x".join(map(str, row["lead"] + row["shape"][1:]))
 
 
+def evaluate_targets(meta, rows):
+    """Issue 33's targets on every row (TARGETS with bf16 products,
+    TARGETS_WITHOUT else), and the errors' (ERROR_TARGETS) once per pass,
+    shape and case: dicts of target, limit, value, status, case."""
+    ratios = TARGETS if meta["bf16_products"] else TARGETS_WITHOUT
+    out, seen = [], set()
+    for r in rows:
+        case = f"{r['pass']} {r['case']} {shape_text(r)}"
+        for name, limits in ratios.items():
+            limit = limits[r["pass"]]
+            out.append({"target": f"{r['pass']} {name}", "limit": limit,
+                        "value": r["ratios"][name],
+                        "case": f"{case} {r['threads']} thr"})
+        if case not in seen:
+            seen.add(case)
+            e, t = r["errors"]["ours_bf16_in"], r["errors"]["torch_bf16"]
+            out.append({"target": f"{r['pass']} error bf16_in/torch_bf16",
+                        "limit": ERROR_TARGETS[r["pass"]],
+                        "value": max(a / b if b > 0 else math.inf
+                                     for a, b in zip(e, t)),
+                        "case": case})
+    for t in out:
+        t["status"] = "PASS" if t["value"] <= t["limit"] else "MISS"
+    return out
+
+
+def targets_lines(meta, rows):
+    """How many rows pass each target of issue 33, and the worst."""
+    targets = evaluate_targets(meta, rows)
+    lines = ["Targets of issue 33 "
+             + ("with" if meta["bf16_products"] else "without")
+             + " bf16 products"
+             + (" (--quick: tiny shapes, indicative only)"
+                if meta["quick"] else "") + ":"]
+    for name in dict.fromkeys(t["target"] for t in targets):
+        these = [t for t in targets if t["target"] == name]
+        worst = max(these, key=lambda t: t["value"])
+        passed = sum(t["status"] == "PASS" for t in these)
+        lines.append(f"  {name} <= {these[0]['limit']:.3g}: {passed} of "
+                     f"{len(these)} pass; worst {worst['value']:.3f} "
+                     f"({worst['case']})")
+    return lines + [harness.targets_count(targets)]
+
+
 def report(meta, rows):
-    """The plain-text report: header, times and ratios, GF/s, errors."""
+    """The plain-text report: header, times and ratios, GF/s, errors,
+    the targets."""
     key = ["pass", "case", "B x h x T x d", "thr"]
     times = [[r["pass"], r["case"], shape_text(r), str(r["threads"])]
              + [f"{r['times_ms'][k]:.3f}" for k in IMPLS]
@@ -241,7 +299,8 @@ def report(meta, rows):
         format_table(key + ["peak"] + list(IMPLS), rates, left=2),
         "", "Error against SDPA in float64 (||x - r|| / ||r||) of out "
         "(forward), of dq dk dv (f+b)",
-        format_table(key[:3] + list(IMPLS), errors, left=2)])
+        format_table(key[:3] + list(IMPLS), errors, left=2),
+        ""] + targets_lines(meta, rows))
 
 
 # --------------------------------------------------------------------------

@@ -80,6 +80,41 @@ def test_ratios_and_rates_follow_the_times(run):
                 gflops / row["peak_gflops"])
 
 
+def test_targets_follow_the_rows(run):
+    """Issue 33's targets: each ratio on every row against its pass's
+    limit (those with bf16 products where this CPU runs them), the error
+    once per case; the report counts them and names the worst."""
+    data, stdout = run
+    meta, rows = data["meta"], data["results"]
+    targets = bf16.evaluate_targets(meta, rows)
+    ratios = bf16.TARGETS if meta["bf16_products"] else bf16.TARGETS_WITHOUT
+    cases = {(r["pass"], r["case"], tuple(r["shape"])) for r in rows}
+    assert len(targets) == len(rows) * len(ratios) + len(cases)
+    for t in targets:
+        assert t["status"] == ("PASS" if t["value"] <= t["limit"]
+                               else "MISS")
+    row = rows[0]
+    first = [t for t in targets if t["case"].endswith(" thr")][0]
+    name = first["target"].split(" ", 1)[1]
+    assert first["value"] == row["ratios"][name]
+    assert first["limit"] == ratios[name][row["pass"]]
+    passed = sum(t["status"] == "PASS" for t in targets)
+    assert (f"Targets: {passed} PASS, {len(targets) - passed} MISS"
+            in stdout)
+    assert "Targets of issue 33 " in stdout
+    fake = [dict(r, ratios={k: 0.5 for k in r["ratios"]},
+                 errors={k: [1e-3] * len(e) for k, e in r["errors"].items()})
+            for r in rows]
+    assert all(t["status"] == "PASS"
+               for t in bf16.evaluate_targets(dict(meta, bf16_products=True),
+                                              fake)
+               if "error" not in t["target"])
+    slow = [dict(r, ratios={k: 2.0 for k in r["ratios"]}) for r in rows]
+    assert all(t["status"] == "MISS"
+               for t in bf16.evaluate_targets(meta, slow)
+               if "error" not in t["target"])
+
+
 def test_header_says_what_ran_where(run):
     data, stdout = run
     meta = data["meta"]
