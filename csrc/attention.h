@@ -278,17 +278,22 @@ typedef struct {
  * widened to float exactly as it is loaded (the result is the float
  * call's on the widened arrays, bit for bit); ATT_STORE_NATIVE (0)
  * everywhere else.
- * io_store ATT_STORE_BF16 (a float forward, where
- * att_family_takes_bf16(f, ex, in) said 1 for these inputs): query, keys
- * and values are bfloat16 as stored, C-contiguous, and out is written in
- * bfloat16, rounded to nearest even; the bits of the call on the widened
- * arrays with out rounded after, without their float32 copies.  It says
- * 1 for a dot score streamed (lse), more than a decoding step's queries,
- * visibility by ranges alone (no mask, attn_mask or bias; causal, window
- * and segments are ranges), no softcap, alibi or dropout, values given,
- * no kproj, koff or voff, under ATT_PRECISION_BF16 on a path with the
- * bf16 dot products (ex->bf16 ATT_BF16_DOT), every element finite: it
- * reads them all.  io_store ATT_STORE_NATIVE (0) everywhere else.
+ * io_store ATT_STORE_BF16 (a float call, where
+ * att_family_takes_bf16(f, ex, in) said 1 for these inputs): a
+ * forward's query, keys and values are bfloat16 as stored, C-contiguous,
+ * and out is written in bfloat16, rounded to nearest even; a backward's
+ * (in->grad_out given: how att_family_takes_bf16 tells them apart) query,
+ * keys, values, out and grad_out are bfloat16 as stored, its gradients
+ * float as always; the bits of the call on the widened arrays (with out
+ * rounded after), without their float32 copies.  It says 1 for a dot
+ * score streamed (lse), visibility by ranges alone (no mask, attn_mask or
+ * bias; causal, window and segments are ranges), no softcap, alibi or
+ * dropout, values given, no kproj, koff or voff, under
+ * ATT_PRECISION_BF16 on a path with the bf16 dot products (ex->bf16
+ * ATT_BF16_DOT), every element finite (it reads them all); for a
+ * forward, more than a decoding step's queries; for a backward, more
+ * than one query a sequence and no sinks.  io_store ATT_STORE_NATIVE (0)
+ * everywhere else.
  */
 enum att_strided {
     ATT_STRIDED_KEYS = 1,

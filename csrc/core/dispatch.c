@@ -221,22 +221,29 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
     return ATT_OK;
 }
 
-int att_gemm_path(int simd, int bf16, ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
-                  float alpha, const float *A, ptrdiff_t ars, ptrdiff_t acs,
-                  const float *B, ptrdiff_t brs, ptrdiff_t bcs,
+int att_gemm_path(int simd, int bf16, int stored, ptrdiff_t M, ptrdiff_t N,
+                  ptrdiff_t K, float alpha, const void *A, ptrdiff_t ars,
+                  ptrdiff_t acs, const void *B, ptrdiff_t brs, ptrdiff_t bcs,
                   const unsigned char *kmask, float beta, float *C,
                   ptrdiff_t ldc, float *work)
 {
     if (M < 0 || N < 0 || K < 0 || !att_simd_supported(simd) ||
-        (bf16 && !att_bf16_supported(simd, ATT_BF16_DOT))) {
+        (bf16 && !att_bf16_supported(simd, ATT_BF16_DOT)) ||
+        (stored & ~(ATT_DP_A16 | ATT_DP_B16)) || (stored && !bf16)) {
         return ATT_EINVAL;
     }
     const att_ops_f32 *ops = att_ops_for_f32(simd);
     if (bf16 && ops->gemm_bf16 == NULL) {
         return ATT_EINVAL;
     }
-    (bf16 ? ops->gemm_bf16 : ops->gemm)(M, N, K, alpha, A, ars, acs, B, brs,
-                                        bcs, kmask, beta, C, ldc, work);
+    if (bf16) {
+        ops->gemm_bf16(M, N, K, alpha, A, ars, acs, B, brs, bcs, kmask, beta,
+                       C, ldc, work, stored);
+    }
+    else {
+        ops->gemm(M, N, K, alpha, A, ars, acs, B, brs, bcs, kmask, beta, C,
+                  ldc, work);
+    }
     return ATT_OK;
 }
 

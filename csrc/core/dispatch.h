@@ -68,6 +68,12 @@
  * product over all T keys (family/stream.inc's stored_range). */
 #define ATT_GEMM_KC 256
 
+/* gemm_bf16's `stored`: which operands are bf16 as stored */
+enum att_dp_stored {
+    ATT_DP_A16 = 1,
+    ATT_DP_B16 = 2
+};
+
 /*
  * THE one SIMD dispatch: a table of kernels per type and instruction set
  * (the scalar one in ref/ops.c, the SIMD ones in simd/), picked by
@@ -83,15 +89,19 @@
  *   gemm_bf16 the same on bf16 dot products: A and B rounded to bf16 as
  *             the bf16 forward rounds them (NaN stays NaN), each pair of
  *             k in order added by vdpbf16ps (simd/gemm_dp.inc), alpha
- *             and beta in float32.  NULL but in the AVX-512 float table
- *             of a build whose compiler has AVX512_BF16.
+ *             and beta in float32; an operand that `stored` flags
+ *             (ATT_DP_A16, ATT_DP_B16) is bf16 as stored (uint16_t
+ *             elements, the same strides), finite, taken as it is.  NULL
+ *             but in the float tables of the paths with bf16 dot
+ *             products (AVX512_BF16, Arm's BF16).
  *   pack_b, gemm_packed  gemm in two steps, for a B several products
  *             share: pack_b packs B (K x N, 1 <= K, N <= ATT_GEMM_KC)
  *             into Bp, K times N rounded up to gemm_nr elements; then
  *             gemm_packed runs gemm (kmask NULL) on the first N' <= N
  *             columns of that B, with the same bits.  NULL in the scalar
  *             table.  pack_b_bf16, gemm_packed_bf16: the same for
- *             gemm_bf16 (NULL where it is).
+ *             gemm_bf16 (NULL where it is), B (A) stored as `stored`
+ *             says.
  *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
  *             in an order of its own; used when every product of a call
  *             has one row, so that results still depend on sizes only.
@@ -243,17 +253,18 @@
                             const R *A, ptrdiff_t ars, ptrdiff_t acs,        \
                             const R *Bp, R beta, R *C, ptrdiff_t ldc,        \
                             R *work);                                        \
-        void (*pack_b_bf16)(ptrdiff_t K, ptrdiff_t N, const R *B,            \
-                            ptrdiff_t brs, ptrdiff_t bcs, R *Bp);            \
+        void (*pack_b_bf16)(ptrdiff_t K, ptrdiff_t N, const void *B,         \
+                            ptrdiff_t brs, ptrdiff_t bcs, R *Bp,             \
+                            int stored);                                     \
         void (*gemm_packed_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,      \
-                                 R alpha, const R *A, ptrdiff_t ars,         \
+                                 R alpha, const void *A, ptrdiff_t ars,      \
                                  ptrdiff_t acs, const R *Bp, R beta, R *C,   \
-                                 ptrdiff_t ldc, R *work);                    \
+                                 ptrdiff_t ldc, R *work, int stored);        \
         void (*gemm_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,    \
-                          const R *A, ptrdiff_t ars, ptrdiff_t acs,          \
-                          const R *B, ptrdiff_t brs, ptrdiff_t bcs,          \
+                          const void *A, ptrdiff_t ars, ptrdiff_t acs,       \
+                          const void *B, ptrdiff_t brs, ptrdiff_t bcs,       \
                           const unsigned char *kmask, R beta, R *C,          \
-                          ptrdiff_t ldc, R *work);                           \
+                          ptrdiff_t ldc, R *work, int stored);               \
         void (*gemv)(ptrdiff_t N, ptrdiff_t K, R alpha, const R *a,          \
                      const R *B, ptrdiff_t brs, ptrdiff_t bcs,               \
                      const unsigned char *kmask, R beta, R *c, R *work);     \

@@ -28,12 +28,14 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
 
 /* C (M x N, rows ldc apart) = alpha A B + beta C by the float32 gemm of
  * the path `simd` (core/dispatch.h's att_ops), or its gemm_bf16 (bf16
- * nonzero), with att_gemm_path_work(simd) floats of work; ATT_OK, or
- * ATT_EINVAL (a negative size, a path or product the CPU or build
- * lacks). */
-int att_gemm_path(int simd, int bf16, ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
-                  float alpha, const float *A, ptrdiff_t ars, ptrdiff_t acs,
-                  const float *B, ptrdiff_t brs, ptrdiff_t bcs,
+ * nonzero; A and B bf16 as stored as `stored`, core/dispatch.h's
+ * ATT_DP_A16 and ATT_DP_B16, says, float elsewhere),
+ * with att_gemm_path_work(simd) floats of work; ATT_OK, or ATT_EINVAL (a
+ * negative size, a path or product the CPU or build lacks, a stored
+ * operand without bf16). */
+int att_gemm_path(int simd, int bf16, int stored, ptrdiff_t M, ptrdiff_t N,
+                  ptrdiff_t K, float alpha, const void *A, ptrdiff_t ars,
+                  ptrdiff_t acs, const void *B, ptrdiff_t brs, ptrdiff_t bcs,
                   const unsigned char *kmask, float beta, float *C,
                   ptrdiff_t ldc, float *work);
 ptrdiff_t att_gemm_path_work(int simd);

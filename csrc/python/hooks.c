@@ -9,6 +9,7 @@
 #ifdef ATT_TEST_HOOKS
 #include <string.h>
 
+#include "core/dispatch.h"
 #include "core/testhooks.h"
 
 /* _tanh(x, simd): tanh of a float32 or float64 array by a given path. */
@@ -132,31 +133,35 @@ PyObject *py_keep_row(PyObject *self, PyObject *args)
     return keep;
 }
 
-/* A float32 matrix argument of _gemm: rows and columns as element
- * strides (positive, whole elements), shape (*rows, *cols). */
-static int gemm_operand(PyArrayObject *x, const char *name,
+/* A float32 matrix argument of _gemm (or, where `bits16`, uint16: bf16
+ * as stored): rows and columns as element strides (positive, whole
+ * elements), shape (*rows, *cols). */
+static int gemm_operand(PyArrayObject *x, const char *name, int bits16,
                         ptrdiff_t *rs, ptrdiff_t *cs)
 {
-    if (PyArray_TYPE(x) != NPY_FLOAT || PyArray_NDIM(x) != 2) {
-        PyErr_Format(PyExc_TypeError, "_gemm: %s must be a 2-D float32 "
-                     "array", name);
+    int want = bits16 ? NPY_UINT16 : NPY_FLOAT;
+    npy_intp size = bits16 ? 2 : 4;
+    if (PyArray_TYPE(x) != want || PyArray_NDIM(x) != 2) {
+        PyErr_Format(PyExc_TypeError, "_gemm: %s must be a 2-D %s array",
+                     name, bits16 ? "uint16 (bf16 bits)" : "float32");
         return -1;
     }
     npy_intp *st = PyArray_STRIDES(x);
-    if (st[0] <= 0 || st[1] <= 0 || st[0] % 4 || st[1] % 4) {
+    if (st[0] <= 0 || st[1] <= 0 || st[0] % size || st[1] % size) {
         PyErr_Format(PyExc_ValueError, "_gemm: %s needs positive strides "
                      "of whole elements", name);
         return -1;
     }
-    *rs = st[0] / 4;
-    *cs = st[1] / 4;
+    *rs = st[0] / size;
+    *cs = st[1] / size;
     return 0;
 }
 
 /* _gemm(a, b, c, alpha, beta, simd, bf16=False, kmask=None): c = alpha a
  * b + beta c in place, by one path's gemm or gemm_bf16; a (M, K), b (K,
- * N) float32 views with any positive strides, c (M, N) float32 with
- * contiguous rows, kmask (K,) uint8 (rows of b counted as zero). */
+ * N) float32 views with any positive strides (for gemm_bf16, either may
+ * be uint16: bf16 as stored), c (M, N) float32 with contiguous rows,
+ * kmask (K,) uint8 (rows of b counted as zero). */
 PyObject *py_gemm(PyObject *self, PyObject *args)
 {
     PyArrayObject *a, *b, *c, *km = NULL;
@@ -168,10 +173,14 @@ PyObject *py_gemm(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!O!ddU|pO:_gemm", &PyArray_Type, &a,
                           &PyArray_Type, &b, &PyArray_Type, &c, &alpha,
                           &beta, &name, &bf16, &kobj) ||
-        (level = simd_from_name(name)) < 0 ||
-        gemm_operand(a, "a", &ars, &acs) < 0 ||
-        gemm_operand(b, "b", &brs, &bcs) < 0 ||
-        gemm_operand(c, "c", &crs, &ccs) < 0) {
+        (level = simd_from_name(name)) < 0) {
+        return NULL;
+    }
+    int stored = (bf16 && PyArray_TYPE(a) == NPY_UINT16 ? ATT_DP_A16 : 0) |
+                 (bf16 && PyArray_TYPE(b) == NPY_UINT16 ? ATT_DP_B16 : 0);
+    if (gemm_operand(a, "a", stored & ATT_DP_A16, &ars, &acs) < 0 ||
+        gemm_operand(b, "b", stored & ATT_DP_B16, &brs, &bcs) < 0 ||
+        gemm_operand(c, "c", 0, &crs, &ccs) < 0) {
         return NULL;
     }
     npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
@@ -202,7 +211,7 @@ PyObject *py_gemm(PyObject *self, PyObject *args)
         Py_XDECREF(km);
         return PyErr_NoMemory();
     }
-    int st = att_gemm_path(level, bf16, M, N, K, (float)alpha,
+    int st = att_gemm_path(level, bf16, stored, M, N, K, (float)alpha,
                            PyArray_DATA(a), ars, acs, PyArray_DATA(b), brs,
                            bcs, km ? PyArray_DATA(km) : NULL, (float)beta,
                            PyArray_DATA(c), crs, work);

@@ -217,15 +217,16 @@ static int widen_half(Call *c, int i)
     return 1;
 }
 
-/* Whether argument i is a query, keys or values that the family's
- * streamed forward may read as stored bfloat16 (settle16 asks the kernel
- * once the views are made), by what the call says (the kernel's
- * conditions, attention.h's att_family_takes_bf16, but the values'
- * finiteness: where they fail, the copies settle16 makes are not in the
- * kept buffer): a bfloat16 call (every floating input bfloat16, so its
- * products are bf16: exec_for_dtype) on the dot products, the dot score
- * streamed, no mask, attn_mask, bias, dropout, softcap or ALiBi, the
- * array C-contiguous. */
+/* Whether argument i is an input that the family's streamed forward or
+ * backward may read as stored bfloat16 (settle16 asks the kernel once
+ * the views are made), by what the call says (the kernel's conditions,
+ * attention.h's att_family_takes_bf16, but the values' finiteness: where
+ * they fail, the copies settle16 makes are not in the kept buffer): a
+ * bfloat16 call (every floating input bfloat16, so its products are
+ * bf16: exec_for_dtype) on the dot products, the dot score streamed, no
+ * mask, attn_mask, bias, dropout, softcap or ALiBi (nor, backward,
+ * sinks), the array C-contiguous: the query, keys or values, and a
+ * backward's out and grad_out. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
@@ -238,25 +239,29 @@ static int may_stay16(const Call *c, int i)
             return 0;
         }
     }
+    if (is_backward(fn) && given(c, X_SINKS)) {
+        return 0;
+    }
+    int input = id == X_QUERY || id == X_KEYS || id == X_VALUES ||
+                (is_backward(fn) && (id == X_OUT || id == X_GRAD_OUT));
     return c->typenum == NPY_FLOAT && c->ret != NULL &&
            half_store(c->ret) == ATT_STORE_BF16 && fn->fused &&
            c->ex.bf16 == ATT_BF16_DOT && fn->family && !fn->location &&
-           fn->score == ATT_SCORE_DOT && !is_backward(fn) &&
-           stream_of(c) &&
-           (id == X_QUERY || id == X_KEYS || id == X_VALUES) &&
+           fn->score == ATT_SCORE_DOT && stream_of(c) && input &&
            half_store(PyArray_DESCR(a)) == ATT_STORE_BF16 &&
            PyArray_ISCARRAY_RO(a) && PyArray_ISNOTSWAPPED(a);
 }
 
-/* Step 4b, for a call that left its query, keys and values in bfloat16
- * (may_stay16): the kernel reads them so if it can (family_takes_bf16:
- * this call's options and finite values), else they are widened now. */
+/* Step 4b, for a call that left its inputs in bfloat16 (may_stay16):
+ * the kernel reads them so if it can (family_takes_bf16: this call's
+ * options and finite values), else they are widened now. */
 int settle16(Call *c)
 {
     if (!c->maybe16) {
         return 0;
     }
-    c->io16 = __builtin_popcount(c->maybe16) == 3 && family_takes_bf16(c);
+    int all = is_backward(c->fn) ? 5 : 3;
+    c->io16 = __builtin_popcount(c->maybe16) == all && family_takes_bf16(c);
     for (int i = 0; i < c->fn->nargs && !c->io16; i++) {
         if ((c->maybe16 >> i & 1) && widen_half(c, i) < 0) {
             return -1;

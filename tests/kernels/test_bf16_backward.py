@@ -12,7 +12,8 @@ rounded once.  (The NEON path's BFDOT runs under qemu in tests/neon.)
   (strided both ways), sizes around the 12 x 32 tile and its pairs of k
   (1, 3, 17, 65 rows; 1, 31, 32, 33, 65 columns; K of 1, 17, 64, 300),
   rows of B that kmask leaves out (their NaN stays out), a NaN of A
-  staying NaN;
+  staying NaN; A, B or both given as bf16 bits (the backward's inputs as
+  stored), the bits of the same values widened;
 * the backward, skipped where the CPU has no dot products: within
   BF16_TOL of float64 and beyond float32's rounding (the products did
   run on bf16), full, causal, window, dropout, softcap, ALiBi and sinks
@@ -88,11 +89,17 @@ def _operand(rng, rows, cols, order):
     return x
 
 
+# the product's cases: both operands' orders, sizes around the tile
+ORDERS = ("rows", "cols", "strided")
+gemm_cases = pytest.mark.parametrize(
+    "M, N, K, a_order, b_order",
+    [(M, N, K, a, b) for M, N, K in [(1, 1, 1), (3, 31, 17), (17, 32, 64),
+                                     (65, 33, 300), (12, 65, 2)]
+     for a in ORDERS for b in ORDERS])
+
+
 @needs_dot
-@pytest.mark.parametrize("a_order", ["rows", "cols", "strided"])
-@pytest.mark.parametrize("b_order", ["rows", "cols", "strided"])
-@pytest.mark.parametrize("M, N, K", [(1, 1, 1), (3, 31, 17), (17, 32, 64),
-                                     (65, 33, 300), (12, 65, 2)])
+@gemm_cases
 def test_gemm_bf16_is_its_model(M, N, K, a_order, b_order):
     rng = np.random.default_rng(M * 1000 + N * 10 + K)
     a = _operand(rng, M, K, a_order)
@@ -126,6 +133,41 @@ def test_gemm_bf16_kmask_and_nan(b_order):
     assert np.isnan(c[4]).all() and not np.isnan(np.delete(c, 4, 0)).any()
 
 
+def _bits(x, order):
+    """x rounded to bf16: its bits as a uint16 view read in `order` (as
+    _operand's), and the same values in float32."""
+    r = bf16(x)
+    h = (np.ascontiguousarray(r).view(np.uint32) >> 16).astype(np.uint16)
+    if order == "cols":
+        h = np.asfortranarray(h)
+    elif order == "strided":
+        big = np.zeros((2 * h.shape[0], 3 * h.shape[1]), np.uint16)
+        big[::2, ::3] = h
+        h = big[::2, ::3]
+    return h, r
+
+
+@needs_dot
+@gemm_cases
+def test_gemm_bf16_takes_operands_as_stored(M, N, K, a_order, b_order):
+    """An operand given as bf16 bits (uint16, any order: the backward's
+    inputs as stored) gives the bits of the same operand widened to
+    float32, A, B or both; kmask's rows of B left out all the same."""
+    rng = np.random.default_rng(M * 999 + N * 7 + K)
+    a16, a = _bits(_operand(rng, M, K, a_order), a_order)
+    b16, b = _bits(_operand(rng, K, N, b_order), b_order)
+    kmask = (rng.random(K) > 0.25).astype(np.uint8)
+    for km in (None, kmask):
+        c0 = rng.standard_normal((M, N)).astype(np.float32)
+        want = c0.copy()
+        _core_tests._gemm(a, b, want, 0.5, 1.0, DOT_PATH, True, km)
+        for x, y in [(a16, b), (a, b16), (a16, b16)]:
+            got = c0.copy()
+            _core_tests._gemm(x, y, got, 0.5, 1.0, DOT_PATH, True, km)
+            assert_all_identical([got], [want],
+                                 f"{M}x{N}x{K} {x.dtype} {y.dtype} {km}")
+
+
 def test_gemm_hook_refuses_what_it_cannot_run():
     a = np.ones((2, 3), np.float32)
     with pytest.raises(ValueError, match="a .M, K., b .K, N."):
@@ -136,6 +178,10 @@ def test_gemm_hook_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="bf16 dot products on scalar"):
         _core_tests._gemm(a, a.T.copy(), np.ones((2, 2), np.float32), 1.0,
                           0.0, "scalar", True)
+    # bf16 bits only for the bf16 products
+    with pytest.raises(TypeError, match="a must be a 2-D float32"):
+        _core_tests._gemm(a.view(np.uint16)[:, :3], a.T.copy(),
+                          np.ones((2, 2), np.float32), 1.0, 0.0, "scalar")
 
 
 # -- the backward --------------------------------------------------------

@@ -1,7 +1,8 @@
 """A bfloat16 call's streamed forward reads its queries, keys and values
 as stored and writes its output in bfloat16 (csrc/simd/flash.inc under
-FLASH_DP, attention.h's att_family_takes_bf16), where the CPU has the
-bf16 dot products: no float32 copy of any of them.
+FLASH_DP, attention.h's att_family_takes_bf16), and its streamed backward
+reads them, out and grad_out as stored (csrc/simd/gemm_dp.inc's packing),
+where the CPU has the bf16 dot products: no float32 copy of any of them.
 
 * the results are the float32 call's under set_fp32_precision("bf16") on
   the widened arrays, its output rounded once, bit for bit: sizes 1, 3,
@@ -11,7 +12,14 @@ bf16 dot products: no float32 copy of any of them.
 * non-finite inputs (which the fused kernel does not take) fall back to
   the widened call, with the same results;
 * on a CPU with the dot products, a call allocates no float32 copies: its
-  peak memory is below the float32 call's on the same sizes;
+  peak memory is below the float32 call's on the same sizes (a forward),
+  or above it by less than half the copies would take (a backward, whose
+  gradients sum in float32 and are rounded once);
+* the backward: its gradients are the float32 call's under "bf16" on the
+  widened arrays (out and grad_out too), rounded once, bit for bit, over
+  the same sizes and kinds, one long sequence (split by keys across
+  threads), 1 and 2 threads; a NaN or an infinity in out or grad_out
+  falls back to widening;
 * the inputs are left as they were.
 """
 
@@ -124,25 +132,92 @@ def test_nonfinite_falls_back(where, bad):
     assert_bits(got, widened_call(q, k, v, causal=True), (where, bad))
 
 
+def widened_backward(g, q, k, v, out, lse, **kw):
+    """The float32 backward on the widened arrays with bf16 products, its
+    gradients rounded to bfloat16 once."""
+    f = (lambda x: x.astype(np.float32))
+    with ac.set_fp32_precision("bf16"):
+        grads = ac.dot_attention_backward(f(g), f(q), f(k), values=f(v),
+                                          out=f(out), lse=lse, **kw)
+    return [x if x is None else x.astype(BF16) for x in grads]
+
+
+def assert_grads(got, want, what):
+    assert len(got) == len(want), what
+    for x, y in zip(got, want):
+        assert (x is None) == (y is None), what
+        if x is not None:
+            assert x.dtype == BF16 and x.shape == y.shape, what
+            assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), (
+                what, np.max(np.abs(x.astype(np.float64)
+                                    - y.astype(np.float64))))
+
+
+def backward_inputs(rng, shape, **kw):
+    q, k, v = inputs(rng, *shape)
+    out, lse = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
+    g = rng.standard_normal(out.shape).astype(BF16)
+    return g, q, k, v, out, lse
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("shape", SHAPES + [(1, 1, 1, 600, 600, 64, 64)],
+                         ids=str)
+@pytest.mark.parametrize("kw", KINDS, ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_as_widened(shape, kw, threads):
+    ac.set_num_threads(threads)
+    rng = np.random.default_rng(sum(shape) + threads)
+    args = backward_inputs(rng, shape, **kw)
+    before = [x.tobytes() for x in args]
+    got = ac.dot_attention_backward(*args[:3], values=args[3], out=args[4],
+                                    lse=args[5], **kw)
+    assert_grads(got, widened_backward(*args, **kw), (shape, kw, threads))
+    assert [x.tobytes() for x in args] == before
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("where", ["out", "grad_out", "keys"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_backward_nonfinite_falls_back(where, bad):
+    rng = np.random.default_rng(11)
+    g, q, k, v, out, lse = backward_inputs(rng, (2, 2, 1, 20, 30, 16, 8),
+                                           causal=True)
+    x = {"out": out, "grad_out": g, "keys": k}[where]
+    x.reshape(-1)[41] = bad
+    got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
+                                    causal=True)
+    assert_grads(got, widened_backward(g, q, k, v, out, lse, causal=True),
+                 (where, bad))
+
+
 PEAK = textwrap.dedent("""
     import sys, tracemalloc
     import numpy as np, ml_dtypes
     import attention_c as ac
-    dtype = np.dtype(sys.argv[1])
+    dtype, backward = np.dtype(sys.argv[1]), sys.argv[2] == "backward"
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 4, 1024, 64)).astype(dtype)
                for _ in range(3))
     ac.set_fp32_precision("bf16")
+    kw = dict(values=v, causal=True)
+    if backward:
+        out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
+        g = rng.standard_normal(out.shape).astype(dtype)
     tracemalloc.start()
-    out = ac.dot_attention(q, k, values=v, causal=True, return_weights=False)
+    if backward:
+        ac.dot_attention_backward(g, q, k, out=out, lse=lse, **kw)
+    else:
+        ac.dot_attention(q, k, return_weights=False, **kw)
     print(tracemalloc.get_traced_memory()[1])
 """)
 
 
-def peak_bytes(dtype):
+def peak_bytes(dtype, direction="forward"):
     """The peak memory traced in a fresh process (no buffers kept from
-    earlier calls) over one forward at (1, 4, 1024, 64) in dtype."""
-    run = subprocess.run([sys.executable, "-c", PEAK, dtype],
+    earlier calls) over one forward (or backward) at (1, 4, 1024, 64) in
+    dtype."""
+    run = subprocess.run([sys.executable, "-c", PEAK, dtype, direction],
                          capture_output=True, text=True, check=True)
     return int(run.stdout)
 
@@ -155,3 +230,16 @@ def test_no_float32_copies():
         pytest.skip("the CPU or path has no bf16 dot products in use")
     bf16, f32 = peak_bytes("bfloat16"), peak_bytes("float32")
     assert bf16 < f32, (bf16, f32)
+
+
+def test_backward_no_float32_copies():
+    """A bfloat16 backward holds its gradients in float32 (summed there,
+    rounded once) and their bfloat16 roundings, 1.5 MB more than the
+    float32 backward at these sizes; float32 copies of q, k, v, out and
+    grad_out would add 5 MB more."""
+    if ac.show_config()["bf16_unit"] != "dot":
+        pytest.skip("the CPU or path has no bf16 dot products in use")
+    bf16 = peak_bytes("bfloat16", "backward")
+    f32 = peak_bytes("float32", "backward")
+    copies = 5 * 4 * 1024 * 64 * 4
+    assert bf16 < f32 + copies / 2, (bf16, f32)

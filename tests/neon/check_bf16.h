@@ -14,6 +14,7 @@
  *     come (the bf16 products did run), the same bits on 1 and 2 threads;
  *   - the round-to-odd model itself on sums whose result is known;
  *   - the backward's product on them (gemm_bf16, where the path has it),
+ *     its operands as floats and as stored bf16 (the same bits),
  *     bit for bit against the model: operands by rows, by columns and
  *     strided both ways, sizes around the tiles and pairs of k, K past
  *     a block of ATT_GEMM_KC, beta 0 (C not read) and 1, rows of B that
@@ -345,23 +346,43 @@ static void bf16_gemm_case(ctx *c, ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
             want[i * N + j] = cij;
         }
     }
-    if (beta == 0) {                /* C must not be read */
-        for (ptrdiff_t i = 0; i < M * N; i++) {
-            C[i] = NAN;
+    /* A and B also as stored bf16 (the backward's inputs): their bits */
+    uint16_t *A16 = xmalloc((size_t)na * sizeof(uint16_t));
+    uint16_t *B16 = xmalloc((size_t)nb * sizeof(uint16_t));
+    for (ptrdiff_t e = 0; e < na; e++) {
+        A16[e] = att_f32_to_bf16_clamped(A[e]);
+    }
+    for (ptrdiff_t e = 0; e < nb; e++) {
+        B16[e] = att_f32_to_bf16_clamped(B[e]);
+    }
+    float *C0 = xmalloc((size_t)(M * N) * sizeof(float));
+    memcpy(C0, C, (size_t)(M * N) * sizeof(float));
+    for (int stored = 0; stored < 4; stored++) {
+        memcpy(C, C0, (size_t)(M * N) * sizeof(float));
+        if (beta == 0) {                /* C must not be read */
+            for (ptrdiff_t i = 0; i < M * N; i++) {
+                C[i] = NAN;
+            }
         }
+        int st = att_gemm_path(c->simd, 1, stored, M, N, K, alpha,
+                               stored & 1 ? (const void *)A16 : A, ars, acs,
+                               stored & 2 ? (const void *)B16 : B, brs, bcs,
+                               kmask, beta, C, N, work);
+        c->calls++;
+        expect(c, st == ATT_OK, "stored %d: returned %d", stored, st);
+        long bad = 0;
+        for (ptrdiff_t i = 0; i < M * N; i++) {
+            bad += memcmp(C + i, want + i, sizeof(float)) != 0;
+        }
+        expect(c, bad == 0, "stored %d: %ld of %td differ from the model",
+               stored, bad, M * N);
     }
-    int st = att_gemm_path(c->simd, 1, M, N, K, alpha, A, ars, acs, B, brs,
-                           bcs, kmask, beta, C, N, work);
-    c->calls++;
-    expect(c, st == ATT_OK, "returned %d", st);
-    long bad = 0;
-    for (ptrdiff_t i = 0; i < M * N; i++) {
-        bad += memcmp(C + i, want + i, sizeof(float)) != 0;
-    }
-    expect(c, bad == 0, "%ld of %td differ from the model", bad, M * N);
     free(A);
     free(B);
+    free(A16);
+    free(B16);
     free(C);
+    free(C0);
     free(want);
     free(work);
     free(kmask);
@@ -382,9 +403,79 @@ static void bf16_gemm_all(ctx *c)
     }
 }
 
+/* The streamed backward on bf16 products with q, k, v, out and grad_out
+ * as stored bf16 (io_store) against the same on their widened values,
+ * bit for bit, on 1 and 2 threads; a NaN in grad_out refused. */
+static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
+                                 const float *k, const float *v,
+                                 const float *out, const float *g,
+                                 const float *lse, const ptrdiff_t *kidx)
+{
+    ptrdiff_t n[5] = {f.B * f.Tq * f.H, f.B * f.T * f.H, f.B * f.T * f.Hv,
+                      f.B * f.Tq * f.Hv, f.B * f.Tq * f.Hv};
+    const float *x[5] = {q, k, v, out, g};
+    uint16_t *h[5];
+    float *w[5];
+    for (int a = 0; a < 5; a++) {
+        h[a] = xmalloc((size_t)n[a] * sizeof(uint16_t));
+        w[a] = xmalloc((size_t)n[a] * sizeof(float));
+        for (ptrdiff_t i = 0; i < n[a]; i++) {
+            h[a][i] = att_f32_to_bf16_clamped(x[a][i]);
+            w[a][i] = att_bf16_to_f32(h[a][i]);
+        }
+    }
+    att_family_in_f32 in[2];
+    for (int r = 0; r < 2; r++) {       /* widened, then as stored */
+        const void *const *p = r ? (const void *const *)h
+                                 : (const void *const *)w;
+        in[r] = (att_family_in_f32){
+            .query = p[0], .keys = p[1], .values = p[2], .out = p[3],
+            .grad_out = p[4], .kidx = kidx, .vidx = kidx, .lse = lse,
+            .scale = (float)(1 / sqrt((double)f.H)),
+            .io_store = r ? ATT_STORE_BF16 : ATT_STORE_NATIVE};
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        att_exec ex = {c->simd, threads, c->pool, ATT_PRECISION_BF16,
+                       ATT_BF16_DOT};
+        expect(c, att_family_takes_bf16_f32(&f, &ex, &in[1]) == 1,
+               "backward's bf16 as stored refused");
+        float *grad[2][3];
+        for (int r = 0; r < 2; r++) {
+            for (int i = 0; i < 3; i++) {
+                grad[r][i] = nans_f32(n[i]);
+            }
+            att_family_out_f32 fo = {.dquery = grad[r][0],
+                                     .dkeys = grad[r][1],
+                                     .dvalues = grad[r][2]};
+            void *work = workspace_f32(c, att_family_workspace_f32(&f, 1,
+                                                                   &ex));
+            int st = att_family_backward_f32(&f, &ex, &in[r], &fo, work);
+            free(work);
+            c->calls++;
+            expect(c, st == ATT_OK, "backward (stored %d) returned %d", r,
+                   st);
+        }
+        for (int i = 0; i < 3; i++) {
+            expect(c, memcmp(grad[0][i], grad[1][i],
+                             (size_t)n[i] * sizeof(float)) == 0,
+                   "gradient %d differs as stored, %d threads", i, threads);
+            free(grad[0][i]);
+            free(grad[1][i]);
+        }
+    }
+    h[4][n[4] - 1] = 0xffc1;            /* a NaN: the widened path's */
+    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_BF16, ATT_BF16_DOT};
+    expect(c, att_family_takes_bf16_f32(&f, &ex, &in[1]) == 0,
+           "a NaN of grad_out taken as stored");
+    for (int a = 0; a < 5; a++) {
+        free(h[a]);
+        free(w[a]);
+    }
+}
+
 /* The streamed backward on bf16 products against float32 products'
  * (each given the forward's out and lse of float32 products), and 1
- * against 2 threads. */
+ * against 2 threads; then as stored (bf16_stored_backward). */
 static void bf16_backward_case(ctx *c, att_fdims f)
 {
     ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
@@ -440,6 +531,7 @@ static void bf16_backward_case(ctx *c, att_fdims f)
             free(grad[r][i]);
         }
     }
+    bf16_stored_backward(c, f, q, k, v, out, g, lse, kidx);
     free(q);
     free(k);
     free(v);
@@ -478,8 +570,8 @@ static void check_bf16(ctx *c)
         printf("  bf16 out against float32 products: normwise error "
                "%.3g to %.3g\n", lo, hi);
     }
-    if (att_gemm_path(c->simd, 1, 0, 0, 0, 1, NULL, 0, 0, NULL, 0, 0, NULL,
-                      0, NULL, 0, NULL) != ATT_OK) {
+    if (att_gemm_path(c->simd, 1, 0, 0, 0, 0, 1, NULL, 0, 0, NULL, 0, 0,
+                      NULL, 0, NULL, 0, NULL) != ATT_OK) {
         return;                         /* no gemm_bf16 on this path */
     }
     bf16_gemm_all(c);
