@@ -286,13 +286,13 @@ typedef struct {
  * keys, values, out and grad_out are bfloat16 as stored, its gradients
  * float as always; the bits of the call on the widened arrays (with out
  * rounded after), without their float32 copies.  It says 1 for a dot
- * score streamed (lse), visibility by ranges alone (no mask, attn_mask or
- * bias; causal, window and segments are ranges), no softcap, alibi or
- * dropout, values given, no kproj, koff or voff, under
+ * score streamed (lse), values given, no kproj, koff or voff, under
  * ATT_PRECISION_BF16 on a path with the bf16 dot products (ex->bf16
  * ATT_BF16_DOT), every element finite (it reads them all); for a
- * forward, more than a decoding step's queries; for a backward, more
- * than one query a sequence and no sinks.  io_store ATT_STORE_NATIVE (0)
+ * forward, more than a decoding step's queries, visibility by ranges
+ * alone (no mask, attn_mask or bias; causal, window and segments are
+ * ranges), no softcap, alibi or dropout; for a backward, more than one
+ * query a sequence and no sinks.  io_store ATT_STORE_NATIVE (0)
  * everywhere else.
  */
 enum att_strided {

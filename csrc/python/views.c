@@ -223,10 +223,10 @@ static int widen_half(Call *c, int i)
  * attention.h's att_family_takes_bf16, but the values' finiteness: where
  * they fail, the copies settle16 makes are not in the kept buffer): a
  * bfloat16 call (every floating input bfloat16, so its products are
- * bf16: exec_for_dtype) on the dot products, the dot score streamed, no
- * mask, attn_mask, bias, dropout, softcap or ALiBi (nor, backward,
- * sinks), the array C-contiguous: the query, keys or values, and a
- * backward's out and grad_out. */
+ * bf16: exec_for_dtype) on the dot products, the dot score streamed,
+ * the array C-contiguous: a forward's query, keys or values, with no
+ * mask, attn_mask, bias, dropout, softcap or ALiBi; a backward's, out or
+ * grad_out, with no sinks. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
@@ -235,7 +235,7 @@ static int may_stay16(const Call *c, int i)
     static const int none[] = {X_MASK, X_ATTN_MASK, X_BIAS, X_DROPOUT,
                                X_SOFTCAP, X_ALIBI_SLOPES};
     for (size_t n = 0; n < sizeof none / sizeof none[0]; n++) {
-        if (given(c, none[n])) {
+        if (!is_backward(fn) && given(c, none[n])) {
             return 0;
         }
     }

@@ -18,8 +18,9 @@ where the CPU has the bf16 dot products: no float32 copy of any of them.
 * the backward: its gradients are the float32 call's under "bf16" on the
   widened arrays (out and grad_out too), rounded once, bit for bit, over
   the same sizes and kinds, one long sequence (split by keys across
-  threads), 1 and 2 threads; a NaN or an infinity in out or grad_out
-  falls back to widening;
+  threads), and with a key mask (one sequence masked whole), a per-query
+  mask, a bias, dropout, softcap or ALiBi, 1 and 2 threads; a NaN or an
+  infinity in out or grad_out falls back to widening;
 * the inputs are left as they were.
 """
 
@@ -176,6 +177,44 @@ def test_backward_as_widened(shape, kw, threads):
     assert [x.tobytes() for x in args] == before
 
 
+def options(rng, name):
+    """A backward's options on (2, 2, 33, d) queries against 47 keys: a
+    key mask with one sequence masked whole, a per-query mask, a bias
+    (bfloat16, as the rest), dropout, softcap, ALiBi."""
+    mask = rng.random((2, 1, 47)) > 0.2
+    mask[1] = False
+    return {"mask": {"mask": mask},
+            "attn_mask": {"attn_mask": rng.random((33, 47)) > 0.3},
+            "bias": {"bias": rng.standard_normal((2, 1, 33, 47)).astype(
+                BF16)},
+            "dropout": {"dropout": 0.2, "seed": 7, "causal": True},
+            "softcap": {"softcap": 2.0, "causal": True},
+            "alibi": {"alibi_slopes": np.array([0.5, 0.125], BF16)}}[name]
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("name", ["mask", "attn_mask", "bias", "dropout",
+                                  "softcap", "alibi"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_options_as_widened(name, threads):
+    """The backward's options read none of its five inputs: it takes them
+    as stored with any of them (and their gradients, dbias and dalibi,
+    come from the same dS)."""
+    ac.set_num_threads(threads)
+    rng = np.random.default_rng(len(name) + threads)
+    kw = options(rng, name)
+    q = rng.standard_normal((2, 2, 33, 16)).astype(BF16)
+    k = rng.standard_normal((2, 2, 47, 16)).astype(BF16)
+    v = rng.standard_normal((2, 2, 47, 8)).astype(BF16)
+    out, lse = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
+    g = rng.standard_normal(out.shape).astype(BF16)
+    got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
+                                    **kw)
+    wide = {key: (x.astype(np.float32) if getattr(x, "dtype", None) == BF16
+                  else x) for key, x in kw.items()}
+    assert_grads(got, widened_backward(g, q, k, v, out, lse, **wide), name)
+
+
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("where", ["out", "grad_out", "keys"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -201,6 +240,8 @@ PEAK = textwrap.dedent("""
                for _ in range(3))
     ac.set_fp32_precision("bf16")
     kw = dict(values=v, causal=True)
+    if sys.argv[3] == "masked":         # (the backward's options)
+        kw.update(mask=rng.random(1024) > 0.1, dropout=0.1, seed=3)
     if backward:
         out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
         g = rng.standard_normal(out.shape).astype(dtype)
@@ -213,12 +254,12 @@ PEAK = textwrap.dedent("""
 """)
 
 
-def peak_bytes(dtype, direction="forward"):
+def peak_bytes(dtype, direction="forward", kind="causal"):
     """The peak memory traced in a fresh process (no buffers kept from
-    earlier calls) over one forward (or backward) at (1, 4, 1024, 64) in
-    dtype."""
-    run = subprocess.run([sys.executable, "-c", PEAK, dtype, direction],
-                         capture_output=True, text=True, check=True)
+    earlier calls) over one causal forward (or backward) at (1, 4, 1024,
+    64) in dtype, "masked" with a key mask and dropout too."""
+    run = subprocess.run([sys.executable, "-c", PEAK, dtype, direction,
+                          kind], capture_output=True, text=True, check=True)
     return int(run.stdout)
 
 
@@ -232,14 +273,15 @@ def test_no_float32_copies():
     assert bf16 < f32, (bf16, f32)
 
 
-def test_backward_no_float32_copies():
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+def test_backward_no_float32_copies(kind):
     """A bfloat16 backward holds its gradients in float32 (summed there,
     rounded once) and their bfloat16 roundings, 1.5 MB more than the
     float32 backward at these sizes; float32 copies of q, k, v, out and
     grad_out would add 5 MB more."""
     if ac.show_config()["bf16_unit"] != "dot":
         pytest.skip("the CPU or path has no bf16 dot products in use")
-    bf16 = peak_bytes("bfloat16", "backward")
-    f32 = peak_bytes("float32", "backward")
+    bf16 = peak_bytes("bfloat16", "backward", kind)
+    f32 = peak_bytes("float32", "backward", kind)
     copies = 5 * 4 * 1024 * 64 * 4
     assert bf16 < f32 + copies / 2, (bf16, f32)
