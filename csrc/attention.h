@@ -290,8 +290,9 @@ typedef struct {
  * ATT_PRECISION_BF16 on a path with the bf16 dot products (ex->bf16
  * ATT_BF16_DOT), every element finite (it reads them all); for a
  * forward, more than a decoding step's queries, visibility by ranges
- * alone (no mask, attn_mask or bias; causal, window and segments are
- * ranges), no softcap, alibi or dropout; for a backward, more than one
+ * alone (no attn_mask or bias; causal, window, segments and a key mask
+ * of one run of keys a sequence, padding, are ranges), no softcap, alibi
+ * or dropout; for a backward, more than one
  * query a sequence and no sinks.  io_store ATT_STORE_NATIVE (0)
  * everywhere else.
  */

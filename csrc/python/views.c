@@ -225,15 +225,16 @@ static int widen_half(Call *c, int i)
  * bfloat16 call (every floating input bfloat16, so its products are
  * bf16: exec_for_dtype) on the dot products, the dot score streamed,
  * the array C-contiguous: a forward's query, keys or values, with no
- * mask, attn_mask, bias, dropout, softcap or ALiBi; a backward's, out or
- * grad_out, with no sinks. */
+ * attn_mask, bias, dropout, softcap or ALiBi (a key mask only where it
+ * is padding, which the kernel checks); a backward's, out or grad_out,
+ * with no sinks. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
     int id = fn->args[i].id;
     PyArrayObject *a = c->arr[i];
-    static const int none[] = {X_MASK, X_ATTN_MASK, X_BIAS, X_DROPOUT,
-                               X_SOFTCAP, X_ALIBI_SLOPES};
+    static const int none[] = {X_ATTN_MASK, X_BIAS, X_DROPOUT, X_SOFTCAP,
+                               X_ALIBI_SLOPES};
     for (size_t n = 0; n < sizeof none / sizeof none[0]; n++) {
         if (!is_backward(fn) && given(c, none[n])) {
             return 0;

@@ -7,7 +7,9 @@ where the CPU has the bf16 dot products: no float32 copy of any of them.
 * the results are the float32 call's under set_fp32_precision("bf16") on
   the widened arrays, its output rounded once, bit for bit: sizes 1, 3,
   17 and 65, odd widths, full, causal, window, grouped heads broadcast
-  over the leading axes, packed segments, sinks; 1 and 2 threads (so on
+  over the leading axes, packed segments, sinks, a padding mask (right,
+  left, a sequence masked whole; a mask of two runs widens); 1 and 2
+  threads (so on
   every host: where the path is not taken, both calls widen);
 * non-finite inputs (which the fused kernel does not take) fall back to
   the widened call, with the same results;
@@ -89,6 +91,25 @@ def test_as_widened(shape, kw, threads):
     got = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
     assert_bits(got, widened_call(q, k, v, **kw), (shape, kw, threads))
     assert [x.tobytes() for x in (q, k, v)] == before
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("kind", ["right", "left", "two_runs"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_key_mask_as_widened(kind, threads):
+    """A key mask of one run of keys a sequence (padding) is a range the
+    fused kernel takes as stored; one of two runs widens: the widened
+    call's bits either way."""
+    ac.set_num_threads(threads)
+    rng = np.random.default_rng(threads)
+    q, k, v = inputs(rng, 3, 2, 2, 33, 70, 16, 8)
+    t = np.arange(70)
+    n = np.array([70, 31, 0])[:, None]
+    mask = {"right": t < n, "left": t >= 70 - n,
+            "two_runs": (t < n // 2) | (t >= n)}[kind][:, None, None, :]
+    kw = dict(mask=mask, causal=True)
+    got = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
+    assert_bits(got, widened_call(q, k, v, **kw), (kind, threads))
 
 
 @pytest.mark.usefixtures("restore_settings")
@@ -242,6 +263,8 @@ PEAK = textwrap.dedent("""
     kw = dict(values=v, causal=True)
     if sys.argv[3] == "masked":         # (the backward's options)
         kw.update(mask=rng.random(1024) > 0.1, dropout=0.1, seed=3)
+    if sys.argv[3] == "padded":         # a range to the fused forward
+        kw.update(mask=np.arange(1024) < 900)
     if backward:
         out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
         g = rng.standard_normal(out.shape).astype(dtype)
@@ -263,13 +286,16 @@ def peak_bytes(dtype, direction="forward", kind="causal"):
     return int(run.stdout)
 
 
-def test_no_float32_copies():
+@pytest.mark.parametrize("kind", ["causal", "padded"])
+def test_no_float32_copies(kind):
     """With the dot products, a bfloat16 forward takes less memory than a
     float32 one of the same sizes (its output is half as large, and it
-    makes no float32 copies: they would be 3 MB, its whole output 0.5)."""
+    makes no float32 copies: they would be 3 MB, its whole output 0.5);
+    with a padding mask too."""
     if ac.show_config()["bf16_unit"] != "dot":
         pytest.skip("the CPU or path has no bf16 dot products in use")
-    bf16, f32 = peak_bytes("bfloat16"), peak_bytes("float32")
+    bf16 = peak_bytes("bfloat16", "forward", kind)
+    f32 = peak_bytes("float32", "forward", kind)
     assert bf16 < f32, (bf16, f32)
 
 
