@@ -233,18 +233,20 @@ static int may_stay16(const Call *c, int i)
     const FuncSpec *fn = c->fn;
     int id = fn->args[i].id;
     PyArrayObject *a = c->arr[i];
-    static const int none[] = {X_ATTN_MASK, X_BIAS, X_DROPOUT, X_SOFTCAP,
-                               X_ALIBI_SLOPES};
-    for (size_t n = 0; n < sizeof none / sizeof none[0]; n++) {
-        if (!is_backward(fn) && given(c, none[n])) {
+    int backward = is_backward(fn);
+    static const int forward_none[] = {X_ATTN_MASK, X_BIAS, X_DROPOUT,
+                                       X_SOFTCAP, X_ALIBI_SLOPES};
+    for (size_t n = 0; !backward && n < sizeof forward_none /
+                                         sizeof forward_none[0]; n++) {
+        if (given(c, forward_none[n])) {
             return 0;
         }
     }
-    if (is_backward(fn) && given(c, X_SINKS)) {
+    if (backward && given(c, X_SINKS)) {
         return 0;
     }
     int input = id == X_QUERY || id == X_KEYS || id == X_VALUES ||
-                (is_backward(fn) && (id == X_OUT || id == X_GRAD_OUT));
+                (backward && (id == X_OUT || id == X_GRAD_OUT));
     return c->typenum == NPY_FLOAT && c->ret != NULL &&
            half_store(c->ret) == ATT_STORE_BF16 && fn->fused &&
            c->ex.bf16 == ATT_BF16_DOT && fn->family && !fn->location &&

@@ -2,7 +2,8 @@
 inside the products, the scores in log2 units, the running max raised
 only when a score passes it by 2^8.  It runs for a dot or general score
 whose visibility is a range of keys per query (full, causal, window,
-packed sequences, sinks), no mask, bias, softcap, ALiBi or dropout, and
+packed sequences, sinks; a padding mask too, tests/kernels/
+test_padding.py), no other mask, no bias, softcap, ALiBi or dropout, and
 finite inputs, and under float products not at most half its panel of
 queries against two panels of keys or more; every case below is one of
 those, so the kernel computes it on the SIMD paths (the scalar path runs
