@@ -278,22 +278,24 @@ typedef struct {
  * widened to float exactly as it is loaded (the result is the float
  * call's on the widened arrays, bit for bit); ATT_STORE_NATIVE (0)
  * everywhere else.
- * io_store ATT_STORE_BF16 (a float call, where
- * att_family_takes_bf16(f, ex, in) said 1 for these inputs): a
- * forward's query, keys and values are bfloat16 as stored, C-contiguous,
- * and out is written in bfloat16, rounded to nearest even; a backward's
- * (in->grad_out given: how att_family_takes_bf16 tells them apart) query,
- * keys, values, out and grad_out are bfloat16 as stored, its gradients
- * float as always; the bits of the call on the widened arrays (with out
- * rounded after), without their float32 copies.  It says 1 for a dot
- * score streamed (lse), values given, no kproj, koff or voff, under
- * ATT_PRECISION_BF16 on a path with the bf16 dot products (ex->bf16
- * ATT_BF16_DOT), every element finite (it reads them all); for a
- * forward, more than a decoding step's queries, visibility by ranges
- * alone (no attn_mask or bias; causal, window, segments and a key mask
- * of one run of keys a sequence, padding, are ranges), no softcap, alibi
- * or dropout; for a backward, more than one
- * query a sequence and no sinks.  io_store ATT_STORE_NATIVE (0)
+ * io_store ATT_STORE_BF16 or ATT_STORE_F16 (a float call, where
+ * att_family_takes16(f, ex, in) said 1 for these inputs and this
+ * io_store): a forward's query, keys and values are 16-bit as stored,
+ * C-contiguous, and out is written so, rounded to nearest even; a
+ * backward's (in->grad_out given: how att_family_takes16 tells them
+ * apart; bfloat16 only) query, keys, values, out and grad_out are
+ * bfloat16 as stored, its gradients float as always; the bits of the
+ * call on the widened arrays (with out rounded after), without their
+ * float32 copies.  It says 1 for a dot score streamed (lse), values
+ * given, no kproj, koff or voff, every element finite (it reads them
+ * all); for a forward, more than a decoding step's queries, visibility
+ * by ranges alone (no attn_mask or bias; causal, window, segments and a
+ * key mask of one run of keys a sequence, padding, are ranges), no
+ * softcap, alibi or dropout, and the fused kernel: for bfloat16 the one
+ * on the bf16 dot products (ATT_PRECISION_BF16, ex->bf16 ATT_BF16_DOT),
+ * for float16 the float products' (on a SIMD path); for a backward,
+ * bfloat16 on the dot products, more than one query a sequence and no
+ * sinks.  io_store ATT_STORE_NATIVE (0)
  * everywhere else.
  */
 enum att_strided {
@@ -347,8 +349,8 @@ int att_convert16(int simd, int store, int widen, ptrdiff_t n,
         att_view dsharpness;          /* cosine backward, likewise */      \
     } att_family_out_##SFX;                                                  \
     int att_family_reads_strided_##SFX(const att_fdims *f, int backward);   \
-    int att_family_takes_bf16_##SFX(const att_fdims *f, const att_exec *ex, \
-                                    const att_family_in_##SFX *in);          \
+    int att_family_takes16_##SFX(const att_fdims *f, const att_exec *ex,    \
+                                 const att_family_in_##SFX *in);             \
     ptrdiff_t att_family_workspace_##SFX(const att_fdims *f, int backward,  \
                                          const att_exec *ex);                \
     int att_family_forward_##SFX(const att_fdims *f, const att_exec *ex,     \

@@ -156,9 +156,9 @@ enum att_dp_stored {
  *   widen16, round16     n 16-bit elements ([0] bfloat16, [1] binary16)
  *                        widened to R, or n R rounded to them
  *                        (attention.h's att_convert16).  float only.
- *   finite_bf16          1 when the n bfloat16 elements at x are all
- *                        finite (no infinity, no NaN), else 0.  float
- *                        only.
+ *   finite16             1 when the n 16-bit elements at x ([0]
+ *                        bfloat16, [1] binary16) are all finite (no
+ *                        infinity, no NaN), else 0.  float only.
  *   widen_q8             n int8 (n a multiple of g) times their group's
  *                        scale, dst[c] = scale[c / g] src[c], one float
  *                        product each: an int8 cache's rows.  float only.
@@ -190,11 +190,13 @@ enum att_dp_stored {
  *             flash_nr, the queries of its panels (a multiple of vlen, at
  *             most 256), is the block of queries it runs best on.  Q, K,
  *             V and O are REAL (store ATT_STORE_NATIVE), strides in
- *             elements; only flash_bf16[ATT_BF16_DOT - 1] takes store
- *             ATT_STORE_BF16: Q, K and V bfloat16 as stored, O written in
- *             it (rounded to nearest even as att_convert16 rounds): the
- *             bits of the float call on the widened Q, K and V, rounded
- *             after (its operands are rounded to bf16 anyway).
+ *             elements; flash_bf16[ATT_BF16_DOT - 1] takes store
+ *             ATT_STORE_BF16 and the float table's flash ATT_STORE_F16:
+ *             Q, K and V 16-bit as stored, O written so (rounded to
+ *             nearest even as att_convert16 rounds): the bits of the
+ *             float call on the widened Q, K and V, rounded after (the
+ *             bf16 products round their operands to bf16 anyway; float16
+ *             widens exactly).
  *   flash_bf16  the same with the products on bf16 (Q, K, V and P
  *             rounded to bf16, float sums), for float calls that allow
  *             it (ATT_PRECISION_BF16), one per unit (index: enum
@@ -309,7 +311,7 @@ enum att_dp_stored {
                                  R *const *out, int add,                     \
                                  ptrdiff_t pf, int pf2);                     \
         void (*widen16[2])(ptrdiff_t n, const uint16_t *src, R *dst);        \
-        int (*finite_bf16)(ptrdiff_t n, const uint16_t *x);                  \
+        int (*finite16[2])(ptrdiff_t n, const uint16_t *x);                  \
         void (*widen_q8)(ptrdiff_t n, ptrdiff_t g, const int8_t *src,        \
                          const float *scale, R *dst);                        \
         void (*round16[2])(ptrdiff_t n, const R *src, uint16_t *dst);        \

@@ -250,10 +250,11 @@ struct Call {
     int store[MAX_ARGS];              /* enum att_store of keys and
                                          values read in place */
     unsigned maybe16;                 /* bit i: argument i (query, keys,
-                                         values) left in bfloat16 for
+                                         values, ...) left in 16 bits for
                                          settle16 */
-    int io16;                         /* ... and read so, out written so
-                                         (attention.h's io_store) */
+    int io16;                         /* ... and read so, out written so:
+                                         their att_store (attention.h's
+                                         io_store), else 0 */
     PyObject *out[MAX_OUTS];          /* owned until returned */
     void *work;
     char *kept[N_KEEP];               /* KEEP_WIDE, KEEP_OUT: taken by */
@@ -351,9 +352,9 @@ int cast_args(Call *c);
 int make_views(Call *c);
 int settle16(Call *c);
 
-/* table.c: whether the family's forward takes the call's query, keys and
- * values as stored bfloat16 (att_family_takes_bf16; reads them) */
-int family_takes_bf16(Call *c);
+/* table.c: whether the family takes the call's inputs as stored in
+ * c->io16's 16 bits (att_family_takes16; reads them) */
+int family_takes16(Call *c);
 
 /* call.c: steps 1-6 for row fn (grads: the public function's named tuple
  * of a backward, or NULL); the error of a kernel's status. */

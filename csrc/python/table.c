@@ -226,7 +226,7 @@ static att_view grad_view(const Call *c, int g, int id)
 
 /* The family's call for one type: its inputs and outputs by name; or,
  * ask, whether its forward takes this call's query, keys and values as
- * stored bfloat16 (attention.h's att_family_takes_bf16). */
+ * stored in c->io16's 16 bits (attention.h's att_family_takes16). */
 #define FAMILY_CALL(R, SFX)                                                  \
     do {                                                                     \
         int wi = c->fn->pos[X_W];                                            \
@@ -252,7 +252,7 @@ static att_view grad_view(const Call *c, int g, int id)
             .sinks = view_of(c, X_SINKS),                                    \
             .sharpness = view_of(c, X_SHARPNESS),                            \
             .kstore = store_of(c, X_KEYS), .vstore = store_of(c, X_VALUES), \
-            .io_store = c->io16 ? ATT_STORE_BF16 : ATT_STORE_NATIVE};        \
+            .io_store = c->io16};                                            \
         att_family_out_##SFX out = {                                         \
             .out = OUT(Y_OUT), .alpha = OUT(Y_ALPHA), .lse = OUT(Y_LSE),     \
             .dquery = OUT(Y_DQUERY), .dkeys = OUT(Y_DKEYS),                  \
@@ -270,7 +270,7 @@ static att_view grad_view(const Call *c, int g, int id)
             out.dbias = (att_view){OUT(Y_DB), NULL, 0, 0, 1};                \
         }                                                                    \
         if (ask) {                                                           \
-            return att_family_takes_bf16_##SFX(&f, &c->ex, &in);             \
+            return att_family_takes16_##SFX(&f, &c->ex, &in);                \
         }                                                                    \
         return is_backward(c->fn)                                            \
                ? att_family_backward_##SFX(&f, &c->ex, &in, &out, c->work)   \
@@ -306,7 +306,7 @@ static int k_family(Call *c)
     return family_call(c, 0);
 }
 
-int family_takes_bf16(Call *c)
+int family_takes16(Call *c)
 {
     return family_call(c, 1);
 }

@@ -218,22 +218,23 @@ static int widen_half(Call *c, int i)
 }
 
 /* Whether argument i is an input that the family's streamed forward or
- * backward may read as stored bfloat16 (settle16 asks the kernel once
+ * backward may read as stored in 16 bits (settle16 asks the kernel once
  * the views are made), by what the call says (the kernel's conditions,
- * attention.h's att_family_takes_bf16, but the values' finiteness: where
+ * attention.h's att_family_takes16, but the values' finiteness: where
  * they fail, the copies settle16 makes are not in the kept buffer): a
- * bfloat16 call (every floating input bfloat16, so its products are
- * bf16: exec_for_dtype) on the dot products, the dot score streamed,
- * the array C-contiguous: a forward's query, keys or values, with no
- * attn_mask, bias, dropout, softcap or ALiBi (a key mask only where it
- * is padding, which the kernel checks); a backward's, out or grad_out,
- * with no sinks. */
+ * bfloat16 call on the dot products (every floating input bfloat16, so
+ * its products are bf16: exec_for_dtype) or a float16 forward, the dot
+ * score streamed, the array C-contiguous in the call's dtype: a
+ * forward's query, keys or values, with no attn_mask, bias, dropout,
+ * softcap or ALiBi (a key mask only where it is padding, which the
+ * kernel checks); a backward's, out or grad_out, with no sinks. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
     int id = fn->args[i].id;
     PyArrayObject *a = c->arr[i];
     int backward = is_backward(fn);
+    int store = c->ret != NULL ? half_store(c->ret) : ATT_STORE_NATIVE;
     static const int forward_none[] = {X_ATTN_MASK, X_BIAS, X_DROPOUT,
                                        X_SOFTCAP, X_ALIBI_SLOPES};
     for (size_t n = 0; !backward && n < sizeof forward_none /
@@ -247,16 +248,16 @@ static int may_stay16(const Call *c, int i)
     }
     int input = id == X_QUERY || id == X_KEYS || id == X_VALUES ||
                 (backward && (id == X_OUT || id == X_GRAD_OUT));
-    return c->typenum == NPY_FLOAT && c->ret != NULL &&
-           half_store(c->ret) == ATT_STORE_BF16 && fn->fused &&
-           c->ex.bf16 == ATT_BF16_DOT && fn->family && !fn->location &&
-           fn->score == ATT_SCORE_DOT && stream_of(c) && input &&
-           half_store(PyArray_DESCR(a)) == ATT_STORE_BF16 &&
+    int kind = store == ATT_STORE_BF16 ? c->ex.bf16 == ATT_BF16_DOT
+               : store == ATT_STORE_F16 && !backward;
+    return c->typenum == NPY_FLOAT && kind && fn->fused && fn->family &&
+           !fn->location && fn->score == ATT_SCORE_DOT && stream_of(c) &&
+           input && half_store(PyArray_DESCR(a)) == store &&
            PyArray_ISCARRAY_RO(a) && PyArray_ISNOTSWAPPED(a);
 }
 
-/* Step 4b, for a call that left its inputs in bfloat16 (may_stay16):
- * the kernel reads them so if it can (family_takes_bf16: this call's
+/* Step 4b, for a call that left its inputs in 16 bits (may_stay16):
+ * the kernel reads them so if it can (family_takes16: this call's
  * options and finite values), else they are widened now. */
 int settle16(Call *c)
 {
@@ -264,7 +265,10 @@ int settle16(Call *c)
         return 0;
     }
     int all = is_backward(c->fn) ? 5 : 3;
-    c->io16 = __builtin_popcount(c->maybe16) == all && family_takes_bf16(c);
+    c->io16 = half_store(c->ret);   /* the question's store */
+    if (__builtin_popcount(c->maybe16) != all || !family_takes16(c)) {
+        c->io16 = ATT_STORE_NATIVE;
+    }
     for (int i = 0; i < c->fn->nargs && !c->io16; i++) {
         if ((c->maybe16 >> i & 1) && widen_half(c, i) < 0) {
             return -1;

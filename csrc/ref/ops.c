@@ -118,15 +118,19 @@ SCALAR_MULTI16(f16, ATT_STORE_F16)
 SCALAR_CONVERT16(bf16, att_bf16_to_f32, att_f32_to_bf16)
 SCALAR_CONVERT16(f16, att_f16_to_f32, att_f32_to_f16)
 
-/* finite_bf16: an exponent of all ones is an infinity or a NaN */
-static int finite_bf16(ptrdiff_t n, const uint16_t *x)
-{
-    unsigned bad = 0;
-    for (ptrdiff_t i = 0; i < n; i++) {
-        bad |= (x[i] & 0x7f80u) == 0x7f80u;
+/* finite16: an exponent of all ones is an infinity or a NaN */
+#define SCALAR_FINITE16(NAME, EXP)                                           \
+    static int finite_##NAME(ptrdiff_t n, const uint16_t *x)                \
+    {                                                                        \
+        unsigned bad = 0;                                                    \
+        for (ptrdiff_t i = 0; i < n; i++) {                                  \
+            bad |= (x[i] & (EXP)) == (EXP);                                  \
+        }                                                                    \
+        return !bad;                                                         \
     }
-    return !bad;
-}
+
+SCALAR_FINITE16(bf16, 0x7f80u)
+SCALAR_FINITE16(f16, 0x7c00u)
 
 /* widen_q8: an int8 cache's rows, one product each (core/dispatch.h) */
 static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
@@ -169,7 +173,7 @@ static void widen_q8(ptrdiff_t n, ptrdiff_t g, const int8_t *s,
 const att_ops_f32 att_ops_table_f32_scalar = {
     SCALAR_ENTRIES(f32),
     .widen16 = {widen_bf16, widen_f16},
-    .finite_bf16 = finite_bf16,
+    .finite16 = {finite_bf16, finite_f16},
     .widen_q8 = widen_q8,
     .round16 = {round_bf16, round_f16},
     .dot_keys_multi16 = {dot_keys_multi_bf16, dot_keys_multi_f16},

@@ -1,6 +1,6 @@
 """A bfloat16 call's streamed forward reads its queries, keys and values
 as stored and writes its output in bfloat16 (csrc/simd/flash.inc under
-FLASH_DP, attention.h's att_family_takes_bf16), and its streamed backward
+FLASH_DP, attention.h's att_family_takes16), and its streamed backward
 reads them, out and grad_out as stored (csrc/simd/gemm_dp.inc's packing),
 where the CPU has the bf16 dot products: no float32 copy of any of them.
 

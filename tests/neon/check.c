@@ -28,7 +28,9 @@
  *   - the 16-bit conversions (att_convert16) against the scalar path's;
  *   - where the CPU has bf16 dot products, the bf16 forward of float
  *     calls, the backward's product and the backward, against a model
- *     of the ISA's rounding and float32 products (check_bf16.h).
+ *     of the ISA's rounding and float32 products (check_bf16.h);
+ *   - the fused forward on float16 as stored: the bits of the same path
+ *     on the widened arrays (check_bf16.h).
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *
@@ -566,6 +568,7 @@ int main(int argc, char **argv)
         check_cache_q8(&c);
         check_convert16(&c);
         check_bf16(&c);
+        check_f16_stored(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);
