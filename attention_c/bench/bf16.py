@@ -24,9 +24,12 @@ of out drawn with the inputs):
 * ours_bf16_in: the ``"ieee"`` call on ml_dtypes bfloat16 copies of the
   inputs (made once, outside the timing), which returns bfloat16 and takes
   the bf16 products by itself;
-* torch_fp32 / torch_bf16: SDPA (under no_grad for the forward alone) on
-  float32 tensors / on bfloat16 copies of them (made once, outside the
-  timing).
+* ours_f16_in: the same on float16 copies, which returns float16 and
+  runs float32 products (its streamed forward reads the copies as
+  stored);
+* torch_fp32 / torch_bf16 / torch_f16: SDPA (under no_grad for the
+  forward alone) on float32 tensors / on bfloat16 and float16 copies of
+  them (made once, outside the timing).
 
 The scale is 1 / sqrt(d) on both sides.  Before timing, each output is
 compared with SDPA in float64 on the same data (||x - r|| / ||r||; the
@@ -53,16 +56,19 @@ SHAPES = ((8, 1024, 64), (2, 4096, 64))         # (B * heads, T, d)
 QUICK_SHAPES = ((2, 128, 16), (1, 256, 16))
 CASES = ("full", "causal")
 PASSES = ("forward", "f+b")
-IMPLS = ("ours_fp32", "ours_bf16", "ours_bf16_in", "torch_fp32",
-         "torch_bf16")
+IMPLS = ("ours_fp32", "ours_bf16", "ours_bf16_in", "ours_f16_in",
+         "torch_fp32", "torch_bf16", "torch_f16")
 TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4, "ours_bf16": 2e-2,
-             "ours_bf16_in": 2e-2, "torch_bf16": 2e-2}
+             "ours_bf16_in": 2e-2, "torch_bf16": 2e-2, "ours_f16_in": 5e-3,
+             "torch_f16": 5e-3}
 # ratios: name -> (numerator, denominator)
 RATIOS = {"bf16/fp32": ("ours_bf16", "ours_fp32"),
           "bf16/torch_bf16": ("ours_bf16", "torch_bf16"),
           "bf16/torch_fp32": ("ours_bf16", "torch_fp32"),
           "bf16_in/fp32": ("ours_bf16_in", "ours_fp32"),
-          "bf16_in/torch_bf16": ("ours_bf16_in", "torch_bf16")}
+          "bf16_in/torch_bf16": ("ours_bf16_in", "torch_bf16"),
+          "f16_in/fp32": ("ours_f16_in", "ours_fp32"),
+          "f16_in/torch_f16": ("ours_f16_in", "torch_f16")}
 # issue 33's targets, ratio -> {pass: limit}: with bf16 products, 1.7x
 # and 1.6x our float32 (forward, f+b), 0.55x and 0.7x PyTorch's bf16;
 # without them, no more than 1.05x our float32 and 0.95x PyTorch's bf16
@@ -72,6 +78,9 @@ TARGETS = {"bf16/fp32": {"forward": 1 / 1.7, "f+b": 1 / 1.6},
            "bf16_in/torch_bf16": {"forward": 0.55, "f+b": 0.7}}
 TARGETS_WITHOUT = {"bf16_in/fp32": {"forward": 1.05, "f+b": 1.05},
                    "bf16_in/torch_bf16": {"forward": 0.95, "f+b": 0.95}}
+# float16 inputs run float32 products on every CPU: as bfloat16 inputs
+# without bf16 products, no more than 1.05x our float32
+TARGETS_F16 = {"f16_in/fp32": {"forward": 1.05, "f+b": 1.05}}
 # and the error of bfloat16 inputs against PyTorch's bf16: out 1.1x, each
 # of dq, dk, dv 0.9x
 ERROR_TARGETS = {"forward": 1.1, "f+b": 0.9}
@@ -134,8 +143,10 @@ def functions(torch, p, backward):
             "ours_bf16": ours_call(p, "bf16", backward),
             "ours_bf16_in": ours_call(p, "ieee", backward,
                                       ml_dtypes.bfloat16),
+            "ours_f16_in": ours_call(p, "ieee", backward, np.float16),
             "torch_fp32": torch_call(torch, p, torch.float32, backward),
-            "torch_bf16": torch_call(torch, p, torch.bfloat16, backward)}
+            "torch_bf16": torch_call(torch, p, torch.bfloat16, backward),
+            "torch_f16": torch_call(torch, p, torch.float16, backward)}
 
 
 def check(torch, p, funcs, backward):
@@ -201,7 +212,7 @@ def header(meta):
     lines = [
         "bf16 products (set_fp32_precision('bf16')) against float32 "
         "products and torch SDPA: float32 inputs (bfloat16 for "
-        "ours_bf16_in), the forward (return_weights=False) and the "
+        "ours_bf16_in, float16 for ours_f16_in), the forward (return_weights=False) and the "
         "forward then the backward (f+b)",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "
@@ -230,9 +241,11 @@ def shape_text(row):
 
 def evaluate_targets(meta, rows):
     """Issue 33's targets on every row (TARGETS with bf16 products,
-    TARGETS_WITHOUT else), and the errors' (ERROR_TARGETS) once per pass,
-    shape and case: dicts of target, limit, value, status, case."""
-    ratios = TARGETS if meta["bf16_products"] else TARGETS_WITHOUT
+    TARGETS_WITHOUT else; TARGETS_F16 always), and the errors'
+    (ERROR_TARGETS) once per pass, shape and case: dicts of target,
+    limit, value, status, case."""
+    ratios = dict(TARGETS if meta["bf16_products"] else TARGETS_WITHOUT,
+                  **TARGETS_F16)
     out, seen = [], set()
     for r in rows:
         case = f"{r['pass']} {r['case']} {shape_text(r)}"

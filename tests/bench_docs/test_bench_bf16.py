@@ -62,6 +62,8 @@ def test_errors_against_float64(run):
         assert errs["ours_bf16"] < 2e-2, row
         assert errs["ours_bf16_in"] < 2e-2, row
         assert errs["torch_bf16"] < 2e-2, row
+        assert errs["ours_f16_in"] < 5e-3, row
+        assert errs["torch_f16"] < 5e-3, row
     assert "WARNING" not in stdout
 
 
@@ -87,7 +89,8 @@ def test_targets_follow_the_rows(run):
     data, stdout = run
     meta, rows = data["meta"], data["results"]
     targets = bf16.evaluate_targets(meta, rows)
-    ratios = bf16.TARGETS if meta["bf16_products"] else bf16.TARGETS_WITHOUT
+    ratios = dict(bf16.TARGETS if meta["bf16_products"]
+                  else bf16.TARGETS_WITHOUT, **bf16.TARGETS_F16)
     cases = {(r["pass"], r["case"], tuple(r["shape"])) for r in rows}
     assert len(targets) == len(rows) * len(ratios) + len(cases)
     for t in targets:
