@@ -212,8 +212,8 @@ def header(meta):
     lines = [
         "bf16 products (set_fp32_precision('bf16')) against float32 "
         "products and torch SDPA: float32 inputs (bfloat16 for "
-        "ours_bf16_in, float16 for ours_f16_in), the forward (return_weights=False) and the "
-        "forward then the backward (f+b)",
+        "ours_bf16_in, float16 for ours_f16_in), the forward "
+        "(return_weights=False) and the forward then the backward (f+b)",
         f"CPU {meta['cpu']} ({meta['cpus']} CPUs available); {have}",
         f"attention_c {meta['config']['version']}: SIMD path "
         f"{meta['config']['simd']}, bf16_products "

@@ -176,6 +176,18 @@ static att_fdims with_visibility(att_fdims f, int v)
     return f;
 }
 
+/* The streamed forward's sizes: across the fused kernel's panels of
+ * queries and blocks of keys (check_impl.h's flash_all, check_bf16.h's
+ * float16 as stored) */
+#define FF(B_, Tq_, T_, H_, Hv_) \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_}
+static const att_fdims flash_sizes[] = {
+    FF(2, 9, 1, 3, 2), FF(3, 17, 47, 8, 5), FF(2, 65, 49, 17, 9),
+    FF(1, 130, 97, 8, 8), FF(2, 257, 300, 16, 16),
+};
+#undef FF
+#define N_FLASH_SIZES (sizeof(flash_sizes) / sizeof(flash_sizes[0]))
+
 #define REAL float
 #define SFX(name) name##_f32
 #define TYPE_INDEX 0

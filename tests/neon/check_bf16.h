@@ -161,14 +161,19 @@ static void bf16_one_key(ctx *c, ptrdiff_t H)
     free(b);
 }
 
-/* bfloat16 as stored (io_store, attention.h's att_family_takes16):
- * query, keys and values rounded to bf16, the forward on them as stored
- * gives the bits of the forward on them widened, out rounded after, on 1
- * and 2 threads; a key of infinity is refused. */
-static void bf16_stored_case(ctx *c, att_fdims f, const float *q,
-                             const float *k, const float *v,
-                             const ptrdiff_t *kidx)
+/* 16-bit as stored (io_store `store`, attention.h's att_family_takes16):
+ * query, keys and values rounded to bfloat16 (float16), the forward on
+ * them as stored gives the bits of the same path's forward on them
+ * widened (with bf16 products for bfloat16, float ones for float16), out
+ * rounded after, on 1 and 2 threads, wherever the kernel takes them
+ * (bfloat16 on the dot products; float16 on a SIMD path, the scalar one
+ * having no fused kernel); a key of infinity, a value's NaN are
+ * refused. */
+static void stored16_case(ctx *c, att_fdims f, int store, const float *q,
+                          const float *k, const float *v,
+                          const ptrdiff_t *kidx)
 {
+    int bf16 = store == ATT_STORE_BF16;
     ptrdiff_t n[3] = {f.B * f.Tq * f.H, f.Bk * f.T * f.H, f.Bk * f.T * f.Hv};
     const float *x[3] = {q, k, v};
     uint16_t *h[3];
@@ -177,27 +182,34 @@ static void bf16_stored_case(ctx *c, att_fdims f, const float *q,
         h[a] = xmalloc((size_t)(n[a] + 1) * sizeof(uint16_t));
         w[a] = xmalloc((size_t)(n[a] + 1) * sizeof(float));
         for (ptrdiff_t i = 0; i < n[a]; i++) {
-            h[a][i] = att_f32_to_bf16_clamped(x[a][i]);
-            w[a][i] = att_bf16_to_f32(h[a][i]);
+            h[a][i] = bf16 ? att_f32_to_bf16_clamped(x[a][i])
+                           : att_f32_to_f16(x[a][i]);
+            w[a][i] = bf16 ? att_bf16_to_f32(h[a][i])
+                           : att_f16_to_f32(h[a][i]);
         }
     }
     ptrdiff_t no = f.B * f.Tq * f.Hv, nl = f.B * f.Tq;
     float *out = nans_f32(no), *lse = nans_f32(nl), *lse16 = nans_f32(nl);
     uint16_t *out16 = xmalloc((size_t)no * sizeof(uint16_t));
-    int st = bf16_forward(c, c->simd, 1, 1, f, w[0], w[1], w[2], kidx, out,
-                          lse);
+    int st = bf16_forward(c, c->simd, bf16, 1, f, w[0], w[1], w[2], kidx,
+                          out, lse);
     expect(c, st == ATT_OK, "widened run returned %d", st);
     att_family_in_f32 in = {.query = (const float *)(const void *)h[0],
                             .keys = (const float *)(const void *)h[1],
                             .values = (const float *)(const void *)h[2],
                             .kidx = kidx, .vidx = kidx,
                             .scale = (float)(1 / sqrt((double)f.H)),
-                            .io_store = ATT_STORE_BF16};
-    for (int threads = 1; threads <= 2; threads++) {
-        att_exec ex = {c->simd, threads, c->pool, ATT_PRECISION_BF16,
-                       ATT_BF16_DOT};
-        expect(c, att_family_takes16_f32(&f, &ex, &in) == 1,
-               "bf16 as stored refused");
+                            .io_store = store};
+    int takes = bf16 || c->simd != ATT_SIMD_SCALAR;
+    att_exec ex = {c->simd, 1, c->pool,
+                   bf16 ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                   bf16 ? ATT_BF16_DOT : 0};
+    for (ex.threads = 1; ex.threads <= 2; ex.threads++) {
+        expect(c, att_family_takes16_f32(&f, &ex, &in) == takes,
+               "takes as stored: not %d", takes);
+        if (!takes) {
+            break;
+        }
         memset(out16, 0xff, (size_t)no * sizeof(uint16_t));
         att_family_out_f32 fo = {.out = (float *)(void *)out16,
                                  .lse = lse16};
@@ -208,19 +220,20 @@ static void bf16_stored_case(ctx *c, att_fdims f, const float *q,
         expect(c, st == ATT_OK, "stored run returned %d", st);
         long bad = 0;
         for (ptrdiff_t i = 0; i < no; i++) {
-            bad += out16[i] != att_f32_to_bf16(out[i]);
+            bad += out16[i] != (bf16 ? att_f32_to_bf16(out[i])
+                                     : att_f32_to_f16(out[i]));
         }
         expect(c, bad == 0 && memcmp(lse, lse16, (size_t)nl *
                                                  sizeof(float)) == 0,
                "%ld of out (or lse) differ as stored, %d threads", bad,
-               threads);
+               ex.threads);
     }
-    h[1][n[1] / 2] = 0x7f80;            /* +inf: the general path's */
-    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_BF16, ATT_BF16_DOT};
+    ex.threads = 1;
+    h[1][n[1] / 2] = bf16 ? 0x7f80 : 0x7c00;    /* +inf: the general path's */
     expect(c, att_family_takes16_f32(&f, &ex, &in) == 0,
            "a key of infinity taken as stored");
     h[1][n[1] / 2] = 0;
-    h[2][n[2] - 1] = 0xffc1;            /* a NaN, the last value's last */
+    h[2][n[2] - 1] = bf16 ? 0xffc1 : 0xfe01;    /* a NaN, the last value's */
     expect(c, att_family_takes16_f32(&f, &ex, &in) == 0,
            "a value's NaN taken as stored");
     for (int a = 0; a < 3; a++) {
@@ -281,7 +294,7 @@ static double bf16_case(ctx *c, att_fdims f)
               memcmp(lse[1], lse[2], nlse * sizeof(float)) == 0,
            "1 and 2 threads differ");
     if (B * Tq > 0 && T > 0 && H > 0 && Tq > 8) {     /* (not decoding) */
-        bf16_stored_case(c, f, q, k, v, kidx);
+        stored16_case(c, f, ATT_STORE_BF16, q, k, v, kidx);
     }
     for (int r = 0; r < 3; r++) {
         free(out[r]);
@@ -590,105 +603,38 @@ static void check_bf16(ctx *c)
     }
 }
 
-/* float16 as stored (io_store ATT_STORE_F16, attention.h's
- * att_family_takes16): the forward on q, k and v rounded to float16, as
- * stored, gives the bits of the same path's forward on them widened, out
- * rounded after, on 1 and 2 threads (the float products: the fused
- * kernel widens its blocks exactly); the scalar path, which has no fused
- * kernel, refuses; so does any path with a key of infinity. */
+/* float16 as stored on sizes across the kernel's panels and blocks
+ * (stored16_case), grouped heads. */
 static void f16_stored_case(ctx *c, att_fdims f)
 {
-    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
-    ptrdiff_t Bk = (B + 1) / 2;
+    ptrdiff_t Bk = (f.B + 1) / 2;
     snprintf(c->what, sizeof c->what, "float16 as stored B=%td Tq=%td "
-             "T=%td H=%td Hv=%td causal=%d window=%d", B, Tq, T, H, Hv,
-             f.causal, f.window);
+             "T=%td H=%td Hv=%td causal=%d window=%d", f.B, f.Tq, f.T, f.H,
+             f.Hv, f.causal, f.window);
     c->shapes++;
     f.score = ATT_SCORE_DOT;
     f.stream = 1;
-    f.Hq = H;
+    f.Hq = f.H;
     f.Bk = f.Bv = Bk;
-    ptrdiff_t n[3] = {B * Tq * H, Bk * T * H, Bk * T * Hv};
-    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
-    for (ptrdiff_t b = 0; b < B; b++) {
+    float *q = rand_f32(c, f.B * f.Tq * f.H, 1);
+    float *k = rand_f32(c, Bk * f.T * f.H, 1);
+    float *v = rand_f32(c, Bk * f.T * f.Hv, 1);
+    ptrdiff_t *kidx = xmalloc((size_t)f.B * sizeof(ptrdiff_t));
+    for (ptrdiff_t b = 0; b < f.B; b++) {
         kidx[b] = b / 2;
     }
-    uint16_t *h[3];
-    float *w[3];
-    for (int a = 0; a < 3; a++) {
-        float *x = rand_f32(c, n[a], 1);
-        h[a] = xmalloc((size_t)(n[a] + 1) * sizeof(uint16_t));
-        w[a] = xmalloc((size_t)(n[a] + 1) * sizeof(float));
-        for (ptrdiff_t i = 0; i < n[a]; i++) {
-            h[a][i] = att_f32_to_f16(x[i]);
-            w[a][i] = att_f16_to_f32(h[a][i]);
-        }
-        free(x);
-    }
-    ptrdiff_t no = B * Tq * Hv, nl = B * Tq;
-    float *out = nans_f32(no), *lse = nans_f32(nl), *lse16 = nans_f32(nl);
-    uint16_t *out16 = xmalloc((size_t)no * sizeof(uint16_t));
-    int st = bf16_forward(c, c->simd, 0, 1, f, w[0], w[1], w[2], kidx, out,
-                          lse);
-    expect(c, st == ATT_OK, "widened run returned %d", st);
-    att_family_in_f32 in = {.query = (const float *)(const void *)h[0],
-                            .keys = (const float *)(const void *)h[1],
-                            .values = (const float *)(const void *)h[2],
-                            .kidx = kidx, .vidx = kidx,
-                            .scale = (float)(1 / sqrt((double)f.H)),
-                            .io_store = ATT_STORE_F16};
-    int fused = c->simd != ATT_SIMD_SCALAR;
-    for (int threads = 1; threads <= 2; threads++) {
-        att_exec ex = {c->simd, threads, c->pool, ATT_PRECISION_IEEE, 0};
-        int takes = att_family_takes16_f32(&f, &ex, &in);
-        expect(c, takes == fused, "float16 as stored: takes %d", takes);
-        if (!takes) {
-            break;
-        }
-        memset(out16, 0xff, (size_t)no * sizeof(uint16_t));
-        att_family_out_f32 fo = {.out = (float *)(void *)out16,
-                                 .lse = lse16};
-        void *work = workspace_f32(c, att_family_workspace_f32(&f, 0, &ex));
-        st = att_family_forward_f32(&f, &ex, &in, &fo, work);
-        free(work);
-        c->calls++;
-        expect(c, st == ATT_OK, "stored run returned %d", st);
-        long bad = 0;
-        for (ptrdiff_t i = 0; i < no; i++) {
-            bad += out16[i] != att_f32_to_f16(out[i]);
-        }
-        expect(c, bad == 0 && memcmp(lse, lse16, (size_t)nl *
-                                                 sizeof(float)) == 0,
-               "%ld of out (or lse) differ as stored, %d threads", bad,
-               threads);
-    }
-    h[1][n[1] / 2] = 0x7c00;            /* +inf: the general path's */
-    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_IEEE, 0};
-    expect(c, att_family_takes16_f32(&f, &ex, &in) == 0,
-           "a key of infinity taken as stored");
-    for (int a = 0; a < 3; a++) {
-        free(h[a]);
-        free(w[a]);
-    }
-    free(out);
-    free(lse);
-    free(lse16);
-    free(out16);
+    stored16_case(c, f, ATT_STORE_F16, q, k, v, kidx);
+    free(q);
+    free(k);
+    free(v);
     free(kidx);
 }
 
 static void check_f16_stored(ctx *c)
 {
-#define FF(B_, Tq_, T_, H_, Hv_) \
-    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_}
-    static const att_fdims sizes[] = {
-        FF(2, 9, 1, 3, 2), FF(3, 17, 47, 8, 5), FF(2, 65, 49, 17, 9),
-        FF(1, 130, 97, 8, 8), FF(2, 257, 300, 16, 16),
-    };
-#undef FF
-    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    for (size_t s = 0; s < N_FLASH_SIZES; s++) {
         for (int v = 0; v < 3; v++) {
-            f16_stored_case(c, with_visibility(sizes[s], v));
+            f16_stored_case(c, with_visibility(flash_sizes[s], v));
         }
     }
 }

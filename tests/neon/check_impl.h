@@ -603,18 +603,11 @@ static void SFX(flash_case)(ctx *c, att_fdims f, int kind)
 
 static void SFX(flash_all)(ctx *c)
 {
-#define FF(B_, Tq_, T_, H_, Hv_) \
-    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_}
-    static const att_fdims sizes[] = {
-        FF(2, 9, 1, 3, 2), FF(3, 17, 47, 8, 5), FF(2, 65, 49, 17, 9),
-        FF(1, 130, 97, 8, 8), FF(2, 257, 300, 16, 16),
-    };
-#undef FF
-    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    for (size_t s = 0; s < N_FLASH_SIZES; s++) {
         for (int v = 0; v < 3; v++) {
-            SFX(flash_case)(c, with_visibility(sizes[s], v), 0);
+            SFX(flash_case)(c, with_visibility(flash_sizes[s], v), 0);
         }
-        att_fdims f = sizes[s];
+        att_fdims f = flash_sizes[s];
         f.causal = 1;
         SFX(flash_case)(c, f, 1);
     }

@@ -1,28 +1,37 @@
-"""A bfloat16 call's streamed forward reads its queries, keys and values
-as stored and writes its output in bfloat16 (csrc/simd/flash.inc under
-FLASH_DP, attention.h's att_family_takes16), and its streamed backward
-reads them, out and grad_out as stored (csrc/simd/gemm_dp.inc's packing),
-where the CPU has the bf16 dot products: no float32 copy of any of them.
+"""A 16-bit call's streamed forward reads its queries, keys and values as
+stored and writes its output in its dtype (attention.h's
+att_family_takes16): bfloat16 where the CPU has the bf16 dot products
+(csrc/simd/flash.inc under FLASH_DP), float16 on the float32 products'
+fused kernel of every SIMD path (FLASH_F16: each block of keys and values
+widened once for every panel of queries); a bfloat16 call's streamed
+backward reads them, out and grad_out as stored too (csrc/simd/
+gemm_dp.inc's packing): no float32 copy of any of them.
 
-* the results are the float32 call's under set_fp32_precision("bf16") on
-  the widened arrays, its output rounded once, bit for bit: sizes 1, 3,
+* the forward's results are the float32 call's on the widened arrays
+  (under set_fp32_precision("bf16") for bfloat16, whose products are
+  bf16), its output rounded once, bit for bit: sizes 1, 3,
   17 and 65, odd widths, full, causal, window, grouped heads broadcast
   over the leading axes, packed segments, sinks, a padding mask (right,
   left, a sequence masked whole; a mask of two runs widens); 1 and 2
   threads (so on
   every host: where the path is not taken, both calls widen);
+* a float16 call under set_fp32_precision("bf16") is the widened one's
+  too (bf16 products, which widen);
 * non-finite inputs (which the fused kernel does not take) fall back to
   the widened call, with the same results;
-* on a CPU with the dot products, a call allocates no float32 copies: its
-  peak memory is below the float32 call's on the same sizes (a forward),
-  or above it by less than half the copies would take (a backward, whose
-  gradients sum in float32 and are rounded once);
+* where the kernel takes them (bfloat16: a CPU with the dot products;
+  float16: a SIMD path), a call allocates no float32 copies: its peak
+  memory is below the float32 call's on the same sizes (a forward), or
+  above it by less than half the copies would take (a bfloat16 backward,
+  whose gradients sum in float32 and are rounded once);
 * the backward: its gradients are the float32 call's under "bf16" on the
   widened arrays (out and grad_out too), rounded once, bit for bit, over
   the same sizes and kinds, one long sequence (split by keys across
   threads), and with a key mask (one sequence masked whole), a per-query
   mask, a bias, dropout, softcap or ALiBi, 1 and 2 threads; a NaN or an
-  infinity in out or grad_out falls back to widening;
+  infinity in out or grad_out falls back to widening; a float16 backward
+  widens (the float32 products' packing reads floats), with the same
+  bits;
 * the inputs are left as they were.
 """
 
@@ -34,9 +43,16 @@ import numpy as np
 import pytest
 
 import attention_c as ac
+from attention_c.testing import assert_rounded
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from attention_c.testing import HALF_DTYPES
+
+BF16 = next((np.dtype(d) for d in HALF_DTYPES
+             if np.dtype(d).name == "bfloat16"), None)
+F16 = np.dtype(np.float16)
+# the forward's dtypes (bfloat16 where ml_dtypes is installed)
+FORWARD16 = [d for d in (BF16, F16) if d is not None]
+needs_bf16 = pytest.mark.skipif(BF16 is None, reason="needs ml_dtypes")
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -51,42 +67,47 @@ KINDS = [{}, {"causal": True}, {"window": (5, 3)},
          {"causal": True, "window": (20, 0)}]
 
 
-def inputs(rng, B, G, Gk, Tq, T, d, dv):
-    q = rng.standard_normal((B, G, Tq, d)).astype(BF16)
-    k = rng.standard_normal((B, Gk, 1, T, d)).astype(BF16)
-    v = rng.standard_normal((B, Gk, 1, T, dv)).astype(BF16)
+def inputs(rng, B, G, Gk, Tq, T, d, dv, dtype=BF16):
+    q = rng.standard_normal((B, G, Tq, d)).astype(dtype)
+    k = rng.standard_normal((B, Gk, 1, T, d)).astype(dtype)
+    v = rng.standard_normal((B, Gk, 1, T, dv)).astype(dtype)
     # grouped heads: query head g reads kv head g // (G // Gk)
     q = q.reshape(B, Gk, G // Gk, Tq, d)
     return q, k, v
 
 
+def widened(x):
+    """x widened to float32 where it is a 16-bit array (options too)."""
+    return (x.astype(np.float32) if getattr(x, "dtype", None) in FORWARD16
+            else x)
+
+
 def widened_call(q, k, v, **kw):
-    """The float32 call on the widened arrays with bf16 products, its
-    output rounded to bfloat16 once."""
-    with ac.set_fp32_precision("bf16"):
-        out, lse = ac.dot_attention(
-            q.astype(np.float32), k.astype(np.float32),
-            values=v.astype(np.float32), return_weights=False, **kw)
-    return out.astype(BF16), lse
+    """The float32 call on the widened arrays (with bf16 products for
+    bfloat16, whose products are bf16; the setting as it is for float16),
+    its output rounded to q's dtype once."""
+    kw = {key: widened(x) for key, x in kw.items()}
+    precision = "bf16" if q.dtype == BF16 else ac.get_fp32_precision()
+    with ac.set_fp32_precision(precision):
+        out, lse = ac.dot_attention(widened(q), widened(k), values=widened(v),
+                                    return_weights=False, **kw)
+    return out.astype(q.dtype), lse
 
 
 def assert_bits(got, want, what):
-    assert got[0].dtype == BF16 and got[1].dtype == np.float32, what
-    assert got[0].shape == want[0].shape, what
-    assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16)), (
-        what, np.nanmax(np.abs(got[0].astype(np.float64)
-                               - want[0].astype(np.float64))))
-    assert np.array_equal(got[1], want[1], equal_nan=True), what
+    assert got[1].dtype == np.float32, what
+    assert_rounded(got, want, want[0].dtype, what, lse=1)
 
 
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("kw", KINDS, ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_as_widened(shape, kw, threads):
+def test_as_widened(dtype, shape, kw, threads):
     ac.set_num_threads(threads)
     rng = np.random.default_rng(sum(shape) + threads)
-    q, k, v = inputs(rng, *shape)
+    q, k, v = inputs(rng, *shape, dtype=dtype)
     before = [x.tobytes() for x in (q, k, v)]
     got = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
     assert_bits(got, widened_call(q, k, v, **kw), (shape, kw, threads))
@@ -94,15 +115,42 @@ def test_as_widened(shape, kw, threads):
 
 
 @pytest.mark.usefixtures("restore_settings")
+def test_float16_bf16_products_as_widened():
+    """Under set_fp32_precision("bf16") a float16 call runs the bf16
+    products on its widened arrays, as the float32 call does."""
+    rng = np.random.default_rng(2)
+    q, k, v = inputs(rng, 2, 4, 2, 33, 65, 64, 64, dtype=F16)
+    with ac.set_fp32_precision("bf16"):
+        got = ac.dot_attention(q, k, values=v, causal=True,
+                               return_weights=False)
+        want = widened_call(q, k, v, causal=True)
+    assert_bits(got, want, "bf16 products")
+
+
+def test_float16_extremes_as_widened():
+    """float16's largest finite values and its subnormals widen exactly:
+    keys at -65504, values at 65504, subnormal queries."""
+    rng = np.random.default_rng(8)
+    q, k, v = inputs(rng, 1, 2, 1, 40, 50, 16, 16, dtype=F16)
+    q.reshape(-1)[::7] = 6e-8
+    k.reshape(-1)[::5] = -65504
+    v.reshape(-1)[::3] = 65504
+    got = ac.dot_attention(q, k, values=v, return_weights=False)
+    assert_bits(got, widened_call(q, k, v), "extremes")
+    assert np.isfinite(got[0].astype(np.float32)).all()
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("kind", ["right", "left", "two_runs"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_key_mask_as_widened(kind, threads):
+def test_key_mask_as_widened(dtype, kind, threads):
     """A key mask of one run of keys a sequence (padding) is a range the
     fused kernel takes as stored; one of two runs widens: the widened
     call's bits either way."""
     ac.set_num_threads(threads)
     rng = np.random.default_rng(threads)
-    q, k, v = inputs(rng, 3, 2, 2, 33, 70, 16, 8)
+    q, k, v = inputs(rng, 3, 2, 2, 33, 70, 16, 8, dtype=dtype)
     t = np.arange(70)
     n = np.array([70, 31, 0])[:, None]
     mask = {"right": t < n, "left": t >= 70 - n,
@@ -113,41 +161,34 @@ def test_key_mask_as_widened(kind, threads):
 
 
 @pytest.mark.usefixtures("restore_settings")
-def test_sinks_and_segments_as_widened():
-    """Sinks (one more logit per head; bfloat16 like the rest, so the call
-    stays a bfloat16 one) and packed segments (cu_seqlens): ranges of keys
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
+def test_sinks_and_segments_as_widened(dtype):
+    """Sinks (one more logit per head; 16-bit like the rest, so the call
+    stays a 16-bit one) and packed segments (cu_seqlens): ranges of keys
     the fused kernel takes as they are."""
     rng = np.random.default_rng(5)
-    q, k, v = inputs(rng, 2, 4, 2, 40, 40, 32, 32)
-    sinks = rng.standard_normal((2, 2, 2)).astype(BF16)
-    got = ac.dot_attention(q, k, values=v, sinks=sinks, causal=True,
-                           return_weights=False)
-    with ac.set_fp32_precision("bf16"):
-        want = ac.dot_attention(
-            q.astype(np.float32), k.astype(np.float32),
-            values=v.astype(np.float32), sinks=sinks.astype(np.float32),
-            causal=True, return_weights=False)
-    assert_bits(got, (want[0].astype(BF16), want[1]), "sinks")
+    q, k, v = inputs(rng, 2, 4, 2, 40, 40, 32, 32, dtype=dtype)
+    sinks = rng.standard_normal((2, 2, 2)).astype(dtype)
+    kw = dict(sinks=sinks, causal=True)
+    got = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
+    assert_bits(got, widened_call(q, k, v, **kw), "sinks")
     cu = np.array([0, 7, 30, 64], dtype=np.int64)
-    qs, ks, vs = (rng.standard_normal((4, 64, 16)).astype(BF16)
+    qs, ks, vs = (rng.standard_normal((4, 64, 16)).astype(dtype)
                   for _ in range(3))
-    seg = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
-               return_weights=False)
-    got = ac.dot_attention(qs, ks, values=vs, **seg)
-    with ac.set_fp32_precision("bf16"):
-        want = ac.dot_attention(qs.astype(np.float32), ks.astype(np.float32),
-                                values=vs.astype(np.float32), **seg)
-    assert_bits(got, (want[0].astype(BF16), want[1]), "segments")
+    seg = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    got = ac.dot_attention(qs, ks, values=vs, return_weights=False, **seg)
+    assert_bits(got, widened_call(qs, ks, vs, **seg), "segments")
 
 
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("where", ["query", "keys", "values"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nonfinite_falls_back(where, bad):
+def test_nonfinite_falls_back(dtype, where, bad):
     """A NaN or an infinity anywhere: the call widens (the fused kernel
     takes finite inputs only) and gives the widened call's results."""
     rng = np.random.default_rng(9)
-    q, k, v = inputs(rng, 2, 2, 1, 20, 30, 16, 8)
+    q, k, v = inputs(rng, 2, 2, 1, 20, 30, 16, 8, dtype=dtype)
     x = {"query": q, "keys": k, "values": v}[where]
     x.reshape(-1)[37] = bad
     got = ac.dot_attention(q, k, values=v, causal=True, return_weights=False)
@@ -182,6 +223,7 @@ def backward_inputs(rng, shape, **kw):
     return g, q, k, v, out, lse
 
 
+@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("shape", SHAPES + [(1, 1, 1, 600, 600, 64, 64)],
                          ids=str)
@@ -213,6 +255,7 @@ def options(rng, name):
             "alibi": {"alibi_slopes": np.array([0.5, 0.125], BF16)}}[name]
 
 
+@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("name", ["mask", "attn_mask", "bias", "dropout",
                                   "softcap", "alibi"])
@@ -236,6 +279,7 @@ def test_backward_options_as_widened(name, threads):
     assert_grads(got, widened_backward(g, q, k, v, out, lse, **wide), name)
 
 
+@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("where", ["out", "grad_out", "keys"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -253,13 +297,15 @@ def test_backward_nonfinite_falls_back(where, bad):
 
 PEAK = textwrap.dedent("""
     import sys, tracemalloc
-    import numpy as np, ml_dtypes
+    import numpy as np
     import attention_c as ac
+    if sys.argv[1] == "bfloat16":
+        import ml_dtypes
     dtype, backward = np.dtype(sys.argv[1]), sys.argv[2] == "backward"
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 4, 1024, 64)).astype(dtype)
                for _ in range(3))
-    ac.set_fp32_precision("bf16")
+    ac.set_fp32_precision(sys.argv[4])
     kw = dict(values=v, causal=True)
     if sys.argv[3] == "masked":         # (the backward's options)
         kw.update(mask=rng.random(1024) > 0.1, dropout=0.1, seed=3)
@@ -277,15 +323,18 @@ PEAK = textwrap.dedent("""
 """)
 
 
-def peak_bytes(dtype, direction="forward", kind="causal"):
+def peak_bytes(dtype, direction="forward", kind="causal", precision="bf16"):
     """The peak memory traced in a fresh process (no buffers kept from
     earlier calls) over one causal forward (or backward) at (1, 4, 1024,
-    64) in dtype, "masked" with a key mask and dropout too."""
+    64) in dtype, "masked" with a key mask and dropout too, "padded" with
+    a padding mask; under set_fp32_precision(precision)."""
     run = subprocess.run([sys.executable, "-c", PEAK, dtype, direction,
-                          kind], capture_output=True, text=True, check=True)
+                          kind, precision], capture_output=True, text=True,
+                         check=True)
     return int(run.stdout)
 
 
+@needs_bf16
 @pytest.mark.parametrize("kind", ["causal", "padded"])
 def test_no_float32_copies(kind):
     """With the dot products, a bfloat16 forward takes less memory than a
@@ -299,6 +348,7 @@ def test_no_float32_copies(kind):
     assert bf16 < f32, (bf16, f32)
 
 
+@needs_bf16
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_backward_no_float32_copies(kind):
     """A bfloat16 backward holds its gradients in float32 (summed there,
@@ -311,3 +361,31 @@ def test_backward_no_float32_copies(kind):
     f32 = peak_bytes("float32", "backward", kind)
     copies = 5 * 4 * 1024 * 64 * 4
     assert bf16 < f32 + copies / 2, (bf16, f32)
+
+
+@pytest.mark.parametrize("kind", ["causal", "padded"])
+def test_float16_no_float32_copies(kind):
+    """On a SIMD path (the fused kernel's), a float16 forward takes less
+    memory than a float32 one of the same sizes, both on float32
+    products: no float32 copies (3 MB), an output half as large."""
+    if ac.show_config()["simd"] == "scalar":
+        pytest.skip("the scalar path has no fused kernel: it widens")
+    f16 = peak_bytes("float16", "forward", kind, "ieee")
+    f32 = peak_bytes("float32", "forward", kind, "ieee")
+    assert f16 < f32, (f16, f32)
+
+
+def test_float16_backward_as_widened():
+    """A float16 backward widens its inputs (the float32 products' packing
+    reads floats): the float32 gradients rounded once."""
+    rng = np.random.default_rng(4)
+    q, k, v = inputs(rng, 2, 2, 1, 33, 40, 16, 8, dtype=F16)
+    out, lse = ac.dot_attention(q, k, values=v, causal=True,
+                                return_weights=False)
+    g = rng.standard_normal(out.shape).astype(F16)
+    got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
+                                    causal=True)
+    want = ac.dot_attention_backward(*map(widened, (g, q, k)),
+                                     values=widened(v), out=widened(out),
+                                     lse=lse, causal=True)
+    assert_rounded(got, want, F16, "float16 backward")
