@@ -214,6 +214,8 @@ typedef struct {
                                (their gradients) */
     ptrdiff_t nsharp;       /* cosine: elements of in->sharpness as given
                                (0: beta = 1) */
+    int io_store;           /* the call's in->io_store (below), which a
+                               float16 backward's scratch is sized by */
 } att_fdims;
 
 /*
@@ -283,10 +285,11 @@ typedef struct {
  * io_store): a forward's query, keys and values are 16-bit as stored,
  * C-contiguous, and out is written so, rounded to nearest even; a
  * backward's (in->grad_out given: how att_family_takes16 tells them
- * apart; bfloat16 only) query, keys, values, out and grad_out are
- * bfloat16 as stored, its gradients float as always; the bits of the
- * call on the widened arrays (with out rounded after), without their
- * float32 copies.  It says 1 for a dot score streamed (lse), values
+ * apart) query, keys, values, out and grad_out are 16-bit as stored,
+ * its gradients float as always (a float16 one's needs f->io_store set
+ * as in->io_store: its scratch holds each block widened); the bits of
+ * the call on the widened arrays (with out rounded after), without
+ * their float32 copies.  It says 1 for a dot score streamed (lse), values
  * given, no kproj, koff or voff, every element finite (it reads them
  * all); for a forward, more than a decoding step's queries, visibility
  * by ranges alone (no attn_mask or bias; causal, window, segments and a
@@ -294,8 +297,8 @@ typedef struct {
  * softcap, alibi or dropout, and the fused kernel: for bfloat16 the one
  * on the bf16 dot products (ATT_PRECISION_BF16, ex->bf16 ATT_BF16_DOT),
  * for float16 the float products' (on a SIMD path); for a backward,
- * bfloat16 on the dot products, more than one query a sequence and no
- * sinks.  io_store ATT_STORE_NATIVE (0)
+ * more than one query a sequence and no sinks, bfloat16 on the dot
+ * products, float16 on the float products.  io_store ATT_STORE_NATIVE (0)
  * everywhere else.
  */
 enum att_strided {

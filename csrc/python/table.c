@@ -175,7 +175,8 @@ static att_fdims family_dims(const Call *c)
         .softcap = given(c, X_SOFTCAP), .alibi = given(c, X_ALIBI_SLOPES),
         .sinks = given(c, X_SINKS), .nslopes = size_of(c, X_ALIBI_SLOPES),
         .nsinks = size_of(c, X_SINKS),
-        .nsharp = as_number(c, X_SHARPNESS) ? 0 : size_of(c, X_SHARPNESS)};
+        .nsharp = as_number(c, X_SHARPNESS) ? 0 : size_of(c, X_SHARPNESS),
+        .io_store = c->io16};
     return f;
 }
 

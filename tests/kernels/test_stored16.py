@@ -3,9 +3,10 @@ stored and writes its output in its dtype (attention.h's
 att_family_takes16): bfloat16 where the CPU has the bf16 dot products
 (csrc/simd/flash.inc under FLASH_DP), float16 on the float32 products'
 fused kernel of every SIMD path (FLASH_F16: each block of keys and values
-widened once for every panel of queries); a bfloat16 call's streamed
-backward reads them, out and grad_out as stored too (csrc/simd/
-gemm_dp.inc's packing): no float32 copy of any of them.
+widened once for every panel of queries); its streamed backward reads
+them, out and grad_out as stored too (bfloat16: csrc/simd/gemm_dp.inc's
+packing; float16: each block widened into the scratch as it is read, on
+every path): no float32 copy of any of them.
 
 * the forward's results are the float32 call's on the widened arrays
   (under set_fp32_precision("bf16") for bfloat16, whose products are
@@ -20,18 +21,18 @@ gemm_dp.inc's packing): no float32 copy of any of them.
 * non-finite inputs (which the fused kernel does not take) fall back to
   the widened call, with the same results;
 * where the kernel takes them (bfloat16: a CPU with the dot products;
-  float16: a SIMD path), a call allocates no float32 copies: its peak
-  memory is below the float32 call's on the same sizes (a forward), or
-  above it by less than half the copies would take (a bfloat16 backward,
-  whose gradients sum in float32 and are rounded once);
+  float16: a SIMD path; its backward: any path), a call allocates no
+  float32 copies: its peak memory is below the float32 call's on the
+  same sizes (a forward), or above it by less than half the copies would
+  take (a backward, whose gradients sum in float32 and are rounded
+  once);
 * the backward: its gradients are the float32 call's under "bf16" on the
   widened arrays (out and grad_out too), rounded once, bit for bit, over
   the same sizes and kinds, one long sequence (split by keys across
   threads), and with a key mask (one sequence masked whole), a per-query
-  mask, a bias, dropout, softcap or ALiBi, 1 and 2 threads; a NaN or an
-  infinity in out or grad_out falls back to widening; a float16 backward
-  widens (the float32 products' packing reads floats), with the same
-  bits;
+  mask, a bias, dropout, softcap or ALiBi, 1 and 2 threads, in both
+  dtypes (float16 on float32 products); a NaN or an infinity in out or
+  grad_out falls back to widening;
 * the inputs are left as they were.
 """
 
@@ -196,43 +197,38 @@ def test_nonfinite_falls_back(dtype, where, bad):
 
 
 def widened_backward(g, q, k, v, out, lse, **kw):
-    """The float32 backward on the widened arrays with bf16 products, its
-    gradients rounded to bfloat16 once."""
-    f = (lambda x: x.astype(np.float32))
-    with ac.set_fp32_precision("bf16"):
-        grads = ac.dot_attention_backward(f(g), f(q), f(k), values=f(v),
-                                          out=f(out), lse=lse, **kw)
-    return [x if x is None else x.astype(BF16) for x in grads]
+    """The float32 backward on the widened arrays (options too; with bf16
+    products for bfloat16), its gradients rounded to q's dtype once."""
+    kw = {key: widened(x) for key, x in kw.items()}
+    precision = "bf16" if q.dtype == BF16 else ac.get_fp32_precision()
+    with ac.set_fp32_precision(precision):
+        grads = ac.dot_attention_backward(*map(widened, (g, q, k)),
+                                          values=widened(v),
+                                          out=widened(out), lse=lse, **kw)
+    return [x if x is None else x.astype(q.dtype) for x in grads]
 
 
 def assert_grads(got, want, what):
-    assert len(got) == len(want), what
-    for x, y in zip(got, want):
-        assert (x is None) == (y is None), what
-        if x is not None:
-            assert x.dtype == BF16 and x.shape == y.shape, what
-            assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), (
-                what, np.max(np.abs(x.astype(np.float64)
-                                    - y.astype(np.float64))))
+    assert_rounded(got, want, want[0].dtype, what)
 
 
-def backward_inputs(rng, shape, **kw):
-    q, k, v = inputs(rng, *shape)
+def backward_inputs(rng, shape, dtype=BF16, **kw):
+    q, k, v = inputs(rng, *shape, dtype=dtype)
     out, lse = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
-    g = rng.standard_normal(out.shape).astype(BF16)
+    g = rng.standard_normal(out.shape).astype(dtype)
     return g, q, k, v, out, lse
 
 
-@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("shape", SHAPES + [(1, 1, 1, 600, 600, 64, 64)],
                          ids=str)
 @pytest.mark.parametrize("kw", KINDS, ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_backward_as_widened(shape, kw, threads):
+def test_backward_as_widened(dtype, shape, kw, threads):
     ac.set_num_threads(threads)
     rng = np.random.default_rng(sum(shape) + threads)
-    args = backward_inputs(rng, shape, **kw)
+    args = backward_inputs(rng, shape, dtype, **kw)
     before = [x.tobytes() for x in args]
     got = ac.dot_attention_backward(*args[:3], values=args[3], out=args[4],
                                     lse=args[5], **kw)
@@ -240,53 +236,51 @@ def test_backward_as_widened(shape, kw, threads):
     assert [x.tobytes() for x in args] == before
 
 
-def options(rng, name):
+def options(rng, name, dtype):
     """A backward's options on (2, 2, 33, d) queries against 47 keys: a
     key mask with one sequence masked whole, a per-query mask, a bias
-    (bfloat16, as the rest), dropout, softcap, ALiBi."""
+    (in dtype, as the rest), dropout, softcap, ALiBi."""
     mask = rng.random((2, 1, 47)) > 0.2
     mask[1] = False
     return {"mask": {"mask": mask},
             "attn_mask": {"attn_mask": rng.random((33, 47)) > 0.3},
             "bias": {"bias": rng.standard_normal((2, 1, 33, 47)).astype(
-                BF16)},
+                dtype)},
             "dropout": {"dropout": 0.2, "seed": 7, "causal": True},
             "softcap": {"softcap": 2.0, "causal": True},
-            "alibi": {"alibi_slopes": np.array([0.5, 0.125], BF16)}}[name]
+            "alibi": {"alibi_slopes": np.array([0.5, 0.125], dtype)}}[name]
 
 
-@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("name", ["mask", "attn_mask", "bias", "dropout",
                                   "softcap", "alibi"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_backward_options_as_widened(name, threads):
+def test_backward_options_as_widened(dtype, name, threads):
     """The backward's options read none of its five inputs: it takes them
     as stored with any of them (and their gradients, dbias and dalibi,
     come from the same dS)."""
     ac.set_num_threads(threads)
     rng = np.random.default_rng(len(name) + threads)
-    kw = options(rng, name)
-    q = rng.standard_normal((2, 2, 33, 16)).astype(BF16)
-    k = rng.standard_normal((2, 2, 47, 16)).astype(BF16)
-    v = rng.standard_normal((2, 2, 47, 8)).astype(BF16)
+    kw = options(rng, name, dtype)
+    q = rng.standard_normal((2, 2, 33, 16)).astype(dtype)
+    k = rng.standard_normal((2, 2, 47, 16)).astype(dtype)
+    v = rng.standard_normal((2, 2, 47, 8)).astype(dtype)
     out, lse = ac.dot_attention(q, k, values=v, return_weights=False, **kw)
-    g = rng.standard_normal(out.shape).astype(BF16)
+    g = rng.standard_normal(out.shape).astype(dtype)
     got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
                                     **kw)
-    wide = {key: (x.astype(np.float32) if getattr(x, "dtype", None) == BF16
-                  else x) for key, x in kw.items()}
-    assert_grads(got, widened_backward(g, q, k, v, out, lse, **wide), name)
+    assert_grads(got, widened_backward(g, q, k, v, out, lse, **kw), name)
 
 
-@needs_bf16
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 @pytest.mark.parametrize("where", ["out", "grad_out", "keys"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_backward_nonfinite_falls_back(where, bad):
+def test_backward_nonfinite_falls_back(dtype, where, bad):
     rng = np.random.default_rng(11)
     g, q, k, v, out, lse = backward_inputs(rng, (2, 2, 1, 20, 30, 16, 8),
-                                           causal=True)
+                                           dtype, causal=True)
     x = {"out": out, "grad_out": g, "keys": k}[where]
     x.reshape(-1)[41] = bad
     got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
@@ -375,17 +369,14 @@ def test_float16_no_float32_copies(kind):
     assert f16 < f32, (f16, f32)
 
 
-def test_float16_backward_as_widened():
-    """A float16 backward widens its inputs (the float32 products' packing
-    reads floats): the float32 gradients rounded once."""
-    rng = np.random.default_rng(4)
-    q, k, v = inputs(rng, 2, 2, 1, 33, 40, 16, 8, dtype=F16)
-    out, lse = ac.dot_attention(q, k, values=v, causal=True,
-                                return_weights=False)
-    g = rng.standard_normal(out.shape).astype(F16)
-    got = ac.dot_attention_backward(g, q, k, values=v, out=out, lse=lse,
-                                    causal=True)
-    want = ac.dot_attention_backward(*map(widened, (g, q, k)),
-                                     values=widened(v), out=widened(out),
-                                     lse=lse, causal=True)
-    assert_rounded(got, want, F16, "float16 backward")
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+def test_float16_backward_no_float32_copies(kind):
+    """A float16 backward widens each block as it reads it, into its
+    scratch: its peak memory stays below the float32 backward's plus
+    half the float32 copies of q, k, v, out and grad_out (5 MB) that it
+    made before (its gradients sum in float32, rounded once, as a
+    bfloat16 one's)."""
+    f16 = peak_bytes("float16", "backward", kind, "ieee")
+    f32 = peak_bytes("float32", "backward", kind, "ieee")
+    copies = 5 * 4 * 1024 * 64 * 4
+    assert f16 < f32 + copies / 2, (f16, f32)
