@@ -29,8 +29,8 @@
  *   - where the CPU has bf16 dot products, the bf16 forward of float
  *     calls, the backward's product and the backward, against a model
  *     of the ISA's rounding and float32 products (check_bf16.h);
- *   - the fused forward on float16 as stored: the bits of the same path
- *     on the widened arrays (check_bf16.h).
+ *   - the fused forward and the backward on float16 as stored: the bits
+ *     of the same path on the widened arrays (check_bf16.h).
  * Prints one line per failure and the summary "N passed, M failed"; exits
  * 1 on any failure (2 when it cannot run at all).
  *

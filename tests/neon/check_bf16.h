@@ -23,8 +23,19 @@
  *     float32 products' and beyond BF16_SEEN, 1 and 2 threads bitwise.
  * And on every path, float16 as stored (check_f16_stored): the float
  * products' fused forward on q, k and v in float16 gives the bits of the
- * same path on them widened, out rounded after.
+ * same path on them widened, out rounded after; the streamed backward on
+ * q, k, v, out and grad_out in float16, the bits of it on them widened.
  */
+
+/* The streamed backward's sizes (bf16_backward_case, f16_backward_case) */
+#define FF(B_, Tq_, T_, H_, Hv_, causal_) \
+    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_, .causal = causal_}
+static const att_fdims back_sizes[] = {
+    FF(1, 17, 47, 8, 5, 0), FF(2, 65, 49, 17, 9, 1),
+    FF(1, 130, 300, 64, 64, 0), FF(1, 200, 200, 32, 32, 1),
+};
+#undef FF
+#define N_BACK_SIZES (sizeof(back_sizes) / sizeof(back_sizes[0]))
 
 /* Normwise error of the bf16 forward against float32 (attention_c.testing's
  * BF16_TOL: each operand and weight rounded to bf16 costs up to 2^-9
@@ -419,14 +430,16 @@ static void bf16_gemm_all(ctx *c)
     }
 }
 
-/* The streamed backward on bf16 products with q, k, v, out and grad_out
- * as stored bf16 (io_store) against the same on their widened values,
- * bit for bit, on 1 and 2 threads; a NaN in grad_out refused. */
-static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
-                                 const float *k, const float *v,
-                                 const float *out, const float *g,
-                                 const float *lse, const ptrdiff_t *kidx)
+/* The streamed backward with q, k, v, out and grad_out as stored in 16
+ * bits (io_store `store`: bfloat16 on the bf16 products, float16 on the
+ * float ones, any path) against the same on their widened values, bit
+ * for bit, on 1 and 2 threads; a NaN in grad_out refused. */
+static void stored16_backward(ctx *c, att_fdims f, int store,
+                              const float *q, const float *k, const float *v,
+                              const float *out, const float *g,
+                              const float *lse, const ptrdiff_t *kidx)
 {
+    int bf16 = store == ATT_STORE_BF16;
     ptrdiff_t n[5] = {f.B * f.Tq * f.H, f.B * f.T * f.H, f.B * f.T * f.Hv,
                       f.B * f.Tq * f.Hv, f.B * f.Tq * f.Hv};
     const float *x[5] = {q, k, v, out, g};
@@ -436,11 +449,15 @@ static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
         h[a] = xmalloc((size_t)n[a] * sizeof(uint16_t));
         w[a] = xmalloc((size_t)n[a] * sizeof(float));
         for (ptrdiff_t i = 0; i < n[a]; i++) {
-            h[a][i] = att_f32_to_bf16_clamped(x[a][i]);
-            w[a][i] = att_bf16_to_f32(h[a][i]);
+            h[a][i] = bf16 ? att_f32_to_bf16_clamped(x[a][i])
+                           : att_f32_to_f16(x[a][i]);
+            w[a][i] = bf16 ? att_bf16_to_f32(h[a][i])
+                           : att_f16_to_f32(h[a][i]);
         }
     }
     att_family_in_f32 in[2];
+    att_fdims fs[2] = {f, f};           /* (a float16 one's scratch) */
+    fs[1].io_store = store;
     for (int r = 0; r < 2; r++) {       /* widened, then as stored */
         const void *const *p = r ? (const void *const *)h
                                  : (const void *const *)w;
@@ -448,13 +465,14 @@ static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
             .query = p[0], .keys = p[1], .values = p[2], .out = p[3],
             .grad_out = p[4], .kidx = kidx, .vidx = kidx, .lse = lse,
             .scale = (float)(1 / sqrt((double)f.H)),
-            .io_store = r ? ATT_STORE_BF16 : ATT_STORE_NATIVE};
+            .io_store = r ? store : ATT_STORE_NATIVE};
     }
-    for (int threads = 1; threads <= 2; threads++) {
-        att_exec ex = {c->simd, threads, c->pool, ATT_PRECISION_BF16,
-                       ATT_BF16_DOT};
-        expect(c, att_family_takes16_f32(&f, &ex, &in[1]) == 1,
-               "backward's bf16 as stored refused");
+    att_exec ex = {c->simd, 1, c->pool,
+                   bf16 ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                   bf16 ? ATT_BF16_DOT : 0};
+    for (ex.threads = 1; ex.threads <= 2; ex.threads++) {
+        expect(c, att_family_takes16_f32(&fs[1], &ex, &in[1]) == 1,
+               "backward's 16 bits as stored refused");
         float *grad[2][3];
         for (int r = 0; r < 2; r++) {
             for (int i = 0; i < 3; i++) {
@@ -463,9 +481,10 @@ static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
             att_family_out_f32 fo = {.dquery = grad[r][0],
                                      .dkeys = grad[r][1],
                                      .dvalues = grad[r][2]};
-            void *work = workspace_f32(c, att_family_workspace_f32(&f, 1,
-                                                                   &ex));
-            int st = att_family_backward_f32(&f, &ex, &in[r], &fo, work);
+            void *work = workspace_f32(c, att_family_workspace_f32(&fs[r],
+                                                                   1, &ex));
+            int st = att_family_backward_f32(&fs[r], &ex, &in[r], &fo,
+                                             work);
             free(work);
             c->calls++;
             expect(c, st == ATT_OK, "backward (stored %d) returned %d", r,
@@ -474,14 +493,15 @@ static void bf16_stored_backward(ctx *c, att_fdims f, const float *q,
         for (int i = 0; i < 3; i++) {
             expect(c, memcmp(grad[0][i], grad[1][i],
                              (size_t)n[i] * sizeof(float)) == 0,
-                   "gradient %d differs as stored, %d threads", i, threads);
+                   "gradient %d differs as stored, %d threads", i,
+                   ex.threads);
             free(grad[0][i]);
             free(grad[1][i]);
         }
     }
-    h[4][n[4] - 1] = 0xffc1;            /* a NaN: the widened path's */
-    att_exec ex = {c->simd, 1, c->pool, ATT_PRECISION_BF16, ATT_BF16_DOT};
-    expect(c, att_family_takes16_f32(&f, &ex, &in[1]) == 0,
+    h[4][n[4] - 1] = bf16 ? 0xffc1 : 0xfe01;    /* a NaN: widened */
+    ex.threads = 1;
+    expect(c, att_family_takes16_f32(&fs[1], &ex, &in[1]) == 0,
            "a NaN of grad_out taken as stored");
     for (int a = 0; a < 5; a++) {
         free(h[a]);
@@ -547,7 +567,7 @@ static void bf16_backward_case(ctx *c, att_fdims f)
             free(grad[r][i]);
         }
     }
-    bf16_stored_backward(c, f, q, k, v, out, g, lse, kidx);
+    stored16_backward(c, f, ATT_STORE_BF16, q, k, v, out, g, lse, kidx);
     free(q);
     free(k);
     free(v);
@@ -591,15 +611,8 @@ static void check_bf16(ctx *c)
         return;                         /* no gemm_bf16 on this path */
     }
     bf16_gemm_all(c);
-#define FF(B_, Tq_, T_, H_, Hv_, causal_) \
-    {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_, .causal = causal_}
-    static const att_fdims back[] = {
-        FF(1, 17, 47, 8, 5, 0), FF(2, 65, 49, 17, 9, 1),
-        FF(1, 130, 300, 64, 64, 0), FF(1, 200, 200, 32, 32, 1),
-    };
-#undef FF
-    for (size_t i = 0; i < sizeof(back) / sizeof(back[0]); i++) {
-        bf16_backward_case(c, back[i]);
+    for (size_t i = 0; i < N_BACK_SIZES; i++) {
+        bf16_backward_case(c, back_sizes[i]);
     }
 }
 
@@ -630,11 +643,45 @@ static void f16_stored_case(ctx *c, att_fdims f)
     free(kidx);
 }
 
+/* The float16 backward as stored against the widened one
+ * (stored16_backward), given the forward's out and lse. */
+static void f16_backward_case(ctx *c, att_fdims f)
+{
+    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
+    snprintf(c->what, sizeof c->what, "float16 backward as stored B=%td "
+             "Tq=%td T=%td H=%td Hv=%td causal=%d", B, Tq, T, H, Hv,
+             f.causal);
+    c->shapes++;
+    f.score = ATT_SCORE_DOT;
+    f.stream = 1;
+    f.Hq = H;
+    float *q = rand_f32(c, B * Tq * H, 1), *k = rand_f32(c, B * T * H, 1);
+    float *v = rand_f32(c, B * T * Hv, 1), *g = rand_f32(c, B * Tq * Hv, 1);
+    float *out = nans_f32(B * Tq * Hv), *lse = nans_f32(B * Tq);
+    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
+    for (ptrdiff_t b = 0; b < B; b++) {
+        kidx[b] = b;
+    }
+    int st = bf16_forward(c, c->simd, 0, 1, f, q, k, v, kidx, out, lse);
+    expect(c, st == ATT_OK, "forward returned %d", st);
+    stored16_backward(c, f, ATT_STORE_F16, q, k, v, out, g, lse, kidx);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(out);
+    free(lse);
+    free(kidx);
+}
+
 static void check_f16_stored(ctx *c)
 {
     for (size_t s = 0; s < N_FLASH_SIZES; s++) {
         for (int v = 0; v < 3; v++) {
             f16_stored_case(c, with_visibility(flash_sizes[s], v));
         }
+    }
+    for (size_t i = 0; i < N_BACK_SIZES; i++) {
+        f16_backward_case(c, back_sizes[i]);
     }
 }
