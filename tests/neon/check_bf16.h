@@ -509,6 +509,44 @@ static void stored16_backward(ctx *c, att_fdims f, int store,
     }
 }
 
+/* A streamed backward's problem: f made the dot score streamed, q, k, v
+ * and grad_out drawn, out and lse from the forward of float products on
+ * path simd; freed by problem_free. */
+typedef struct {
+    float *q, *k, *v, *g, *out, *lse;
+    ptrdiff_t *kidx;
+} bproblem;
+
+static bproblem backward_problem(ctx *c, att_fdims *f, int simd)
+{
+    ptrdiff_t B = f->B, Tq = f->Tq, T = f->T, H = f->H, Hv = f->Hv;
+    f->score = ATT_SCORE_DOT;
+    f->stream = 1;
+    f->Hq = H;
+    bproblem p = {rand_f32(c, B * Tq * H, 1), rand_f32(c, B * T * H, 1),
+                  rand_f32(c, B * T * Hv, 1), rand_f32(c, B * Tq * Hv, 1),
+                  nans_f32(B * Tq * Hv), nans_f32(B * Tq),
+                  xmalloc((size_t)B * sizeof(ptrdiff_t))};
+    for (ptrdiff_t b = 0; b < B; b++) {
+        p.kidx[b] = b;
+    }
+    int st = bf16_forward(c, simd, 0, 1, *f, p.q, p.k, p.v, p.kidx, p.out,
+                          p.lse);
+    expect(c, st == ATT_OK, "forward returned %d", st);
+    return p;
+}
+
+static void problem_free(bproblem *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->v);
+    free(p->g);
+    free(p->out);
+    free(p->lse);
+    free(p->kidx);
+}
+
 /* The streamed backward on bf16 products against float32 products'
  * (each given the forward's out and lse of float32 products), and 1
  * against 2 threads; then as stored (bf16_stored_backward). */
@@ -517,22 +555,10 @@ static void bf16_backward_case(ctx *c, att_fdims f)
     ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
     snprintf(c->what, sizeof c->what, "bf16 backward B=%td Tq=%td T=%td "
              "H=%td Hv=%td causal=%d", B, Tq, T, H, Hv, f.causal);
-    f.score = ATT_SCORE_DOT;
-    f.stream = 1;
-    f.Hq = H;
-    float *q = rand_f32(c, B * Tq * H, 1), *k = rand_f32(c, B * T * H, 1);
-    float *v = rand_f32(c, B * T * Hv, 1), *g = rand_f32(c, B * Tq * Hv, 1);
-    float *out = nans_f32(B * Tq * Hv), *lse = nans_f32(B * Tq);
-    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
-    for (ptrdiff_t b = 0; b < B; b++) {
-        kidx[b] = b;
-    }
-    int st = bf16_forward(c, ATT_SIMD_SCALAR, 0, 1, f, q, k, v, kidx, out,
-                          lse);
-    expect(c, st == ATT_OK, "forward returned %d", st);
-    att_family_in_f32 in = {.query = q, .keys = k, .values = v,
-                            .kidx = kidx, .vidx = kidx, .out = out,
-                            .lse = lse, .grad_out = g,
+    bproblem p = backward_problem(c, &f, ATT_SIMD_SCALAR);
+    att_family_in_f32 in = {.query = p.q, .keys = p.k, .values = p.v,
+                            .kidx = p.kidx, .vidx = p.kidx, .out = p.out,
+                            .lse = p.lse, .grad_out = p.g,
                             .scale = (float)(1 / sqrt((double)H))};
     ptrdiff_t n[3] = {B * Tq * H, B * T * H, B * T * Hv};
     float *grad[3][3];                  /* [run][dq, dk, dv] */
@@ -546,7 +572,7 @@ static void bf16_backward_case(ctx *c, att_fdims f)
         att_family_out_f32 fo = {.dquery = grad[r][0], .dkeys = grad[r][1],
                                  .dvalues = grad[r][2]};
         void *work = workspace_f32(c, att_family_workspace_f32(&f, 1, &ex));
-        st = att_family_backward_f32(&f, &ex, &in, &fo, work);
+        int st = att_family_backward_f32(&f, &ex, &in, &fo, work);
         c->calls++;
         expect(c, st == ATT_OK, "backward run %d returned %d", r, st);
         free(work);
@@ -567,14 +593,9 @@ static void bf16_backward_case(ctx *c, att_fdims f)
             free(grad[r][i]);
         }
     }
-    stored16_backward(c, f, ATT_STORE_BF16, q, k, v, out, g, lse, kidx);
-    free(q);
-    free(k);
-    free(v);
-    free(g);
-    free(out);
-    free(lse);
-    free(kidx);
+    stored16_backward(c, f, ATT_STORE_BF16, p.q, p.k, p.v, p.out, p.g,
+                      p.lse, p.kidx);
+    problem_free(&p);
 }
 
 static void check_bf16(ctx *c)
@@ -647,31 +668,14 @@ static void f16_stored_case(ctx *c, att_fdims f)
  * (stored16_backward), given the forward's out and lse. */
 static void f16_backward_case(ctx *c, att_fdims f)
 {
-    ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
     snprintf(c->what, sizeof c->what, "float16 backward as stored B=%td "
-             "Tq=%td T=%td H=%td Hv=%td causal=%d", B, Tq, T, H, Hv,
-             f.causal);
+             "Tq=%td T=%td H=%td Hv=%td causal=%d", f.B, f.Tq, f.T, f.H,
+             f.Hv, f.causal);
     c->shapes++;
-    f.score = ATT_SCORE_DOT;
-    f.stream = 1;
-    f.Hq = H;
-    float *q = rand_f32(c, B * Tq * H, 1), *k = rand_f32(c, B * T * H, 1);
-    float *v = rand_f32(c, B * T * Hv, 1), *g = rand_f32(c, B * Tq * Hv, 1);
-    float *out = nans_f32(B * Tq * Hv), *lse = nans_f32(B * Tq);
-    ptrdiff_t *kidx = xmalloc((size_t)B * sizeof(ptrdiff_t));
-    for (ptrdiff_t b = 0; b < B; b++) {
-        kidx[b] = b;
-    }
-    int st = bf16_forward(c, c->simd, 0, 1, f, q, k, v, kidx, out, lse);
-    expect(c, st == ATT_OK, "forward returned %d", st);
-    stored16_backward(c, f, ATT_STORE_F16, q, k, v, out, g, lse, kidx);
-    free(q);
-    free(k);
-    free(v);
-    free(g);
-    free(out);
-    free(lse);
-    free(kidx);
+    bproblem p = backward_problem(c, &f, c->simd);
+    stored16_backward(c, f, ATT_STORE_F16, p.q, p.k, p.v, p.out, p.g,
+                      p.lse, p.kidx);
+    problem_free(&p);
 }
 
 static void check_f16_stored(ctx *c)
