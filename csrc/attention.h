@@ -286,20 +286,21 @@ typedef struct {
  * C-contiguous, and out is written so, rounded to nearest even; a
  * backward's (in->grad_out given: how att_family_takes16 tells them
  * apart) query, keys, values, out and grad_out are 16-bit as stored,
- * its gradients float as always (a float16 one's needs f->io_store set
- * as in->io_store: its scratch holds each block widened); the bits of
+ * its gradients float as always (one on the float products needs
+ * f->io_store set as in->io_store: its scratch holds each block
+ * widened); the bits of
  * the call on the widened arrays (with out rounded after), without
  * their float32 copies.  It says 1 for a dot score streamed (lse), values
  * given, no kproj, koff or voff, every element finite (it reads them
  * all); for a forward, more than a decoding step's queries, visibility
  * by ranges alone (no attn_mask or bias; causal, window, segments and a
  * key mask of one run of keys a sequence, padding, are ranges), no
- * softcap, alibi or dropout, and the fused kernel: for bfloat16 the one
- * on the bf16 dot products (ATT_PRECISION_BF16, ex->bf16 ATT_BF16_DOT),
- * for float16 the float products' (on a SIMD path); for a backward,
- * more than one query a sequence and no sinks, bfloat16 on the dot
- * products, float16 on the float products.  io_store ATT_STORE_NATIVE (0)
- * everywhere else.
+ * softcap, alibi or dropout, and a fused kernel that reads them: the
+ * float products' (on a SIMD path) or, for bfloat16, the one on the bf16
+ * products (ATT_PRECISION_BF16, ex->bf16 ATT_BF16_DOT or ATT_BF16_AMX);
+ * for a backward, more than one query a sequence and no sinks,
+ * bfloat16 on the dot products where they run, else on the float
+ * products.  io_store ATT_STORE_NATIVE (0) everywhere else.
  */
 enum att_strided {
     ATT_STRIDED_KEYS = 1,

@@ -190,9 +190,9 @@ enum att_dp_stored {
  *             flash_nr, the queries of its panels (a multiple of vlen, at
  *             most 256), is the block of queries it runs best on.  Q, K,
  *             V and O are REAL (store ATT_STORE_NATIVE), strides in
- *             elements; flash_bf16[ATT_BF16_DOT - 1] takes store
- *             ATT_STORE_BF16 and the float table's flash ATT_STORE_F16:
- *             Q, K and V 16-bit as stored, O written so (rounded to
+ *             elements; flash_bf16 (both units) takes store
+ *             ATT_STORE_BF16, the float table's flash ATT_STORE_BF16 and
+ *             ATT_STORE_F16: Q, K and V 16-bit as stored, O written so (rounded to
  *             nearest even as att_convert16 rounds): the bits of the
  *             float call on the widened Q, K and V, rounded after (the
  *             bf16 products round their operands to bf16 anyway; float16

@@ -222,9 +222,8 @@ static int widen_half(Call *c, int i)
  * the views are made), by what the call says (the kernel's conditions,
  * attention.h's att_family_takes16, but the values' finiteness: where
  * they fail, the copies settle16 makes are not in the kept buffer): a
- * bfloat16 call on the dot products (every floating input bfloat16, so
- * its products are bf16: exec_for_dtype) or a float16 one, the dot
- * score streamed, the array C-contiguous in the call's dtype: a
+ * bfloat16 or float16 call (every floating input in that dtype:
+ * exec_for_dtype), the dot score streamed, the array C-contiguous in the call's dtype: a
  * forward's query, keys or values, with no attn_mask, bias, dropout,
  * softcap or ALiBi (a key mask only where it is padding, which the
  * kernel checks); a backward's, out or grad_out, with no sinks. */
@@ -248,8 +247,7 @@ static int may_stay16(const Call *c, int i)
     }
     int input = id == X_QUERY || id == X_KEYS || id == X_VALUES ||
                 (backward && (id == X_OUT || id == X_GRAD_OUT));
-    int kind = store == ATT_STORE_BF16 ? c->ex.bf16 == ATT_BF16_DOT
-               : store == ATT_STORE_F16;
+    int kind = store == ATT_STORE_BF16 || store == ATT_STORE_F16;
     return c->typenum == NPY_FLOAT && kind && fn->fused && fn->family &&
            !fn->location && fn->score == ATT_SCORE_DOT && stream_of(c) &&
            input && half_store(PyArray_DESCR(a)) == store &&

@@ -1,12 +1,13 @@
 """A 16-bit call's streamed forward reads its queries, keys and values as
 stored and writes its output in its dtype (attention.h's
-att_family_takes16): bfloat16 where the CPU has the bf16 dot products
-(csrc/simd/flash.inc under FLASH_DP), float16 on the float32 products'
-fused kernel of every SIMD path (FLASH_F16: each block of keys and values
-widened once for every panel of queries); its streamed backward reads
-them, out and grad_out as stored too (bfloat16: csrc/simd/gemm_dp.inc's
-packing; float16: each block widened into the scratch as it is read, on
-every path): no float32 copy of any of them.
+att_family_takes16) on every SIMD path: bfloat16 on the bf16 products
+where the CPU has them (csrc/simd/flash.inc under FLASH_DP, or AMX's
+csrc/simd/flash_amx.inc), else, and float16 always, on the float32
+products' fused kernel (FLASH_W16: each block of keys and values widened
+once for every panel of queries); its streamed backward reads them, out
+and grad_out as stored too (bfloat16 on the dot products:
+csrc/simd/gemm_dp.inc's packing; else each block widened into the
+scratch as it is read, on every path): no float32 copy of any of them.
 
 * the forward's results are the float32 call's on the widened arrays
   (under set_fp32_precision("bf16") for bfloat16, whose products are
@@ -331,12 +332,13 @@ def peak_bytes(dtype, direction="forward", kind="causal", precision="bf16"):
 @needs_bf16
 @pytest.mark.parametrize("kind", ["causal", "padded"])
 def test_no_float32_copies(kind):
-    """With the dot products, a bfloat16 forward takes less memory than a
-    float32 one of the same sizes (its output is half as large, and it
+    """On a SIMD path (whichever products its fused kernel runs: the dot
+    products, AMX or float32), a bfloat16 forward takes less memory than
+    a float32 one of the same sizes (its output is half as large, and it
     makes no float32 copies: they would be 3 MB, its whole output 0.5);
     with a padding mask too."""
-    if ac.show_config()["bf16_unit"] != "dot":
-        pytest.skip("the CPU or path has no bf16 dot products in use")
+    if ac.show_config()["simd"] == "scalar":
+        pytest.skip("the scalar path has no fused kernel: it widens")
     bf16 = peak_bytes("bfloat16", "forward", kind)
     f32 = peak_bytes("float32", "forward", kind)
     assert bf16 < f32, (bf16, f32)
@@ -348,9 +350,8 @@ def test_backward_no_float32_copies(kind):
     """A bfloat16 backward holds its gradients in float32 (summed there,
     rounded once) and their bfloat16 roundings, 1.5 MB more than the
     float32 backward at these sizes; float32 copies of q, k, v, out and
-    grad_out would add 5 MB more."""
-    if ac.show_config()["bf16_unit"] != "dot":
-        pytest.skip("the CPU or path has no bf16 dot products in use")
+    grad_out would add 5 MB more.  On any path: the dot products read
+    bf16 as stored, the float products each block widened."""
     bf16 = peak_bytes("bfloat16", "backward", kind)
     f32 = peak_bytes("float32", "backward", kind)
     copies = 5 * 4 * 1024 * 64 * 4

@@ -580,7 +580,7 @@ int main(int argc, char **argv)
         check_cache_q8(&c);
         check_convert16(&c);
         check_bf16(&c);
-        check_f16_stored(&c);
+        check_stored16_float(&c);
         printf("%s: %ld checks on %ld shapes (%ld kernel calls)\n",
                simd_names[simd], c.passed + c.failed - before, c.shapes,
                c.calls);

@@ -21,13 +21,15 @@
  *     kmask leaves out (a NaN there stays out);
  *   - the streamed backward on them: dq, dk, dv within BF16_TOL of the
  *     float32 products' and beyond BF16_SEEN, 1 and 2 threads bitwise.
- * And on every path, float16 as stored (check_f16_stored): the float
- * products' fused forward on q, k and v in float16 gives the bits of the
- * same path on them widened, out rounded after; the streamed backward on
- * q, k, v, out and grad_out in float16, the bits of it on them widened.
+ * And on every path, bfloat16 and float16 as stored on the float
+ * products (check_stored16_float): the fused forward on q, k and v in 16
+ * bits gives the bits of the same path on them widened, out rounded
+ * after; the streamed backward on q, k, v, out and grad_out in 16 bits,
+ * the bits of it on them widened.
  */
 
-/* The streamed backward's sizes (bf16_backward_case, f16_backward_case) */
+/* The streamed backward's sizes (bf16_backward_case,
+ * float_backward_case) */
 #define FF(B_, Tq_, T_, H_, Hv_, causal_) \
     {.B = B_, .Tq = Tq_, .T = T_, .H = H_, .Hv = Hv_, .causal = causal_}
 static const att_fdims back_sizes[] = {
@@ -175,13 +177,13 @@ static void bf16_one_key(ctx *c, ptrdiff_t H)
 /* 16-bit as stored (io_store `store`, attention.h's att_family_takes16):
  * query, keys and values rounded to bfloat16 (float16), the forward on
  * them as stored gives the bits of the same path's forward on them
- * widened (with bf16 products for bfloat16, float ones for float16), out
+ * widened (on the bf16 dot products where `dp`, else on float ones), out
  * rounded after, on 1 and 2 threads, wherever the kernel takes them
- * (bfloat16 on the dot products; float16 on a SIMD path, the scalar one
+ * (the dot products, or the float ones on a SIMD path, the scalar one
  * having no fused kernel); a key of infinity, a value's NaN are
  * refused. */
-static void stored16_case(ctx *c, att_fdims f, int store, const float *q,
-                          const float *k, const float *v,
+static void stored16_case(ctx *c, att_fdims f, int store, int dp,
+                          const float *q, const float *k, const float *v,
                           const ptrdiff_t *kidx)
 {
     int bf16 = store == ATT_STORE_BF16;
@@ -202,7 +204,7 @@ static void stored16_case(ctx *c, att_fdims f, int store, const float *q,
     ptrdiff_t no = f.B * f.Tq * f.Hv, nl = f.B * f.Tq;
     float *out = nans_f32(no), *lse = nans_f32(nl), *lse16 = nans_f32(nl);
     uint16_t *out16 = xmalloc((size_t)no * sizeof(uint16_t));
-    int st = bf16_forward(c, c->simd, bf16, 1, f, w[0], w[1], w[2], kidx,
+    int st = bf16_forward(c, c->simd, dp, 1, f, w[0], w[1], w[2], kidx,
                           out, lse);
     expect(c, st == ATT_OK, "widened run returned %d", st);
     att_family_in_f32 in = {.query = (const float *)(const void *)h[0],
@@ -211,10 +213,10 @@ static void stored16_case(ctx *c, att_fdims f, int store, const float *q,
                             .kidx = kidx, .vidx = kidx,
                             .scale = (float)(1 / sqrt((double)f.H)),
                             .io_store = store};
-    int takes = bf16 || c->simd != ATT_SIMD_SCALAR;
+    int takes = dp || c->simd != ATT_SIMD_SCALAR;
     att_exec ex = {c->simd, 1, c->pool,
-                   bf16 ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
-                   bf16 ? ATT_BF16_DOT : 0};
+                   dp ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                   dp ? ATT_BF16_DOT : 0};
     for (ex.threads = 1; ex.threads <= 2; ex.threads++) {
         expect(c, att_family_takes16_f32(&f, &ex, &in) == takes,
                "takes as stored: not %d", takes);
@@ -305,7 +307,7 @@ static double bf16_case(ctx *c, att_fdims f)
               memcmp(lse[1], lse[2], nlse * sizeof(float)) == 0,
            "1 and 2 threads differ");
     if (B * Tq > 0 && T > 0 && H > 0 && Tq > 8) {     /* (not decoding) */
-        stored16_case(c, f, ATT_STORE_BF16, q, k, v, kidx);
+        stored16_case(c, f, ATT_STORE_BF16, 1, q, k, v, kidx);
     }
     for (int r = 0; r < 3; r++) {
         free(out[r]);
@@ -431,10 +433,10 @@ static void bf16_gemm_all(ctx *c)
 }
 
 /* The streamed backward with q, k, v, out and grad_out as stored in 16
- * bits (io_store `store`: bfloat16 on the bf16 products, float16 on the
- * float ones, any path) against the same on their widened values, bit
- * for bit, on 1 and 2 threads; a NaN in grad_out refused. */
-static void stored16_backward(ctx *c, att_fdims f, int store,
+ * bits (io_store `store`, on the bf16 dot products where `dp`, else on
+ * the float ones, any path) against the same on their widened values,
+ * bit for bit, on 1 and 2 threads; a NaN in grad_out refused. */
+static void stored16_backward(ctx *c, att_fdims f, int store, int dp,
                               const float *q, const float *k, const float *v,
                               const float *out, const float *g,
                               const float *lse, const ptrdiff_t *kidx)
@@ -468,8 +470,8 @@ static void stored16_backward(ctx *c, att_fdims f, int store,
             .io_store = r ? store : ATT_STORE_NATIVE};
     }
     att_exec ex = {c->simd, 1, c->pool,
-                   bf16 ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
-                   bf16 ? ATT_BF16_DOT : 0};
+                   dp ? ATT_PRECISION_BF16 : ATT_PRECISION_IEEE,
+                   dp ? ATT_BF16_DOT : 0};
     for (ex.threads = 1; ex.threads <= 2; ex.threads++) {
         expect(c, att_family_takes16_f32(&fs[1], &ex, &in[1]) == 1,
                "backward's 16 bits as stored refused");
@@ -549,7 +551,7 @@ static void problem_free(bproblem *p)
 
 /* The streamed backward on bf16 products against float32 products'
  * (each given the forward's out and lse of float32 products), and 1
- * against 2 threads; then as stored (bf16_stored_backward). */
+ * against 2 threads; then as stored (stored16_backward). */
 static void bf16_backward_case(ctx *c, att_fdims f)
 {
     ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
@@ -593,7 +595,7 @@ static void bf16_backward_case(ctx *c, att_fdims f)
             free(grad[r][i]);
         }
     }
-    stored16_backward(c, f, ATT_STORE_BF16, p.q, p.k, p.v, p.out, p.g,
+    stored16_backward(c, f, ATT_STORE_BF16, 1, p.q, p.k, p.v, p.out, p.g,
                       p.lse, p.kidx);
     problem_free(&p);
 }
@@ -637,14 +639,15 @@ static void check_bf16(ctx *c)
     }
 }
 
-/* float16 as stored on sizes across the kernel's panels and blocks
- * (stored16_case), grouped heads. */
-static void f16_stored_case(ctx *c, att_fdims f)
+/* 16 bits (`store`) as stored on the float products, on sizes across
+ * the kernel's panels and blocks (stored16_case), grouped heads. */
+static void float_stored_case(ctx *c, att_fdims f, int store)
 {
     ptrdiff_t Bk = (f.B + 1) / 2;
-    snprintf(c->what, sizeof c->what, "float16 as stored B=%td Tq=%td "
-             "T=%td H=%td Hv=%td causal=%d window=%d", f.B, f.Tq, f.T, f.H,
-             f.Hv, f.causal, f.window);
+    snprintf(c->what, sizeof c->what, "%s as stored B=%td Tq=%td T=%td "
+             "H=%td Hv=%td causal=%d window=%d",
+             store == ATT_STORE_BF16 ? "bfloat16" : "float16", f.B, f.Tq,
+             f.T, f.H, f.Hv, f.causal, f.window);
     c->shapes++;
     f.score = ATT_SCORE_DOT;
     f.stream = 1;
@@ -657,35 +660,41 @@ static void f16_stored_case(ctx *c, att_fdims f)
     for (ptrdiff_t b = 0; b < f.B; b++) {
         kidx[b] = b / 2;
     }
-    stored16_case(c, f, ATT_STORE_F16, q, k, v, kidx);
+    stored16_case(c, f, store, 0, q, k, v, kidx);
     free(q);
     free(k);
     free(v);
     free(kidx);
 }
 
-/* The float16 backward as stored against the widened one
- * (stored16_backward), given the forward's out and lse. */
-static void f16_backward_case(ctx *c, att_fdims f)
+/* The backward of 16 bits (`store`) as stored on the float products
+ * against the widened one (stored16_backward), given the forward's out
+ * and lse. */
+static void float_backward_case(ctx *c, att_fdims f, int store)
 {
-    snprintf(c->what, sizeof c->what, "float16 backward as stored B=%td "
-             "Tq=%td T=%td H=%td Hv=%td causal=%d", f.B, f.Tq, f.T, f.H,
-             f.Hv, f.causal);
+    snprintf(c->what, sizeof c->what, "%s backward as stored B=%td "
+             "Tq=%td T=%td H=%td Hv=%td causal=%d",
+             store == ATT_STORE_BF16 ? "bfloat16" : "float16", f.B, f.Tq,
+             f.T, f.H, f.Hv, f.causal);
     c->shapes++;
     bproblem p = backward_problem(c, &f, c->simd);
-    stored16_backward(c, f, ATT_STORE_F16, p.q, p.k, p.v, p.out, p.g,
-                      p.lse, p.kidx);
+    stored16_backward(c, f, store, 0, p.q, p.k, p.v, p.out, p.g, p.lse,
+                      p.kidx);
     problem_free(&p);
 }
 
-static void check_f16_stored(ctx *c)
+/* bfloat16 and float16 as stored on the float products, every path */
+static void check_stored16_float(ctx *c)
 {
-    for (size_t s = 0; s < N_FLASH_SIZES; s++) {
-        for (int v = 0; v < 3; v++) {
-            f16_stored_case(c, with_visibility(flash_sizes[s], v));
+    for (int store = ATT_STORE_BF16; store <= ATT_STORE_F16; store++) {
+        for (size_t s = 0; s < N_FLASH_SIZES; s++) {
+            for (int v = 0; v < 3; v++) {
+                float_stored_case(c, with_visibility(flash_sizes[s], v),
+                                  store);
+            }
         }
-    }
-    for (size_t i = 0; i < N_BACK_SIZES; i++) {
-        f16_backward_case(c, back_sizes[i]);
+        for (size_t i = 0; i < N_BACK_SIZES; i++) {
+            float_backward_case(c, back_sizes[i], store);
+        }
     }
 }
