@@ -221,24 +221,27 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
     return ATT_OK;
 }
 
-int att_gemm_path(int simd, int bf16, int stored, ptrdiff_t M, ptrdiff_t N,
+int att_gemm_path(int simd, int unit, int stored, ptrdiff_t M, ptrdiff_t N,
                   ptrdiff_t K, float alpha, const void *A, ptrdiff_t ars,
                   ptrdiff_t acs, const void *B, ptrdiff_t brs, ptrdiff_t bcs,
                   const unsigned char *kmask, float beta, float *C,
                   ptrdiff_t ldc, float *work)
 {
     if (M < 0 || N < 0 || K < 0 || !att_simd_supported(simd) ||
-        (bf16 && !att_bf16_supported(simd, ATT_BF16_DOT)) ||
-        (stored & ~(ATT_DP_A16 | ATT_DP_B16)) || (stored && !bf16)) {
+        unit < 0 || unit > ATT_BF16_AMX ||
+        (unit && !att_bf16_supported(simd, unit)) ||
+        (stored & ~(ATT_DP_A16 | ATT_DP_B16)) || (stored && !unit)) {
         return ATT_EINVAL;
     }
     const att_ops_f32 *ops = att_ops_for_f32(simd);
-    if (bf16 && ops->gemm_bf16 == NULL) {
+    int amx = unit == ATT_BF16_AMX;
+    if (unit && (amx ? ops->gemm_amx : ops->gemm_bf16) == NULL) {
         return ATT_EINVAL;
     }
-    if (bf16) {
-        ops->gemm_bf16(M, N, K, alpha, A, ars, acs, B, brs, bcs, kmask, beta,
-                       C, ldc, work, stored);
+    if (unit) {
+        (amx ? ops->gemm_amx : ops->gemm_bf16)(M, N, K, alpha, A, ars, acs, B,
+                                               brs, bcs, kmask, beta, C, ldc,
+                                               work, stored);
     }
     else {
         ops->gemm(M, N, K, alpha, A, ars, acs, B, brs, bcs, kmask, beta, C,

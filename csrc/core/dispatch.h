@@ -102,6 +102,11 @@ enum att_dp_stored {
  *             table.  pack_b_bf16, gemm_packed_bf16: the same for
  *             gemm_bf16 (NULL where it is), B (A) stored as `stored`
  *             says.
+ *   gemm_amx, gemm_packed_amx  gemm_bf16 and gemm_packed_bf16 on AMX
+ *             tiles (simd/gemm_amx.inc), on B packed by pack_b_bf16: the
+ *             same operands, summed by TDPBF16PS in an order of its own,
+ *             each element's fixed whatever M.  NULL but in AVX-512's
+ *             float table of a build whose compiler has AMX.
  *   gemv      the same with one row of A (M = 1): c = alpha a B + beta c,
  *             in an order of its own; used when every product of a call
  *             has one row, so that results still depend on sizes only.
@@ -267,6 +272,15 @@ enum att_dp_stored {
                           const void *B, ptrdiff_t brs, ptrdiff_t bcs,       \
                           const unsigned char *kmask, R beta, R *C,          \
                           ptrdiff_t ldc, R *work, int stored);               \
+        void (*gemm_packed_amx)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,       \
+                                R alpha, const void *A, ptrdiff_t ars,       \
+                                ptrdiff_t acs, const R *Bp, R beta, R *C,    \
+                                ptrdiff_t ldc, R *work, int stored);         \
+        void (*gemm_amx)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,     \
+                         const void *A, ptrdiff_t ars, ptrdiff_t acs,        \
+                         const void *B, ptrdiff_t brs, ptrdiff_t bcs,        \
+                         const unsigned char *kmask, R beta, R *C,           \
+                         ptrdiff_t ldc, R *work, int stored);                \
         void (*gemv)(ptrdiff_t N, ptrdiff_t K, R alpha, const R *a,          \
                      const R *B, ptrdiff_t brs, ptrdiff_t bcs,               \
                      const unsigned char *kmask, R beta, R *c, R *work);     \

@@ -27,13 +27,14 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
                       unsigned char *keep);
 
 /* C (M x N, rows ldc apart) = alpha A B + beta C by the float32 gemm of
- * the path `simd` (core/dispatch.h's att_ops), or its gemm_bf16 (bf16
- * nonzero; A and B bf16 as stored as `stored`, core/dispatch.h's
- * ATT_DP_A16 and ATT_DP_B16, says, float elsewhere),
+ * the path `simd` (core/dispatch.h's att_ops), or on its bf16 products
+ * (`unit`, attention.h's att_bf16_unit: ATT_BF16_DOT gemm_bf16,
+ * ATT_BF16_AMX gemm_amx; A and B bf16 as stored as `stored`,
+ * core/dispatch.h's ATT_DP_A16 and ATT_DP_B16, says, float elsewhere),
  * with att_gemm_path_work(simd) floats of work; ATT_OK, or ATT_EINVAL (a
  * negative size, a path or product the CPU or build lacks, a stored
- * operand without bf16). */
-int att_gemm_path(int simd, int bf16, int stored, ptrdiff_t M, ptrdiff_t N,
+ * operand without a unit). */
+int att_gemm_path(int simd, int unit, int stored, ptrdiff_t M, ptrdiff_t N,
                   ptrdiff_t K, float alpha, const void *A, ptrdiff_t ars,
                   ptrdiff_t acs, const void *B, ptrdiff_t brs, ptrdiff_t bcs,
                   const unsigned char *kmask, float beta, float *C,

@@ -277,6 +277,7 @@ static double FSFX(dot_loop)(ptrdiff_t iters)
 #include "simd/gemm_dp.inc"
 #if ATT_HAVE_AMX
 #include "simd/flash_amx.inc"
+#include "simd/gemm_amx.inc"
 #endif
 #if defined(__clang__)
 #pragma clang attribute pop

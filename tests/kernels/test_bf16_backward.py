@@ -1,10 +1,12 @@
-"""The backward on bf16 dot products (csrc/simd/gemm_dp.inc): a streamed
-backward that may take bf16 products (a bfloat16 call, or a float32 one
-under set_fp32_precision("bf16")) runs its five products on the dot
-products (AVX512_BF16's vdpbf16ps, Arm's BFDOT) where the dot unit is
-chosen (by default where it beats the FMAs: AMD Zen 4 and later),
-summing in float32, the gradients in float32 across blocks and threads,
-rounded once.  (The NEON path's BFDOT runs under qemu in tests/neon.)
+"""The backward on bf16 products: a streamed backward that may take bf16
+products (a bfloat16 call, or a float32 one under
+set_fp32_precision("bf16")) runs its five products on the unit chosen:
+the dot products (csrc/simd/gemm_dp.inc: AVX512_BF16's vdpbf16ps, Arm's
+BFDOT; by default where they beat the FMAs, AMD Zen 4 and later) or
+AMX's tiles (csrc/simd/gemm_amx.inc: TDPBF16PS, where the CPU and the OS
+give them), summing in float32, the gradients in float32 across blocks
+and threads, rounded once.  (The NEON path's BFDOT runs under qemu in
+tests/neon.)
 
 * the product (the tests' hook _gemm), bit for bit against its model
   (attention_c.testing.dot_bf16 over K blocks of 256, times alpha, plus
@@ -14,7 +16,11 @@ rounded once.  (The NEON path's BFDOT runs under qemu in tests/neon.)
   rows of B that kmask leaves out (their NaN stays out), a NaN of A
   staying NaN; A, B or both given as bf16 bits (the backward's inputs as
   stored), the bits of the same values widened;
-* the backward, skipped where the CPU has no dot products: within
+* the product on AMX's tiles (the hook's unit 2), whose order of sums is
+  its own: within float32's rounding of the exact sum of the operands
+  rounded to bf16, the same bits for every order of the operands in
+  memory and for operands given as bf16 bits, kmask's rows left out;
+* the backward, on each unit this CPU has (skipped where none): within
   BF16_TOL of float64 and beyond float32's rounding (the products did
   run on bf16), full, causal, window, dropout, softcap, ALiBi and sinks
   (their gradients too), grouped heads, packed sequences; one key of
@@ -49,13 +55,23 @@ DOT_PATH = next((p for p in ("avx512", "neon") if p in _core._simd_paths()),
 HAS_DOT = "dot" in _core._bf16_units() and DOT_PATH is not None
 needs_dot = pytest.mark.skipif(not HAS_DOT, reason="this CPU has no bf16 "
                                "dot products (AVX512_BF16, Arm's BF16)")
+# the units of bf16 products this CPU has on that path (AMX: AVX-512's)
+UNITS = [u for u in ("dot", "amx")
+         if DOT_PATH is not None and u in _core._bf16_units()]
+needs_amx = pytest.mark.skipif("amx" not in UNITS, reason="this CPU (or "
+                               "its OS) gives no AMX tiles")
 
 
-@pytest.fixture
-def dot(restore_settings):
-    """The dot products chosen, on their path."""
+@pytest.fixture(params=UNITS or [None])
+def unit(request, restore_settings):
+    """Each unit of bf16 products this CPU has chosen in turn, on its
+    path."""
+    if request.param is None:
+        pytest.skip("this CPU has no bf16 products (AVX512_BF16, AMX, "
+                    "Arm's BF16)")
     _core._set_simd(DOT_PATH)
-    _core._set_bf16_unit("dot")
+    _core._set_bf16_unit(request.param)
+    return request.param
 
 
 # -- the product ---------------------------------------------------------
@@ -78,15 +94,17 @@ def _model(a, b, alpha, beta, c, kmask=None):
 
 def _operand(rng, rows, cols, order):
     """A rows x cols float32 view read by rows ("rows": contiguous along
-    a row), by columns ("cols") or by neither ("strided")."""
+    a row), by columns ("cols") or by neither ("strided"), with NaNs just
+    past its rows and columns in memory, which a product must not read."""
     x = rng.standard_normal((rows, cols)).astype(np.float32)
-    if order == "cols":
-        return np.asfortranarray(x)
     if order == "strided":
-        big = np.zeros((2 * rows, 3 * cols), np.float32)
+        big = np.full((2 * rows, 3 * cols), np.nan, np.float32)
         big[::2, ::3] = x
         return big[::2, ::3]
-    return x
+    big = np.full((rows + 1, cols + 1), np.nan, np.float32,
+                  order="F" if order == "cols" else "C")
+    big[:rows, :cols] = x
+    return big[:rows, :cols]
 
 
 # the product's cases: both operands' orders, sizes around the tile
@@ -168,6 +186,41 @@ def test_gemm_bf16_takes_operands_as_stored(M, N, K, a_order, b_order):
                                  f"{M}x{N}x{K} {x.dtype} {y.dtype} {km}")
 
 
+@needs_amx
+@gemm_cases
+def test_gemm_amx_sums_bf16_products(M, N, K, a_order, b_order):
+    """On AMX's tiles each element is within recursive summation's bound
+    in float32 (K + 4 roundings of the sum of the magnitudes) of the
+    exact alpha A B + beta C on A and B rounded to bf16, kmask's rows of B
+    out; the same bits from row-major copies of the operands and from
+    their bf16 bits; the operands unchanged."""
+    rng = np.random.default_rng(M * 1000 + N * 10 + K)
+    a = _operand(rng, M, K, a_order)
+    b = _operand(rng, K, N, b_order)
+    kmask = (rng.random(K) > 0.25).astype(np.uint8)
+    a16, _ = _bits(a, a_order)
+    b16, _ = _bits(b, b_order)
+    for alpha, beta, km in [(1.0, 0.0, None), (0.125, 1.0, kmask)]:
+        c0 = rng.standard_normal((M, N)).astype(np.float32)
+        c = c0.copy()
+        a0, b0 = a.copy(), b.copy()
+        _core_tests._gemm(a, b, c, alpha, beta, "avx512", 2, km)
+        np.testing.assert_array_equal(a, a0)
+        np.testing.assert_array_equal(b, b0)
+        bk = f64(bf16(b)) * (1 if km is None else km[:, None])
+        exact = alpha * (f64(bf16(a)) @ bk) + beta * f64(c0)
+        scale = (abs(alpha) * np.abs(f64(bf16(a))) @ np.abs(bk) +
+                 abs(beta) * np.abs(f64(c0)))
+        bound = (K + 4) * 2.0**-24 * scale
+        assert np.all(np.abs(c - exact) <= bound), (M, N, K)
+        for x, y in [(np.ascontiguousarray(a), np.ascontiguousarray(b)),
+                     (a16, b), (a, b16), (a16, b16)]:
+            got = c0.copy()
+            _core_tests._gemm(x, y, got, alpha, beta, "avx512", 2, km)
+            assert_all_identical([got], [c], f"{M}x{N}x{K} {x.dtype} "
+                                 f"{y.dtype} {x.strides} {y.strides}")
+
+
 def test_gemm_hook_refuses_what_it_cannot_run():
     a = np.ones((2, 3), np.float32)
     with pytest.raises(ValueError, match="a .M, K., b .K, N."):
@@ -220,8 +273,7 @@ def _backward(q, k, v, g, precision, **kw):
     return grads, want
 
 
-@needs_dot
-@pytest.mark.usefixtures("dot")
+@pytest.mark.usefixtures("unit")
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("Tq, T", [(1, 3), (17, 65), (300, 257)])
 def test_backward_on_dot_products(case, Tq, T):
@@ -247,8 +299,7 @@ def test_backward_on_dot_products(case, Tq, T):
         assert max(errs) > FLOAT32_ERR, f"{case}: float32 products ran"
 
 
-@needs_dot
-@pytest.mark.usefixtures("dot")
+@pytest.mark.usefixtures("unit")
 def test_backward_grouped_and_packed():
     """Grouped query heads (keys shared by 3 heads' queries, their
     gradients summed in float32) and packed sequences."""
@@ -268,13 +319,12 @@ def test_backward_grouped_and_packed():
         assert FLOAT32_ERR < rel_err(x, w, floor=1.0) < BF16_TOL
 
 
-@needs_dot
-@pytest.mark.usefixtures("dot")
+@pytest.mark.usefixtures("unit")
 def test_one_key_gives_grad_out_rounded():
     """With one key of zeros every weight is exp(0 - 0) = 1: dvalues is
-    the sum of the two queries' grad_out, rounded to bf16 and added
-    exactly as vdpbf16ps adds them (the second's then the first's, each
-    times a weight 1), in float32; "ieee" adds them unrounded."""
+    the sum of the two queries' grad_out, rounded to bf16 and added in
+    float32 (in either order, a sum of two from 0 is the same);
+    "ieee" adds them unrounded."""
     rng = np.random.default_rng(11)
     q, k, v, g = _problem(rng, (3,), 2, 1, 48)
     k[:] = 0
@@ -285,8 +335,7 @@ def test_one_key_gives_grad_out_rounded():
     np.testing.assert_array_equal(grads.values[:, 0], g[:, 0] + g[:, 1])
 
 
-@needs_dot
-@pytest.mark.usefixtures("dot")
+@pytest.mark.usefixtures("unit")
 @pytest.mark.parametrize("case", ["full", "causal"])
 def test_backward_threads_bitwise(case):
     rng = np.random.default_rng(2)
@@ -323,8 +372,7 @@ def test_float32_products_where_bf16_cannot(what):
     assert_all_identical(got[0], got[1], what)
 
 
-@needs_dot
-@pytest.mark.usefixtures("dot")
+@pytest.mark.usefixtures("unit")
 @pytest.mark.skipif(len(HALF_DTYPES) < 2, reason="ml_dtypes is missing")
 def test_bfloat16_backward_is_the_bf16_float32_call():
     """A bfloat16 backward (every floating input bfloat16; the lse float32,

@@ -103,6 +103,34 @@ def test_amx_kernel(funcs):
 
 
 @needs_objdump
+def test_amx_product_kernel(funcs):
+    """The backward's products on AMX (simd/gemm_amx.inc), built whatever
+    the CPU: the tiles configured, zeroed, stored and released around
+    each product, no vdpbf16ps; its k-loop over chunks of 16 pairs (the
+    full ones) loads two tiles of A and two of B and runs four TDPBF16PS
+    into the 2 x 2 block, with no other vector instruction."""
+    syms = [s for s in funcs if s.startswith(("gemm_amx_f32_avx512",
+                                              "gemm_packed_amx_f32_avx512",
+                                              "amx_rows_f32_avx512",
+                                              "amx_block_f32_avx512"))]
+    if "gemm_amx_f32_avx512" not in funcs:
+        pytest.skip("built without AMX (compiler or OS)")
+    mnems = {m for s in syms for _a, m, _o in funcs[s]}
+    assert {"ldtilecfg", "tilerelease", "tilezero", "tileloadd",
+            "tdpbf16ps", "tilestored"} <= mnems, sorted(syms)
+    assert "vdpbf16ps" not in mnems
+    loops = [loop for s in syms for loop in il.innermost_loops(funcs[s])
+             if sum(m == "tdpbf16ps" for _a, m, _o in loop) == 4 and
+             sum(m == "tileloadd" for _a, m, _o in loop) == 4]
+    # (the loop through the short chunk's copy has its vector moves)
+    clean = [loop for loop in loops
+             if not any(any(r in o for r in ("%xmm", "%ymm", "%zmm", "%k"))
+                        or m.startswith(("v", "k")) for _a, m, o in loop)]
+    assert clean, (f"no k-loop of 4 tile loads and 4 products alone in "
+                   f"{syms}: {[[m for _a, m, _o in x] for x in loops]}")
+
+
+@needs_objdump
 def test_dot_product_kernel(funcs):
     """The bf16 products on AVX512_BF16's dot products (simd/flash.inc
     with FLASH_DP), built whatever the CPU: the scores' tile and the P.V
