@@ -230,7 +230,11 @@ int att_gemm_path(int simd, int unit, int stored, ptrdiff_t M, ptrdiff_t N,
     if (M < 0 || N < 0 || K < 0 || !att_simd_supported(simd) ||
         unit < 0 || unit > ATT_BF16_AMX ||
         (unit && !att_bf16_supported(simd, unit)) ||
-        (stored & ~(ATT_DP_A16 | ATT_DP_B16)) || (stored && !unit)) {
+        (stored & ~(ATT_DP_A16 | ATT_DP_B16 | ATT_DP_A_SPLIT)) ||
+        (stored && !unit) ||
+        ((stored & ATT_DP_A_SPLIT) && (unit != ATT_BF16_AMX ||
+                                       (stored & ATT_DP_A16) ||
+                                       (ars != 1 && acs != 1)))) {
         return ATT_EINVAL;
     }
     const att_ops_f32 *ops = att_ops_for_f32(simd);

@@ -68,10 +68,14 @@
  * product over all T keys (family/stream.inc's stored_range). */
 #define ATT_GEMM_KC 256
 
-/* gemm_bf16's `stored`: which operands are bf16 as stored */
+/* gemm_bf16's `stored`: which operands are bf16 as stored; and for
+ * gemm_amx, A (float, its rows or its columns contiguous) split into two
+ * bf16 terms, bf16(a) and bf16(a - bf16(a)), each multiplied: its error
+ * 2^-16 of it instead of 2^-9 (others: rounded once) */
 enum att_dp_stored {
     ATT_DP_A16 = 1,
-    ATT_DP_B16 = 2
+    ATT_DP_B16 = 2,
+    ATT_DP_A_SPLIT = 4
 };
 
 /*

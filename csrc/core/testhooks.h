@@ -31,9 +31,10 @@ int att_keep_row_path(int simd, int f64, uint64_t seed, double p,
  * (`unit`, attention.h's att_bf16_unit: ATT_BF16_DOT gemm_bf16,
  * ATT_BF16_AMX gemm_amx; A and B bf16 as stored as `stored`,
  * core/dispatch.h's ATT_DP_A16 and ATT_DP_B16, says, float elsewhere),
- * with att_gemm_path_work(simd) floats of work; ATT_OK, or ATT_EINVAL (a
+ * ATT_DP_A_SPLIT too for AMX, a float A by rows or columns), with
+ * att_gemm_path_work(simd) floats of work; ATT_OK, or ATT_EINVAL (a
  * negative size, a path or product the CPU or build lacks, a stored
- * operand without a unit). */
+ * operand without a unit, a split it cannot take). */
 int att_gemm_path(int simd, int unit, int stored, ptrdiff_t M, ptrdiff_t N,
                   ptrdiff_t K, float alpha, const void *A, ptrdiff_t ars,
                   ptrdiff_t acs, const void *B, ptrdiff_t brs, ptrdiff_t bcs,

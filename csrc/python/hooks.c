@@ -157,10 +157,11 @@ static int gemm_operand(PyArrayObject *x, const char *name, int bits16,
     return 0;
 }
 
-/* _gemm(a, b, c, alpha, beta, simd, unit=0, kmask=None): c = alpha a b +
- * beta c in place, by one path's gemm, or on its bf16 products (unit 1 or
- * True: the dot products' gemm_bf16; 2: AMX's gemm_amx); a (M, K), b (K,
- * N) float32 views with any positive strides (for a unit, either may be
+/* _gemm(a, b, c, alpha, beta, simd, unit=0, kmask=None, split=False): c
+ * = alpha a b + beta c in place, by one path's gemm, or on its bf16
+ * products (unit 1 or True: the dot products' gemm_bf16; 2: AMX's
+ * gemm_amx, a split in two bf16 terms where `split`); a (M, K), b (K, N)
+ * float32 views with any positive strides (for a unit, either may be
  * uint16: bf16 as stored), c (M, N) float32 with contiguous rows, kmask
  * (K,) uint8 (rows of b counted as zero). */
 PyObject *py_gemm(PyObject *self, PyObject *args)
@@ -168,17 +169,18 @@ PyObject *py_gemm(PyObject *self, PyObject *args)
     PyArrayObject *a, *b, *c, *km = NULL;
     PyObject *name, *kobj = Py_None;
     double alpha, beta;
-    int unit = 0, level;
+    int unit = 0, split = 0, level;
     ptrdiff_t ars, acs, brs, bcs, crs, ccs;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!ddU|iO:_gemm", &PyArray_Type, &a,
+    if (!PyArg_ParseTuple(args, "O!O!O!ddU|iOp:_gemm", &PyArray_Type, &a,
                           &PyArray_Type, &b, &PyArray_Type, &c, &alpha,
-                          &beta, &name, &unit, &kobj) ||
+                          &beta, &name, &unit, &kobj, &split) ||
         (level = simd_from_name(name)) < 0) {
         return NULL;
     }
     int stored = (unit && PyArray_TYPE(a) == NPY_UINT16 ? ATT_DP_A16 : 0) |
-                 (unit && PyArray_TYPE(b) == NPY_UINT16 ? ATT_DP_B16 : 0);
+                 (unit && PyArray_TYPE(b) == NPY_UINT16 ? ATT_DP_B16 : 0) |
+                 (split ? ATT_DP_A_SPLIT : 0);
     if (gemm_operand(a, "a", stored & ATT_DP_A16, &ars, &acs) < 0 ||
         gemm_operand(b, "b", stored & ATT_DP_B16, &brs, &bcs) < 0 ||
         gemm_operand(c, "c", 0, &crs, &ccs) < 0) {
@@ -220,7 +222,9 @@ PyObject *py_gemm(PyObject *self, PyObject *args)
     Py_XDECREF(km);
     if (st == ATT_EINVAL) {
         return PyErr_Format(PyExc_ValueError, "_gemm: this CPU or build "
-                            "has no %s%s", unit == 2 ? "AMX products on "
+                            "has no %s%s (or split needs AMX and a float a "
+                            "by rows or columns)", unit == 2
+                            ? "AMX products on "
                             : unit ? "bf16 dot products on " : "",
                             simd_names[level]);
     }

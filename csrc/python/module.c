@@ -700,9 +700,9 @@ static PyMethodDef private_methods[] = {
      "_keep_row(seed, p, b, i, t0, n, simd, f64=False): dropout's keep "
      "bytes of keys t0 .. t0 + n by one path."},
     {"_gemm", py_gemm, METH_VARARGS,
-     "_gemm(a, b, c, alpha, beta, simd, unit=0, kmask=None): c = "
-     "alpha a b + beta c in place by one path's product (unit 1: on bf16 "
-     "dot products; 2: on AMX tiles)."},
+     "_gemm(a, b, c, alpha, beta, simd, unit=0, kmask=None, split=False): "
+     "c = alpha a b + beta c in place by one path's product (unit 1: on "
+     "bf16 dot products; 2: on AMX tiles, a split in two bf16 terms)."},
 #endif
 };
 

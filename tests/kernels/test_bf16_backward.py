@@ -20,6 +20,10 @@ tests/neon.)
   its own: within float32's rounding of the exact sum of the operands
   rounded to bf16, the same bits for every order of the operands in
   memory and for operands given as bf16 bits, kmask's rows left out;
+* AMX's product with A split in two bf16 terms (ATT_DP_A_SPLIT, for dQ
+  += dS K): within float32 summation's bound plus 2^-16 of the exact
+  product on A unrounded, B rounded; refused for bf16 bits of A and for
+  an A read neither by rows nor by columns;
 * the backward, on each unit this CPU has (skipped where none): within
   BF16_TOL of float64 and beyond float32's rounding (the products did
   run on bf16), full, causal, window, dropout, softcap, ALiBi and sinks
@@ -219,6 +223,49 @@ def test_gemm_amx_sums_bf16_products(M, N, K, a_order, b_order):
             _core_tests._gemm(x, y, got, alpha, beta, "avx512", 2, km)
             assert_all_identical([got], [c], f"{M}x{N}x{K} {x.dtype} "
                                  f"{y.dtype} {x.strides} {y.strides}")
+
+
+@needs_amx
+@pytest.mark.parametrize("a_order", ["rows", "cols"])
+@pytest.mark.parametrize("M, N, K", [(1, 1, 1), (17, 32, 64), (65, 33, 300)])
+def test_gemm_amx_split(M, N, K, a_order):
+    """A split in two bf16 terms (dQ's dS on AMX): within float32's
+    bound plus 2^-16 of the exact product on A unrounded, and closer to
+    it than A rounded once; refused for A's bf16 bits and a strided A."""
+    rng = np.random.default_rng(M + N + K)
+    a = _operand(rng, M, K, a_order)
+    b = _operand(rng, K, N, "rows")
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    got = c0.copy()
+    _core_tests._gemm(a, b, got, 0.5, 1.0, "avx512", 2, None, True)
+    once = c0.copy()
+    _core_tests._gemm(a, b, once, 0.5, 1.0, "avx512", 2)
+    exact = 0.5 * (f64(a) @ f64(bf16(b))) + f64(c0)
+    scale = 0.5 * np.abs(f64(a)) @ np.abs(f64(bf16(b))) + np.abs(f64(c0))
+    bound = ((K + 8) * 2.0**-24 + 2.0**-16) * scale
+    assert np.all(np.abs(got - exact) <= bound), (M, N, K)
+    if K > 1:           # rounded once, A costs up to 2^-9 of each term
+        assert np.abs(once - exact).max() > np.abs(got - exact).max()
+    a16, _ = _bits(a, a_order)
+    for x in (a16, _operand(rng, M, K, "strided")):
+        with pytest.raises(ValueError, match="split needs AMX"):
+            _core_tests._gemm(x, b, got, 1.0, 0.0, "avx512", 2, None, True)
+
+
+@needs_amx
+@pytest.mark.parametrize("case", ["full", "causal"])
+def test_amx_backward_splits_ds_for_dq(restore_settings, case):
+    """On AMX the backward's dQ += dS K takes dS in two bf16 terms: from
+    the exact out and lse, on bf16 inputs (so the scores' products are
+    exact), dq is float32-accurate while dk and dv, whose products take P
+    and dS rounded once, are not."""
+    _core._set_simd("avx512")
+    _core._set_bf16_unit("amx")
+    rng = np.random.default_rng(1)
+    q, k, v, g = (bf16(x) for x in _problem(rng, (4,), 256, 256, 64))
+    grads, want = _backward(q, k, v, g, "bf16", **CASES[case])
+    errs = [rel_err(x, w, floor=1.0) for x, w in zip(grads[:3], want[:3])]
+    assert errs[0] < 1e-4 and min(errs[1:]) > 1e-4, errs
 
 
 def test_gemm_hook_refuses_what_it_cannot_run():
