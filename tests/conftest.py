@@ -3,6 +3,7 @@ tolerances, the error metric, pure-PyTorch references) are in
 ``attention_c.testing``."""
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -28,6 +29,20 @@ def restore_settings():
     ac.set_num_threads(threads)
     ac.set_fp32_precision(precision)
     _core._set_bf16_unit(unit)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Inside each test's warning filters (the modules' "error" too):
+    the NumPy reference's products may meet OpenBLAS kernels that raise
+    the invalid flag for finite inputs (numpy issues 24067 and 28967;
+    once in a full run here, on a Sapphire-Rapids-class Xeon, not again
+    in isolation).  Its results are compared all the same, so a real NaN
+    still fails the test; only that warning from the reference is
+    ignored."""
+    warnings.filterwarnings("ignore", "invalid value encountered in matmul",
+                            RuntimeWarning, r"attention_c\.reference")
+    yield
 
 
 def pytest_terminal_summary(terminalreporter):
