@@ -133,8 +133,8 @@ def set_fp32_precision(precision):
     ``attention_c.torch`` in float32) on AMX tiles (Intel Sapphire Rapids
     and later) or on the dot products where they beat the float32 FMAs
     (measured once per process: AVX512_BF16's on AMD Zen 4 and later;
-    BFDOT on Arm CPUs with the BF16 extension); on the dot products the
-    streamed backward too.  ``show_config()["bf16_unit"]`` says which
+    BFDOT on Arm CPUs with the BF16 extension), and the streamed
+    backward on either unit.  ``show_config()["bf16_unit"]`` says which
     unit this CPU runs, and the ``ATTENTION_C_BF16_UNIT=dot|amx``
     environment variable chooses one, for instance the dot products on an
     Intel CPU, where they run at half the float32 rate.  Every other call,
