@@ -248,6 +248,18 @@ enum att_dp_stored {
      const void *V, ptrdiff_t ldv, const ptrdiff_t *lo, const ptrdiff_t *hi, \
      void *O, ptrdiff_t ldo, R *lse, R *work)
 
+/* The arguments of gemm_bf16 and gemm_amx, gemm_packed_bf16 and
+ * gemm_packed_amx (above) */
+#define ATT_GEMM16_ARGS(R)                                                   \
+    (ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha, const void *A,          \
+     ptrdiff_t ars, ptrdiff_t acs, const void *B, ptrdiff_t brs,             \
+     ptrdiff_t bcs, const unsigned char *kmask, R beta, R *C, ptrdiff_t ldc, \
+     R *work, int stored)
+#define ATT_GEMM16_PACKED_ARGS(R)                                            \
+    (ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha, const void *A,          \
+     ptrdiff_t ars, ptrdiff_t acs, const R *Bp, R beta, R *C, ptrdiff_t ldc, \
+     R *work, int stored)
+
 #define ATT_OPS_DECLARE(R, SFX)                                              \
     typedef struct {                                                         \
         ptrdiff_t vlen;                                                      \
@@ -267,24 +279,10 @@ enum att_dp_stored {
         void (*pack_b_bf16)(ptrdiff_t K, ptrdiff_t N, const void *B,         \
                             ptrdiff_t brs, ptrdiff_t bcs, R *Bp,             \
                             int stored);                                     \
-        void (*gemm_packed_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,      \
-                                 R alpha, const void *A, ptrdiff_t ars,      \
-                                 ptrdiff_t acs, const R *Bp, R beta, R *C,   \
-                                 ptrdiff_t ldc, R *work, int stored);        \
-        void (*gemm_bf16)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,    \
-                          const void *A, ptrdiff_t ars, ptrdiff_t acs,       \
-                          const void *B, ptrdiff_t brs, ptrdiff_t bcs,       \
-                          const unsigned char *kmask, R beta, R *C,          \
-                          ptrdiff_t ldc, R *work, int stored);               \
-        void (*gemm_packed_amx)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,       \
-                                R alpha, const void *A, ptrdiff_t ars,       \
-                                ptrdiff_t acs, const R *Bp, R beta, R *C,    \
-                                ptrdiff_t ldc, R *work, int stored);         \
-        void (*gemm_amx)(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, R alpha,     \
-                         const void *A, ptrdiff_t ars, ptrdiff_t acs,        \
-                         const void *B, ptrdiff_t brs, ptrdiff_t bcs,        \
-                         const unsigned char *kmask, R beta, R *C,           \
-                         ptrdiff_t ldc, R *work, int stored);                \
+        void (*gemm_packed_bf16) ATT_GEMM16_PACKED_ARGS(R);                  \
+        void (*gemm_bf16) ATT_GEMM16_ARGS(R);                                \
+        void (*gemm_packed_amx) ATT_GEMM16_PACKED_ARGS(R);                   \
+        void (*gemm_amx) ATT_GEMM16_ARGS(R);                                 \
         void (*gemv)(ptrdiff_t N, ptrdiff_t K, R alpha, const R *a,          \
                      const R *B, ptrdiff_t brs, ptrdiff_t bcs,               \
                      const unsigned char *kmask, R beta, R *c, R *work);     \
