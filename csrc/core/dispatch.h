@@ -201,11 +201,11 @@ enum att_dp_stored {
  *             V and O are REAL (store ATT_STORE_NATIVE), strides in
  *             elements; flash_bf16 (both units) takes store
  *             ATT_STORE_BF16, the float table's flash ATT_STORE_BF16 and
- *             ATT_STORE_F16: Q, K and V 16-bit as stored, O written so (rounded to
- *             nearest even as att_convert16 rounds): the bits of the
- *             float call on the widened Q, K and V, rounded after (the
- *             bf16 products round their operands to bf16 anyway; float16
- *             widens exactly).
+ *             ATT_STORE_F16: Q, K and V 16-bit as stored, O written so
+ *             (rounded to nearest even as att_convert16 rounds): the
+ *             bits of the float call on the widened Q, K and V, rounded
+ *             after (the bf16 products round their operands to bf16
+ *             anyway; widening is exact).
  *   flash_bf16  the same with the products on bf16 (Q, K, V and P
  *             rounded to bf16, float sums), for float calls that allow
  *             it (ATT_PRECISION_BF16), one per unit (index: enum

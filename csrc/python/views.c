@@ -223,10 +223,11 @@ static int widen_half(Call *c, int i)
  * attention.h's att_family_takes16, but the values' finiteness: where
  * they fail, the copies settle16 makes are not in the kept buffer): a
  * bfloat16 or float16 call (every floating input in that dtype:
- * exec_for_dtype), the dot score streamed, the array C-contiguous in the call's dtype: a
- * forward's query, keys or values, with no attn_mask, bias, dropout,
- * softcap or ALiBi (a key mask only where it is padding, which the
- * kernel checks); a backward's, out or grad_out, with no sinks. */
+ * exec_for_dtype), the dot score streamed, the array C-contiguous in
+ * the call's dtype: a forward's query, keys or values, with no
+ * attn_mask, bias, dropout, softcap or ALiBi (a key mask only where it
+ * is padding, which the kernel checks); a backward's, out or grad_out,
+ * with no sinks. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
