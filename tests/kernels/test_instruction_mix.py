@@ -113,7 +113,8 @@ def test_amx_product_kernel(funcs):
     syms = [s for s in funcs if s.startswith(("gemm_amx_f32_avx512",
                                               "gemm_packed_amx_f32_avx512",
                                               "amx_rows_f32_avx512",
-                                              "amx_block_f32_avx512"))]
+                                              "amx_block_f32_avx512",
+                                              "amx_configure_f32_avx512"))]
     if "gemm_amx_f32_avx512" not in funcs:
         pytest.skip("built without AMX (compiler or OS)")
     mnems = {m for s in syms for _a, m, _o in funcs[s]}
