@@ -323,7 +323,7 @@ def _backward(q, k, v, g, precision, **kw):
 @pytest.mark.usefixtures("unit")
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("Tq, T", [(1, 3), (17, 65), (300, 257)])
-def test_backward_on_dot_products(case, Tq, T):
+def test_backward_on_bf16_products(case, Tq, T):
     rng = np.random.default_rng(Tq + T)
     # bf16 values (a bfloat16 call's): the error is the products' alone
     # (float32 inputs rounded would move the scores, and the ALiBi slopes'
