@@ -16,6 +16,8 @@
 #define ATT_UNUSED __attribute__((unused))
 #define ATT_ALWAYS_INLINE inline __attribute__((always_inline))
 #define ATT_NOINLINE __attribute__((noinline))
+/* A rare path: laid out away from the loop that calls it */
+#define ATT_COLD __attribute__((noinline, cold))
 #if defined(__x86_64__) || defined(__i386__)
 #define ATT_PREFETCH_L2(p) __asm__ __volatile__("prefetcht1 (%0)" : : "r"(p))
 #elif defined(__aarch64__)
@@ -28,6 +30,7 @@
 #define ATT_UNUSED
 #define ATT_ALWAYS_INLINE inline
 #define ATT_NOINLINE
+#define ATT_COLD
 #define ATT_PREFETCH_L2(p) ((void)0)
 #endif
 
