@@ -35,8 +35,8 @@ The scale is 1 / sqrt(d) on both sides.  Before timing, each output is
 compared with SDPA in float64 on the same data (||x - r|| / ||r||; the
 gradients dq, dk, dv each).  GF/s count 4 B T^2 d flops for the forward,
 3.5 times that with the backward (halved for causal), as a share of the
-measured float32 FMA peak of our SIMD path (bf16 products may go beyond
-it).
+float32 FMA peak of our SIMD path timed among the row's calls (bf16
+products may go beyond it).
 """
 
 import math
@@ -167,13 +167,13 @@ def run_row(case, shape, threads, ctx, funcs, errs, backward):
     """Time the calls on one case, shape and thread count."""
     row = {"case": case, "shape": list(shape), "lead": list(split(shape[0])),
            "threads": threads, "pass": PASSES[backward], "errors": errs}
-    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
+    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"],
+                         peak=(ctx["peak"], "float32"))
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b] for r, (a, b) in RATIOS.items()}
     flops = flops_forward(shape, case == "causal") * (FWDBWD_FLOPS
                                                       if backward else 1)
     row["gflops"] = {k: flops / (ms / 1e3) / 1e9 for k, ms in t.items()}
-    row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     row["peak_share"] = {k: g / row["peak_gflops"]
                          for k, g in row["gflops"].items()}
     return row
@@ -308,7 +308,8 @@ def report(meta, rows):
         "", "Median ms per call; ratios < 1: ours_bf16 faster",
         format_table(key + [f"{k} ms" for k in IMPLS] + list(RATIOS)
                      + ["others"], times, left=2),
-        "", "GF/s (share of the float32 FMA peak of the threads used)",
+        "", "GF/s (share of the float32 FMA peak of the threads used, "
+        "timed in the row's rounds: the peak column)",
         format_table(key + ["peak"] + list(IMPLS), rates, left=2),
         "", "Error against SDPA in float64 (||x - r|| / ||r||) of out "
         "(forward), of dq dk dv (f+b)",

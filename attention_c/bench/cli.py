@@ -169,6 +169,7 @@ def main(argv=None):
                 shape_sizes={s: sizes[s] for s in options.shapes},
                 peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
                                        options.threads, options.quick))
+    ctx["peak"] = meta["peak"]
     for note in meta["notes"]:
         print(f"NOTE: {note}", file=sys.stderr)
     rows = run_all(options, ctx)

@@ -36,6 +36,13 @@ DISTURBED = 0.1
 PEAK_SECONDS = 0.2
 PEAK_REPEATS = 5
 QUICK_PEAK_SECONDS = 0.05      # with --quick
+# A row's share of the peak divides by the peak of its own rounds: the
+# FMA loop, PROBE_SECONDS a call, timed among the row's calls under the
+# key PROBE (measure_into's peak=).  The host's speed drifts by up to 20 %
+# over a run (shared VMs), and a share against a peak taken minutes
+# before measured the drift along with the kernel.
+PROBE = "fma_peak"
+PROBE_SECONDS = 0.02
 
 # The /proc/cpuinfo flags the report names (x86 "flags", ARM "Features"):
 # the instruction sets the kernels or the peers may use.
@@ -465,12 +472,40 @@ def measure(funcs, target, min_repeats):
 # --------------------------------------------------------------------------
 # Accuracy
 
-def measure_into(row, funcs, target, min_repeats):
+def peak_probe(facts, threads, dtype):
+    """(probe, flops): a callable running the FMA loop of the ``facts``'
+    path for ``dtype`` on ``threads`` threads at once for about
+    PROBE_SECONDS (calibrated from the facts' peak record), and the flops
+    one call does (it is run once here)."""
+    simd, dtype = facts["simd"], np.dtype(dtype).name
+    record = fma_peak_record(simd, dtype, threads, facts["seconds"])
+    iters = max(1, round(record["iters"] * PROBE_SECONDS
+                         / record["call_s"]))
+    flops = _core._fma_loop(dtype, simd, iters, threads)
+    return (lambda: _core._fma_loop(dtype, simd, iters, threads)), flops
+
+
+def measure_peak(funcs, target, min_repeats, facts, threads, dtype):
+    """:func:`measure` the ``funcs`` with the :func:`peak_probe` among
+    them: (their timings, the probe's GF/s from its median call)."""
+    probe, flops = peak_probe(facts, threads, dtype)
+    timed = measure({**funcs, PROBE: probe}, target, min_repeats)
+    seconds = timed.pop(PROBE)[0]
+    return timed, flops / seconds / 1e9
+
+
+def measure_into(row, funcs, target, min_repeats, peak=None):
     """:func:`measure` the ``funcs`` and record in ``row``: ``times_ms``
     and ``repeats`` by name, and ``others_load``, the share of the CPUs
-    other processes used meanwhile."""
+    other processes used meanwhile.  ``peak`` (facts, dtype): the probe
+    timed among them too (:func:`measure_peak`, at ``row["threads"]``),
+    its GF/s as ``row["peak_gflops"]``."""
     before, start = cpu_seconds(), time.perf_counter()
-    timed = measure(funcs, target, min_repeats)
+    if peak is None:
+        timed = measure(funcs, target, min_repeats)
+    else:
+        timed, row["peak_gflops"] = measure_peak(
+            funcs, target, min_repeats, peak[0], row["threads"], peak[1])
     row["others_load"] = others_load(before, time.perf_counter() - start)
     row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
     row["repeats"] = {k: n for k, (_, n) in timed.items()}

@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from attention_c.bench.core import CALL_FUNCTIONS
-from attention_c.bench.harness import DISTURBED, ROUNDS
+from attention_c.bench.harness import DISTURBED, PROBE_SECONDS, ROUNDS
 from attention_c.bench.run import (HEAVY_REPEATS, HEAVY_SHAPES, TOLERANCE,
                                    row_label, too_far)
 from attention_c.bench.targets import (CAUSAL_FULL, DROPOUT_FULL, FB_PEAK,
@@ -132,7 +132,10 @@ def peak_lines(peak):
          + (f"; {p['busy_gflops']:.1f} GF/s per CPU time while running"
             if p.get("busy_gflops") and (p["others"] or 0) > DISTURBED
             else "") + ")"
-         for p in peak["peaks"]]
+         for p in peak["peaks"]] + [
+        f"  (shares of the peak in the tables: of the same loop, "
+        f"~{PROBE_SECONDS:g} s calls timed among each row's "
+        f"calls, the median)"]
 
 
 def gemm_table(rows):
@@ -282,8 +285,8 @@ def report(meta, rows, targets, gemm=(), calls=()):
         "np_bwd.  N/1: ours at N threads / 1 thread.",
         "fwd GF/s: 2 rows H A / fwd time (the main product only; the "
         "context product, tanh, scores, softmax and",
-        "weighted sum are not counted); fwd %peak: that / the measured "
-        "FMA peak of the path, dtype and threads (header).",
+        "weighted sum are not counted); fwd %peak: that / the FMA peak "
+        "of the path, dtype and threads timed in the row's rounds.",
         row_table(rows, ratios, ratio_cell),
     ]
     if gemm:
@@ -408,15 +411,18 @@ def selfattn_table(rows):
     head = (["case", "(B*heads, T, d) = (B, heads, T, d)", "thr"]
             + [h + " ms" for _, h in SELFATTN_TIMES]
             + list(SELFATTN_COLUMNS)
-            + ["fwd GF/s", "fwd %peak", "f+b %peak", "others"])
+            + ["fwd GF/s", "peak GF/s", "fwd %peak", "f+b %peak",
+               "others"])
     body = []
     for r in rows:
         share = r["others_load"]
+        peak = r.get("peak_gflops")
         body.append(
             [r["case"], shape_text(r["shape"], r["lead"]), str(r["threads"])]
             + [format_ms(r["times_ms"][k]) for k, _ in SELFATTN_TIMES]
             + [format_ratio(r["ratios"].get(k)) for k in SELFATTN_COLUMNS]
             + [f"{r['fwd_gflops']:.1f}",
+               "-" if peak is None else f"{peak:.1f}",
                "-" if PEAK not in r["ratios"]
                else f"{r['ratios'][PEAK]:.0%}",
                "-" if FB_PEAK not in r["ratios"]
@@ -491,8 +497,10 @@ def selfattn_report(meta, rows, targets, memory=None, long=None):
         "",
         "Median ms; ratios ours / SDPA (< 1: ours faster); causal/full and "
         "f+b N/1: ours f+b;",
-        "fwd GF/s: 4 B T T d / fwd time (halved for causal); fwd %peak: "
-        "that / the measured FMA peak of the threads used (header).",
+        "fwd GF/s: 4 B T T d / fwd time (halved for causal); peak GF/s: "
+        "the FMA loop on the threads used, timed",
+        "in the row's rounds among its calls (the header's: the best call "
+        "at the start); fwd %peak, f+b %peak: the rates / that.",
         selfattn_table(rows),
         "",
     ]

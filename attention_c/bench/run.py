@@ -247,9 +247,10 @@ def run_config(name, shape, dtype, threads, mask, ctx):
                   and name in COMPILE_SHAPES)
     del exact
     before, start = harness.cpu_seconds(), time.perf_counter()
-    results = harness.measure(funcs, ctx["target"], min(
-        ctx["min_repeats"], HEAVY_REPEATS) if name in HEAVY_SHAPES
-        else ctx["min_repeats"])
+    results, row["peak_gflops"] = harness.measure_peak(
+        funcs, ctx["target"], min(ctx["min_repeats"], HEAVY_REPEATS)
+        if name in HEAVY_SHAPES else ctx["min_repeats"], ctx["peak"],
+        threads, dtype)
     row["others_load"] = harness.others_load(before,
                                              time.perf_counter() - start)
     row["times_ms"] = {k: s * 1e3 for k, (s, _) in results.items()}

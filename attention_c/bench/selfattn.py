@@ -21,8 +21,9 @@ of ``harness.measure`` (interleaved rounds after warm-up).
   (B * heads, T, d) in SHAPES; ratios ours / SDPA (forward, and forward +
   backward), causal / full (ours, forward + backward), N threads / 1
   thread (ours), and the forward's GFLOP/s (4 B Tq T d flops, halved for
-  causal) as a share of the measured FMA peak of the SIMD path and the
-  threads used (``harness.fma_peak``);
+  causal) as a share of the FMA peak of the SIMD path and the threads
+  used, timed in the row's own rounds (``harness.measure_into``'s
+  probe: the host's speed drifts over a run);
 * dropout 0.1 (ours with a seed, SDPA with ``dropout_p=0.1``) and a float
   bias (1, 1, T, T) (SDPA: the same tensor as ``attn_mask``, requiring
   grad, since ours returns its gradient) on DROPOUT_BIAS_SHAPES;
@@ -243,13 +244,13 @@ def run_row(case, index, shape, threads, ctx, exact):
     funcs.update(sdpa_functions(torch, p, sdpa_tensors(torch, p)))
     repeats = (min(ctx["min_repeats"], HEAVY_REPEATS)
                if shape[1] >= HEAVY_T else ctx["min_repeats"])
-    harness.measure_into(row, funcs, ctx["target"], repeats)
+    harness.measure_into(row, funcs, ctx["target"], repeats,
+                         peak=(ctx["peak"], "float32"))
     row["fwd_gflops"] = (flops_forward(shape, case == "causal")
                          / (row["times_ms"]["ours_fwd"] / 1e3) / 1e9)
     row["fwdbwd_gflops"] = (FWDBWD_FLOPS
                             * flops_forward(shape, case == "causal")
                             / (row["times_ms"]["ours_fwdbwd"] / 1e3) / 1e9)
-    row["peak_gflops"] = harness.fma_peak(ctx["peak"], threads, "float32")
     return row
 
 

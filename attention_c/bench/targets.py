@@ -82,7 +82,8 @@ def forward_gflops(row):
 
 def add_ratios(rows, peak):
     """Add the ratios (ours / theirs, N threads / 1 thread, share of the
-    FMA peak of the ``peak`` facts) to every row."""
+    FMA peak: the row's own, timed in its rounds, else the ``peak``
+    facts') to every row."""
     single = {(r["shape"], r["dtype"], r["mask"]): r["times_ms"]
               for r in rows if r["threads"] == 1}
     for row in rows:
@@ -95,8 +96,9 @@ def add_ratios(rows, peak):
             row["ratios"].update((name, times[key] / base[key])
                                  for name, key in SCALING)
         row["fwd_gflops"] = forward_gflops(row)
-        row["peak_gflops"] = harness.fma_peak(peak, row["threads"],
-                                              row["dtype"])
+        if not row.get("peak_gflops"):      # (rows timed without probe)
+            row["peak_gflops"] = harness.fma_peak(peak, row["threads"],
+                                                  row["dtype"])
         if row["peak_gflops"]:
             row["ratios"][PEAK] = row["fwd_gflops"] / row["peak_gflops"]
 
@@ -170,8 +172,10 @@ MEMORY_TARGET = ("peak memory ours/sdpa", "<=", 1.5, "<= 1.5")
 
 def add_selfattn_ratios(rows, peak):
     """Add to every self-attention row its ratios: ours / SDPA, causal /
-    full and N / 1 thread (ours, forward + backward), and the forward's
-    share of the FMA peak of the ``peak`` facts."""
+    full and N / 1 thread (ours, forward + backward), and the shares of
+    the FMA peak of the forward and of forward + backward: of the peak
+    timed in the row's own rounds (its ``peak_gflops``, from
+    harness.measure_into's probe), else of the ``peak`` facts'."""
     def key(row, case=None, threads=None):
         return (row["case"] if case is None else case, tuple(row["shape"]),
                 row["threads"] if threads is None else threads)
@@ -192,7 +196,8 @@ def add_selfattn_ratios(rows, peak):
         if row["threads"] > 1 and single:
             row["ratios"][SELFATTN_SCALING] = (t["ours_fwdbwd"]
                                                / single["ours_fwdbwd"])
-        peak_gflops = harness.fma_peak(peak, row["threads"], "float32")
+        peak_gflops = row.get("peak_gflops") or harness.fma_peak(
+            peak, row["threads"], "float32")
         if peak_gflops:
             row["ratios"][PEAK] = row["fwd_gflops"] / peak_gflops
         if peak_gflops and "fwdbwd_gflops" in row:

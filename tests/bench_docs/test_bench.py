@@ -175,12 +175,14 @@ def test_call_cost_and_product_core_are_reported(report):
         assert np.isfinite(p["gflops"]) and p["gflops"] > 0
         assert f"  {p['simd']} float32 {p['threads']} thr: " \
                f"{p['gflops']:.1f} GF/s" in stdout
-    for g in rows.values():
-        assert g["peak_gflops"] == harness.fma_peak(peak, g["threads"],
-                                                    "float32")
+    # each row's peak is the probe timed among its calls: the same loop
+    # as the header's, so near it (the host's speed drifts; loose bounds)
+    for r in list(rows.values()) + data["results"]:
+        start = harness.fma_peak(peak, r["threads"], r.get("dtype",
+                                                           "float32"))
+        assert 0.2 * start < r["peak_gflops"] < 2 * start
+        assert harness.PROBE not in r["times_ms"]
     for r in data["results"]:
-        assert r["peak_gflops"] == harness.fma_peak(peak, r["threads"],
-                                                    r["dtype"])
         assert r["ratios"]["fwd %peak"] == pytest.approx(
             r["fwd_gflops"] / r["peak_gflops"])
 
@@ -397,5 +399,6 @@ def test_peak_facts_name_the_cpu_and_its_flags():
     if simd == "avx512":
         assert "avx512f" in facts["flags"]
     lines = peak_lines(facts)
-    assert len(lines) == 2 + 4
+    assert len(lines) == 2 + 4 + 1
+    assert "timed among each row's calls" in lines[-1]
     assert lines[2].startswith(f"  {simd} float32 1 thr: ")
