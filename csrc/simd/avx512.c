@@ -51,6 +51,14 @@
 #define ISRL64(x) _mm512_srli_epi64(x, 32)
 #define ISLL64(x) _mm512_slli_epi64(x, 32)
 #define IBLEND_ODD(e, o) _mm512_mask_blend_epi32(0xAAAA, e, o)
+/* The high (low) words of the 64-bit products e of the even lanes and o
+ * of the odd ones, each lane's own: the other word of each 64-bit lane
+ * swapped in by vpshufd under a merge mask (one port-5 instruction where
+ * a shift and a blend took two, one of them on port 0 with the
+ * multiplies); a ^ b ^ c by vpternlogd (0x96) */
+#define IHI_OF(e, o) _mm512_mask_shuffle_epi32(o, 0x5555, e, _MM_PERM_CDAB)
+#define ILO_OF(e, o) _mm512_mask_shuffle_epi32(e, 0xAAAA, o, _MM_PERM_CDAB)
+#define IXOR3(a, b, c) _mm512_ternarylogic_epi32(a, b, c, 0x96)
 #define IGE_U32(u, t) _mm512_movm_epi32(_mm512_cmpge_epu32_mask(u, t))
 #define IPACK32 _mm512_packs_epi32
 #define IPACK16 _mm512_packs_epi16

@@ -252,6 +252,28 @@ def test_row_loops_found(funcs, isa, dtype):
         assert sym in loops, f"no {kind} loop on {il.ISAS[isa]} in {sym}"
 
 
+@needs_objdump
+def test_philox_rounds_on_avx512(funcs):
+    """Dropout's Philox4x32-10 on AVX-512 (simd/dropout.inc): per round
+    and group, two 32 x 32 -> 64-bit multiplies a word pair (vpmuludq),
+    the high and low words put in place by merge-masked vpshufd (no
+    blend, no 64-bit shift left) and each three-way xor one vpternlogd:
+    as many shuffles as multiplies, half as many ternary xors.  (The keep
+    bytes do not depend on the dtype: the float64 table's keep_row is the
+    same code, which the linker may fold into a jump here.)"""
+    sym = "keep_row_f32_avx512"
+    if sym not in funcs:
+        pytest.skip(f"no {sym} in the build")
+    count = {}
+    for _a, m, _o in funcs[sym]:
+        count[m] = count.get(m, 0) + 1
+    muls = count.get("vpmuludq", 0)
+    assert muls >= 40, count                     # 10 rounds x 4 (a group)
+    assert count.get("vpshufd", 0) >= muls, count
+    assert 2 * count.get("vpternlogd", 0) >= muls, count
+    assert not count.get("vpblendmd") and not count.get("vpsllq"), count
+
+
 # ---- the checker itself, on loops written here ---------------------------
 
 def _loop(text):
