@@ -261,6 +261,8 @@ def _check_table(table, B, lens, block, nblocks):
     if table.shape[0] != B:
         raise ValueError(f"block_table must have shape (B, max_blocks) "
                          f"with B = {B}, got {table.shape}")
+    if table.size == 0 or table.view(np.uint64).max() < nblocks:
+        return          # every entry in range (negative ones wrap high)
     used = np.arange(table.shape[1]) < (-(-lens // block))[:, None]
     bad = used & ((table < 0) | (table >= nblocks))
     if bad.any():
@@ -411,12 +413,15 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
                              f"contiguous cache needs a row for each of the "
                              f"B = {B} sequences (paged: give block_table)")
         capacity, where = block, f"S_max = {block}"
-    total = lens + Tn
-    if (lens < 0).any() or (total > capacity).any():
-        b = int(np.argmax((lens < 0) | (total > capacity)))
+    # (the lengths as Python ints: a decode step runs this once a layer
+    # and token, and NumPy's reductions cost more than the list, cold)
+    have = lens.tolist()
+    if have and (min(have) < 0 or max(have) + Tn > capacity):
+        b = int(np.argmax((lens < 0) | (lens + Tn > capacity)))
         raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])}"
                          f"{f' + {Tn} new' if Tn else ''} is out of range: "
                          f"a sequence holds 0 .. {capacity} keys ({where})")
+    total = lens + Tn if Tn else lens
     if paged:
         _check_table(table, B, total, block, nblocks)
     wl, wr = _window(window)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cache import cache_attention
 from ._utils import _BF16, _from_np, _np
 from .flash_attn_interface import _softcap, _window
 
@@ -59,6 +60,16 @@ def _cache_vector(name: str, x: Any, shapes: list[tuple[int, ...]],
         raise ValueError(f"{name} must have shape {want} (heads = {heads}), "
                          f"got {tuple(x.shape)}")
     return x.detach().to(dtype).numpy()
+
+
+def _refuse_placement(name: str, t: torch.Tensor) -> None:
+    """The error for a tensor that is not a dense CPU one."""
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a "
+                        f"{'nested' if t.is_nested else t.layout} one")
+    raise ValueError(f"attention_c.torch runs on the CPU only, but {name} "
+                     f"is on device '{t.device}'; move the tensors (the "
+                     f"caches too) with .cpu()")
 
 
 def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
@@ -189,16 +200,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
               ("sinks", sinks)] + scales
     tensors = [(n, t) for n, t in named + others
                if isinstance(t, torch.Tensor)]
+    # One pass of the cheapest attributes: a decode step runs this once a
+    # layer and token, its Python cold after the kernel swept the caches.
+    grad = False
     for name, t in tensors:
-        if t.layout != torch.strided or t.is_nested:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got "
-                            f"a {'nested' if t.is_nested else t.layout} "
-                            f"one")
-        if t.device.type != "cpu":
-            raise ValueError(f"attention_c.torch runs on the CPU only, but "
-                             f"{name} is on device '{t.device}'; move the "
-                             f"tensors (the caches too) with .cpu()")
-    if torch.is_grad_enabled() and any(t.requires_grad for _, t in tensors):
+        if not t.is_cpu or t.layout != torch.strided or t.is_nested:
+            _refuse_placement(name, t)
+        grad = grad or t.requires_grad
+    if grad and torch.is_grad_enabled():
         needs = ", ".join(n for n, t in tensors if t.requires_grad)
         raise RuntimeError(
             f"flash_attn_with_kvcache is inference only (it has no "
@@ -351,7 +360,6 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
                            [(heads,), (B, heads)], heads, compute)
     sink = _cache_vector("sinks", sinks, [(heads,)], heads, compute)
 
-    from .. import cache_attention   # the NumPy function (C kernel)
     out, lse = cache_attention(     # (the kernel computes lse anyway)
         _np(q), _np(k_cache), _np(v_cache), seqlens,
         k=None if k is None else _np(k), v=None if v is None else _np(v),
@@ -365,8 +373,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
         for t in (k_cache, v_cache, k_scales, v_scales):
             if t is not None:
                 torch.autograd.graph.increment_version(t)
+    # (out is a new contiguous array: cache_attention allocates it)
     if not return_softmax_lse:
-        return _from_np(out).contiguous()
+        return _from_np(out)
     # NumPy's lse is (B, Tq, heads); flash_attn's (B, heads, Tq)
-    return (_from_np(out).contiguous(),
-            _from_np(lse).transpose(1, 2).contiguous())
+    return _from_np(out), _from_np(lse).transpose(1, 2).contiguous()
