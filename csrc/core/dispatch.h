@@ -15,6 +15,8 @@
 #include "attention.h"
 #include "core/pool.h"
 
+struct att_drop;                        /* core/philox.h */
+
 /* x86-64's two SIMD paths (avx2, avx512), AArch64's one (neon). */
 #if defined(__x86_64__) || defined(_M_X64)
 #define ATT_HAVE_X86 1
@@ -205,7 +207,12 @@ enum att_dp_stored {
  *             (rounded to nearest even as att_convert16 rounds): the
  *             bits of the float call on the widened Q, K and V, rounded
  *             after (the bf16 products round their operands to bf16
- *             anyway; widening is exact).
+ *             anyway; widening is exact).  drop (core/philox.h): NULL,
+ *             or dropout on the weights the values are summed with (not
+ *             on the row sums: out is the dropped weights, normalised,
+ *             times V; lse the same), query i's keep bits those of drop
+ *             -> i0 + i; the float table's flash only (flash_bf16 and
+ *             the double table's take NULL).
  *   flash_bf16  the same with the products on bf16 (Q, K, V and P
  *             rounded to bf16, float sums), for float calls that allow
  *             it (ATT_PRECISION_BF16), one per unit (index: enum
@@ -246,7 +253,7 @@ enum att_dp_stored {
     (ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv, R scale, R sink, int store,    \
      const void *Q, ptrdiff_t ldq, const void *K, ptrdiff_t ldk,            \
      const void *V, ptrdiff_t ldv, const ptrdiff_t *lo, const ptrdiff_t *hi, \
-     void *O, ptrdiff_t ldo, R *lse, R *work)
+     void *O, ptrdiff_t ldo, R *lse, R *work, const struct att_drop *drop)
 
 /* The arguments of gemm_bf16 and gemm_amx, gemm_packed_bf16 and
  * gemm_packed_amx (above) */

@@ -44,6 +44,16 @@ static inline uint32_t att_keep_threshold(double p)
     return p <= 0 ? 0 : (uint32_t)(p * 4294967296.0);
 }
 
+/* Dropout inside a fused kernel (core/dispatch.h's flash): the keep
+ * bits of the queries i0 + c of flat batch index b (c from the call's
+ * first query), the weights kept multiplied by scale = 1 / (1 - p). */
+typedef struct att_drop {
+    uint64_t seed;
+    uint32_t threshold;     /* att_keep_threshold(p) */
+    ptrdiff_t b, i0;
+    double scale;
+} att_drop;
+
 /* keep[t - t0] = keep(seed, b, i, t) for t in [t0, t0 + n). */
 static inline void att_keep_row(uint64_t seed, uint32_t threshold,
                                 ptrdiff_t b, ptrdiff_t i, ptrdiff_t t0,

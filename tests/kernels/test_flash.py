@@ -3,7 +3,8 @@ inside the products, the scores in log2 units, the running max raised
 only when a score passes it by 2^8.  It runs for a dot or general score
 whose visibility is a range of keys per query (full, causal, window,
 packed sequences, sinks; a padding mask too, tests/kernels/
-test_padding.py), no other mask, no bias, softcap, ALiBi or dropout, and
+test_padding.py), no other mask, no bias, softcap or ALiBi (dropout in
+float32 alone), and
 finite inputs, and under float products not at most half its panel of
 queries against two panels of keys or more; every case below is one of
 those, so the kernel computes it on the SIMD paths (the scalar path runs
@@ -19,7 +20,9 @@ the general one).
 * a panel whose keys lie more than 2^22 apart (masked one lane at a
   time: float32 does not hold their offsets exactly);
 * every SIMD path against the reference; bitwise identical results for
-  1, 2 and 3 threads.
+  1, 2 and 3 threads;
+* dropout inside it (float32): against the reference with the same keep
+  bits, the keep pattern read back bit for bit, threads bitwise.
 
 Tolerance: ``testing.TOL`` normwise (1e-5 float32, 1e-12 float64),
 against the float64 reference on the same (cast) values.
@@ -213,3 +216,59 @@ def test_threads_bitwise_identical(variant):
         ac.set_num_threads(n)
         assert_all_identical(_run(ac.dot_attention, q, k, v,
                                   VARIANTS[variant]), one, f"{n} threads")
+
+
+# --------------------------------------------------------------------------
+# Dropout inside the kernel (float32: float64 and the bf16 products run
+# the general path with it)
+
+DROP_SIZES = [(1, 7), (3, 5), (17, 65), (65, 49), (130, 97), (257, 300)]
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_dropout_inside_matches_reference(simd, variant):
+    """The weights P.V reads carry the keep bits (each lane a query:
+    simd/dropout.inc's philox_lanes), the row sums and lse do not: against
+    the float64 reference with the same bits, sizes across panels, tiles,
+    blocks and groups of 4 keys, a seed with both halves set."""
+    _core._set_simd(simd)
+    rng = np.random.default_rng(21)
+    for Tq, T in DROP_SIZES:
+        q, k, v = _inputs(rng, np.float32, (2,), Tq, T)
+        kw = dict(VARIANTS[variant], dropout=0.3, seed=2**40 + 5)
+        _check(q, k, v, kw, np.float32, f"{simd} {variant} {Tq}x{T}")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@pytest.mark.parametrize("Tq, T", [(65, 259), (300, 7)])
+def test_dropout_inside_keep_bits(simd, Tq, T):
+    """The keep pattern read back (query 0: every weight 1 / T, values the
+    identity, so out_it = keep_it / (T (1 - p))) is reference.dropout_keep
+    bit for bit at every flat batch index."""
+    _core._set_simd(simd)
+    lead, p, seed = (2, 3), 0.5, 2**33 + 7
+    q = np.zeros(lead + (Tq, 4), np.float32)
+    k = np.random.default_rng(0).standard_normal(lead + (T, 4))
+    v = np.broadcast_to(np.eye(T, dtype=np.float32), lead + (T, T))
+    out, _ = ac.dot_attention(q, k.astype(np.float32), values=v, dropout=p,
+                              seed=seed, return_weights=False)
+    kept = out != 0
+    assert np.all(out[kept] == out[kept].flat[0])
+    b = np.arange(int(np.prod(lead))).reshape(lead)
+    assert np.array_equal(kept, ref.dropout_keep(seed, p, b, Tq, T))
+
+
+@pytest.mark.usefixtures("restore_settings")
+def test_dropout_inside_threads_bitwise_identical():
+    q, k, v = _inputs(np.random.default_rng(10), np.float32, (2, 4), 600,
+                      600, H=32, Hv=32)
+    kw = {"causal": True, "dropout": 0.2, "seed": 11}
+    ac.set_num_threads(1)
+    one = _run(ac.dot_attention, q, k, v, kw)
+    for n in (2, 3):
+        ac.set_num_threads(n)
+        assert_all_identical(_run(ac.dot_attention, q, k, v, kw), one,
+                             f"{n} threads")

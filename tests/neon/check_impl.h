@@ -528,15 +528,17 @@ static void SFX(family_all)(ctx *c)
  * of keys per query: the SIMD paths run it in the fused kernel
  * (csrc/simd/flash.inc).  Full, causal and a window; sizes across its
  * panels of queries and blocks of keys, grouped heads (2 query sequences
- * per key sequence), and scores that climb along the keys (kind 1), so
- * that the running max is raised on nearly every tile. */
+ * per key sequence), scores that climb along the keys (kind 1), so
+ * that the running max is raised on nearly every tile, and dropout (kind
+ * 2: float in the kernel, its keep bits by lanes against the scalar
+ * path's by rows). */
 static void SFX(flash_case)(ctx *c, att_fdims f, int kind)
 {
     ptrdiff_t B = f.B, Tq = f.Tq, T = f.T, H = f.H, Hv = f.Hv;
     ptrdiff_t Bk = (B + 1) / 2;
     snprintf(c->what, sizeof c->what, "%s flash B=%td Tq=%td T=%td H=%td "
-             "Hv=%td causal=%d window=%d climbing=%d", TYPE_NAME, B, Tq, T,
-             H, Hv, f.causal, f.window, kind);
+             "Hv=%td causal=%d window=%d climbing=%d dropout=%d", TYPE_NAME,
+             B, Tq, T, H, Hv, f.causal, f.window, kind == 1, kind == 2);
     c->shapes++;
     REAL *query = SFX(rand)(c, B * Tq * H, 1);
     REAL *keys = SFX(rand)(c, Bk * T * H, 1);
@@ -565,6 +567,11 @@ static void SFX(flash_case)(ctx *c, att_fdims f, int kind)
          .keys = SFX(jiggle)(c, Bk * T * H, keys),
          .values = SFX(jiggle)(c, Bk * T * Hv, values), .kidx = kidx,
          .vidx = kidx, .scale = (REAL)(1 / sqrt((double)H))}};
+    for (int k = 0; kind == 2 && k < 2; k++) {  /* (float: in the kernel) */
+        f.dropout = 1;
+        in[k].dropout = 0.3;
+        in[k].seed = 0x123456789ULL;
+    }
     REAL *out[RUNS], *lse[RUNS];
     for (int k = 0; k < RUNS; k++) {
         att_exec ex = SFX(exec)(c, k);
@@ -610,6 +617,7 @@ static void SFX(flash_all)(ctx *c)
         att_fdims f = flash_sizes[s];
         f.causal = 1;
         SFX(flash_case)(c, f, 1);
+        SFX(flash_case)(c, with_visibility(flash_sizes[s], s % 3), 2);
     }
 }
 
