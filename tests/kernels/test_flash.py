@@ -272,3 +272,31 @@ def test_dropout_inside_threads_bitwise_identical():
         ac.set_num_threads(n)
         assert_all_identical(_run(ac.dot_attention, q, k, v, kw), one,
                              f"{n} threads")
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS[1:])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dropout_inside_16_bit_is_the_widened_call(simd, dtype):
+    """16-bit inputs with dropout on the float products (widened as the
+    kernel loads them): the bits of the float32 call on the widened
+    arrays, rounded once.  (bfloat16 where the path has no bf16 products:
+    where it has them, a call with dropout runs the general path.)"""
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dt = np.dtype(ml_dtypes.bfloat16)
+        if simd != "avx2":
+            pytest.skip("bfloat16 inputs run on bf16 products here")
+    else:
+        dt = np.dtype(np.float16)
+    _core._set_simd(simd)
+    ac.set_fp32_precision("ieee")
+    q, k, v = _inputs(np.random.default_rng(23), np.float32, (2,), 130, 97)
+    q, k, v = (x.astype(dt) for x in (q, k, v))
+    kw = {"causal": True, "dropout": 0.25, "seed": 5}
+    out, lse = _run(ac.dot_attention, q, k, v, kw)
+    want, want_lse = _run(ac.dot_attention, *(x.astype(np.float32)
+                                               for x in (q, k, v)), kw)
+    assert out.dtype == dt
+    assert np.array_equal(out, want.astype(dt))
+    assert np.array_equal(lse, want_lse)
