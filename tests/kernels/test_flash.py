@@ -172,6 +172,39 @@ def test_key_offsets_past_float_precision():
 
 
 @pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", ["scalar"] + SIMD_PATHS)
+@dtype_param
+@pytest.mark.parametrize("H", [64, 17])
+def test_nonfinite_value_row_found_in_its_group(H, dtype, simd):
+    """The kernel runs on finite inputs alone; the scan that decides it
+    reads contiguous rows in groups of 1024 elements (16 rows of 64, 60
+    of 17), a row at a time only in a group that holds a NaN or an
+    infinity.  A value row r that holds one, at a group's edges and in
+    the last, partial group: causal, the queries before r (some in r's
+    panel, where the kernel would give them 0 x NaN) keep the results
+    of finite values to rounding, the others do not get a finite
+    value there, lse finite throughout."""
+    _core._set_simd(simd)
+    T = 130
+    q, k, v = _inputs(np.random.default_rng(H), dtype, (2,), T, T, H=H,
+                      Hv=H)
+    clean = _run(ac.dot_attention, q, k, v, {"causal": True})
+    group, tol = 1024 // H, TOL[dtype]
+    for r in sorted({0, group - 1, group, group + 1, 2 * group, T - 1}):
+        for bad in (np.nan, np.inf):
+            vb = v.copy()
+            vb[1, r, H // 2] = bad
+            out, lse = _run(ac.dot_attention, q, k, vb, {"causal": True})
+            what = f"{simd} H={H}: {bad} in value row {r}"
+            # (the call runs the general path now: the same to rounding)
+            assert rel_err(out[0], clean[0][0], floor=1.0) < tol, what
+            assert rel_err(out[1, :r], clean[0][1, :r], floor=1.0) < tol, \
+                what
+            assert not np.isfinite(out[1, r:, H // 2]).any(), what
+            assert rel_err(lse, clean[1], floor=1.0) < tol, what
+
+
+@pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("simd", SIMD_PATHS)
 @dtype_param
 def test_simd_paths_match_reference(simd, dtype):
