@@ -187,6 +187,10 @@ static inline void reduce4x4_ps(const __m512 *a, float alpha,
 #define DECODE_WIDE 4
 #define REAL_DIGITS 24
 #define VSCALE _mm512_scalef_ps
+/* x 2^n, 0 in the lanes where y < t (a NaN y keeps it): the scale itself
+ * zeroes them, so their arithmetic needs no care (simd/vmath.inc) */
+#define VSCALE_FLUSH(x, n, y, t) \
+    _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(y, t, _CMP_NLT_UQ), x, n)
 #define VABS _mm512_abs_ps
 #define VCOPYSIGN(m, s) _mm512_or_ps(_mm512_abs_ps(m), _mm512_and_ps( \
     s, _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u))))
@@ -328,6 +332,8 @@ static inline __m512d div_pd(__m512d a, __m512d b)
 #define VREDUCE _mm512_reduce_add_pd
 #define REAL_DIGITS 53
 #define VSCALE _mm512_scalef_pd
+#define VSCALE_FLUSH(x, n, y, t) \
+    _mm512_maskz_scalef_pd(_mm512_cmp_pd_mask(y, t, _CMP_NLT_UQ), x, n)
 #define VABS _mm512_abs_pd
 #define VCOPYSIGN(m, s) _mm512_or_pd(_mm512_abs_pd(m), _mm512_and_pd( \
     s, _mm512_castsi512_pd(                                            \
