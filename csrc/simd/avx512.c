@@ -30,6 +30,10 @@
  * latency x pipes on every x86 with AVX-512 (a float32 backward at (8,
  * 1024, 64) spent 3 % of its time on 4-row panels run as 12) */
 #define MR_SMALL 4
+/* A whole micro-panel against two whole B panels runs as two tiles of 6
+ * rows x 4 vectors (simd/gemm.inc's tile_rows_wide): 10 loads a k step
+ * for 24 FMAs, where 12 x 2 takes 14 */
+#define GEMM_MR_WIDE 6
 /* The FMA peak's chains (ops.inc's fma_loop): 24 of the 32 registers, a
  * margin over latency x ports (Skylake-SP to Sapphire Rapids 4 x 2, Zen 4
  * and 5 4 x 2 pipes). */

@@ -12,7 +12,10 @@ As a script (from the repo root; SO: attention_c/_core*.so)::
 The register-tiled micro-kernel (csrc/simd/tile.inc, TILE_ACCUMULATE) is
 compiled into micro_kernel_rows / micro_kernel_packed (simd/tile.inc) and
 tile_rows / tile_packed (simd/gemm.inc), FSFX-suffixed (name_f32_avx512,
-...).  GCC may inline the static ones into their caller (gemm_macro) or
+...); where the path sets GEMM_MR_WIDE, a micro-panel against two B panels
+also runs as tiles of GEMM_MR_WIDE rows x 4 vectors (tile_rows_wide,
+tile_packed_wide).  GCC may inline the static ones into their caller
+(gemm_tile, gemm_macro) or
 clone them (.isra.0, .constprop.0), so a kernel loop is found as an
 innermost loop (a backward branch with no other inside its span) holding
 more than two FMAs in one of those symbols: the one-row kernel
@@ -35,7 +38,8 @@ LANES = {("avx2", "f32"): 8, ("avx2", "f64"): 4,
          ("avx512", "f32"): 16, ("avx512", "f64"): 8}
 # the functions that hold the micro-kernel's k-loop, inlined or not
 KERNEL_FUNCS = ("micro_kernel_rows", "micro_kernel_packed", "tile_rows",
-                "tile_packed", "gemm_macro", "micro_kernel_small")
+                "tile_packed", "tile_rows_wide", "tile_packed_wide",
+                "gemm_tile", "gemm_macro", "micro_kernel_small")
 # the streamed forward's other hot loops (simd/ops.inc), each found as
 # the loop with the most instructions of its kind on the path's vectors
 # (exp's polynomial FMAs; the max), not the masking or the tail
@@ -60,10 +64,23 @@ def mr_of(isa, name="MR", default=None):
     return int(m.group(1))
 
 
+def loop_nv(isa, loop):
+    """The vectors of B a k-loop of the micro-kernel takes a step: 4 in
+    the wide tile, where the path sets GEMM_MR_WIDE and the loop loads a
+    vector for every GEMM_MR_WIDE FMAs; else 2."""
+    wide = mr_of(isa, "GEMM_MR_WIDE", 0)
+    fmas = sum(is_fma(i[1]) for i in loop)
+    loads = sum(bool(re.fullmatch(r"vmov[au]p[sd]", m)) and "(" in o
+                for _, m, o in loop)
+    return 4 if wide and loads * wide == fmas else 2
+
+
 def loop_rows(isa, loop):
-    """The rows a k-loop of the micro-kernel is checked against: MR, or
+    """The rows a k-loop of the micro-kernel is checked against: MR;
     MR_SMALL where the path has that tile (simd/gemm.inc) and the loop
-    holds 2 MR_SMALL FMAs."""
+    holds 2 MR_SMALL FMAs; GEMM_MR_WIDE in the wide tile (loop_nv)."""
+    if loop_nv(isa, loop) == 4:
+        return mr_of(isa, "GEMM_MR_WIDE")
     small = mr_of(isa, "MR_SMALL", 0)
     fmas = sum(is_fma(i[1]) for i in loop)
     return small if small and fmas == 2 * small else mr_of(isa)
@@ -536,7 +553,8 @@ def _main(argv):
                     fmas = sum(is_fma(i[1]) for i in loop)
                     bad = check_kernel_loop(loop, isa, dtype,
                                             loop_rows(isa, loop),
-                                            stack_regs(funcs[sym]))
+                                            stack_regs(funcs[sym]),
+                                            loop_nv(isa, loop))
                     print(f"kernel {sym}+{loop[0][0]:x} {len(loop)} "
                           f"insns {fmas} FMAs: "
                           f"{'; '.join(bad) if bad else 'ok'}")

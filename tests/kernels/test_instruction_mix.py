@@ -61,10 +61,15 @@ def test_micro_kernel_loop(funcs, isa, dtype):
     assert not small or any(il.loop_rows(isa, loop) == small
                             for _, loop in loops), (
         f"no {small}-row k-loop on {isa} {dtype}: found {sorted(where)}")
+    # and the wide tile (GEMM_MR_WIDE rows x 4 vectors), where it has one
+    wide = il.mr_of(isa, "GEMM_MR_WIDE", 0)
+    assert not wide or any(il.loop_nv(isa, loop) == 4 for _, loop in loops), (
+        f"no {wide} x 4 k-loop on {isa} {dtype}: found {sorted(where)}")
     for sym, loop in loops:
         problems = il.check_kernel_loop(loop, isa, dtype,
                                         il.loop_rows(isa, loop),
-                                        il.stack_regs(funcs[sym]))
+                                        il.stack_regs(funcs[sym]),
+                                        il.loop_nv(isa, loop))
         listing = "\n".join(f"  {a:x}: {m} {o}" for a, m, o in loop)
         assert not problems, (f"{sym}, loop at {loop[0][0]:x}:\n  "
                               + "\n  ".join(problems) + "\n" + listing)
