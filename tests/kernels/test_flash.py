@@ -172,7 +172,7 @@ def test_key_offsets_past_float_precision():
 
 
 @pytest.mark.usefixtures("restore_settings")
-@pytest.mark.parametrize("simd", ["scalar"] + SIMD_PATHS)
+@pytest.mark.parametrize("simd", SIMD_PATHS)
 @dtype_param
 @pytest.mark.parametrize("H", [64, 17])
 def test_nonfinite_value_row_found_in_its_group(H, dtype, simd):
