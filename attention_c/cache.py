@@ -52,14 +52,16 @@ def _group_of(d, ng, what):
     return d // ng
 
 
-def quantize_kv(x, group=32):
-    """Keys or values in int8 with one float32 scale per group of
-    ``group`` consecutive elements of a row, as an int8 cache holds them.
+def quantize_kv(x, group=32, scale_dtype=np.float32):
+    """Keys or values in int8 with one scale per group of ``group``
+    consecutive elements of a row, as an int8 cache holds them.
 
     Per group (in float32): ``scale = max|x| / 127`` (0 for an all-zero
     group) and ``q = rint(x / scale)`` in [-127, 127] (round half to
     even; 0 where the scale is 0), so ``|x - scale q| <= scale / 2``.
-    llama.cpp's q8_0 is ``group=32``.
+    llama.cpp's q8_0 is ``group=32``.  float16 scales are that scale
+    rounded up to a float16 (so no q passes 127 and the bound holds for
+    the scale stored), q computed with it.
 
     Parameters
     ----------
@@ -67,13 +69,19 @@ def quantize_kv(x, group=32):
         Finite real values (any float dtype; computed in float32).
     group : int
         Elements per scale: at least 8, dividing d.
+    scale_dtype : float32 or float16
+        float16 scales take half the bytes but hold groups of max|x| up
+        to 127 x 65504 (larger is refused), and a group far below 1
+        (max|x| < 127 x 2^-14, about 0.0078) keeps fewer bits.
 
     Returns
     -------
     q : ndarray of int8, (..., d)
-    scales : ndarray of float32, (..., d // group)
+    scales : ndarray of scale_dtype, (..., d // group)
     """
     x = _real_array("x", x)
+    if isinstance(group, (bool, np.bool_)):
+        raise TypeError(f"group must be an int, got {group!r}")
     try:
         group = operator.index(group)
     except TypeError:
@@ -82,12 +90,16 @@ def quantize_kv(x, group=32):
     if group < 8 or d % group:
         raise ValueError(f"group = {group} must be >= 8 and divide the last "
                          f"axis d = {d}")
-    return _quantize(x, group, "x")
+    sdt = np.dtype(scale_dtype)
+    if sdt not in (_F32, _F16):
+        raise TypeError(f"scale_dtype must be float32 or float16, got "
+                        f"{sdt}")
+    return _quantize(x, group, "x", sdt)
 
 
-def _quantize(x, group, name):
-    """quantize_kv of the real array x, checked (its non-finite values
-    named as `name`)."""
+def _quantize(x, group, name, sdt):
+    """quantize_kv of the real array x into scales of dtype sdt, checked
+    (its values named as `name`)."""
     d = x.shape[-1]
     with np.errstate(over="ignore"):    # beyond float32: refused below
         x32 = x.astype(_F32)
@@ -96,7 +108,17 @@ def _quantize(x, group, name):
                          f"float32: an int8 cache holds finite values only")
     xg = x32.reshape(x.shape[:-1] + (d // group, group))
     scales = np.max(np.abs(xg), axis=-1) / _F32.type(127)
-    safe = np.where(scales > 0, scales, _F32.type(1))
+    if sdt == _F16:
+        with np.errstate(over="ignore"):        # refused just below
+            s16 = scales.astype(_F16)
+            s16 = np.where(s16.astype(_F32) < scales,
+                           np.nextafter(s16, _F16.type(np.inf)), s16)
+        if not np.isfinite(s16).all():
+            raise ValueError(f"{name} has a group of max|x| = "
+                             f"{float(np.abs(x32).max()):.6g}, beyond what "
+                             f"float16 scales hold (127 x 65504 = 8.3e6)")
+        scales = s16
+    safe = np.where(scales > 0, scales, scales.dtype.type(1)).astype(_F32)
     q = np.clip(np.rint(xg / safe[..., None]), -127, 127)
     return q.astype(np.int8).reshape(x.shape), scales
 
@@ -142,11 +164,29 @@ def _cache_dtype(name, x):
     if not (dt == _F32 or dt == _F64 or dt == _I8 or _low(dt)):
         raise TypeError(f"{name} has dtype {dt}; a cache is "
                         f"{_CACHE_DTYPES}")
-    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+    if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
         raise ValueError(f"{name}'s last axis must be contiguous (stride "
                          f"{x.itemsize} bytes, got {x.strides[-1]}): the "
                          f"cache is read where it is, never copied")
+    _aligned(name, x)
     return dt
+
+
+def _aligned(name, x):
+    """The kernel reads x's elements where they are: at an address and
+    strides that are multiples of their size (NumPy's aligned flag says
+    both; an array at an odd byte offset of a buffer is not)."""
+    if x.size and not x.flags.aligned:
+        raise ValueError(f"{name} is not aligned: its address and strides "
+                         f"{x.strides} must be multiples of its "
+                         f"{x.itemsize}-byte elements (it is read and "
+                         f"written where it is, never copied)")
+
+
+def _writable(name, x):
+    if not x.flags.writeable:
+        raise ValueError(f"{name} is read-only, but the new k and v are "
+                         f"written into it in place")
 
 
 def _scales(name, s, cache_name, cache):
@@ -169,19 +209,27 @@ def _scales(name, s, cache_name, cache):
         raise ValueError(f"{name} has shape {s.shape}; expected "
                          f"{cache.shape[:3]} + (groups,), as {cache_name} "
                          f"{cache.shape}")
-    if s.shape[-1] > 1 and s.strides[-1] != s.itemsize:
+    if s.size and s.shape[-1] > 1 and s.strides[-1] != s.itemsize:
         raise ValueError(f"{name}'s last axis must be contiguous")
+    _aligned(name, s)
     return _group_of(cache.shape[-1], s.shape[-1], f"{name} {s.shape} for "
                      f"{cache_name} {cache.shape}")
 
 
 def _ints(name, x, ndim):
+    """x as a C-contiguous int64 array of ndim axes (a copy: the kernel
+    reads these while the caller may change theirs)."""
     a = np.asarray(x)
-    if a.dtype.kind not in "iu" or a.ndim != ndim:
-        raise TypeError(f"{name} must be an integer array of {ndim} "
-                        f"ax{'is' if ndim == 1 else 'es'}, got dtype "
-                        f"{a.dtype} and shape {a.shape}")
-    return a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype "
+                        f"{a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} "
+                         f"ax{'is' if ndim == 1 else 'es'}, got shape "
+                         f"{a.shape}")
+    if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {a.max()}, beyond any cache")
+    return np.array(a, dtype=np.int64, order="C")
 
 
 def _window(window):
@@ -434,15 +482,17 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     if slopes is not None:
         slopes = slopes.reshape(-1, Hq)
     sink = _per_head("sinks", sinks, B, Hq, real, [(Hq,)])
-    qc = q if q.dtype == real and q.strides[-1] == q.itemsize else (
-        np.ascontiguousarray(q, dtype=real))
+    qc = q if (q.dtype == real and q.strides[-1] == q.itemsize
+               and q.flags.aligned) else np.array(q, dtype=real, order="C")
     if Tn:      # quantized first (it checks the values), then written
         writes = []
         for name, cache, scales, group, new in (
                 ("k", k_cache, k_scales, kg, k),
                 ("v", v_cache, v_scales, vg, v)):
+            _writable(f"{name}_cache", cache)
             if group:
-                new, s = _quantize(new, group, name)
+                _writable(f"{name}_scales", scales)
+                new, s = _quantize(new, group, name, scales.dtype)
                 writes.append((scales, s))
             writes.append((cache, new))
         blk, row = _slots(lens, Tn, table, block)
@@ -450,10 +500,14 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
             dest[blk, row] = new
     out = np.empty((B, Tq, Hq, dv), real)
     lse = np.empty((B, Tq, Hq), real)
-    _core._cache_attention(qc, k_cache, v_cache, total, table,
-                           k_scales, v_scales, scale,
-                           bool(causal), wl, wr, cap or 0.0, slopes, sink,
-                           out, lse)
+    if B and capacity:
+        _core._cache_attention(qc, k_cache, v_cache, total, table,
+                               k_scales, v_scales, scale,
+                               bool(causal), wl, wr, cap or 0.0, slopes,
+                               sink, out, lse)
+    else:       # no sequence, or caches without a row: no key to read
+        out[...] = 0
+        lse[...] = -np.inf if sink is None else sink
     if qd != real:                      # rounded once, to the query's
         out = out.astype(qd)
     return (out, lse) if return_lse else out

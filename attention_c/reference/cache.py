@@ -32,7 +32,8 @@ cache's first three axes + (d // g,)).  It holds the values scale * q,
 read here in float64.  quantize_kv gives q and the scales of new rows
 (the appends), dequantize_kv the float32 values back:
 
-    scale     = max |x| / 127 over the group (0 if the group is all 0)
+    scale     = max |x| / 127 over the group (0 if the group is all 0),
+                in float32; float16 scales round it up to a float16
     q         = round(x / scale) to the nearest integer, ties to even,
                 clipped to -127 .. 127 (0 where scale = 0)
     x        ~= scale * q     within scale / 2
@@ -41,14 +42,17 @@ read here in float64.  quantize_kv gives q and the scales of new rows
 import numpy as np
 
 
-def quantize_kv(x, group=32):
+def quantize_kv(x, group=32, scale_dtype=np.float32):
     """Keys or values x (..., d) as int8 numbers and a scale per group:
-    (q int8 (..., d), scales float32 (..., d // group)).
+    (q int8 (..., d), scales (..., d // group) of scale_dtype).
 
     Every group of ``group`` consecutive elements of the last axis is
     scaled so that its largest magnitude becomes 127, then rounded to
     the nearest integer (ties to even).  All in float32: x is first
     converted to float32 (16-bit dtypes exactly, float64 rounded).
+    float16 scales are rounded up (a float16 scale a little below the
+    float32 one would push the largest magnitude past 127), and q is
+    computed with the scale as stored.
     """
     x = np.asarray(x)
     d = x.shape[-1]
@@ -62,11 +66,17 @@ def quantize_kv(x, group=32):
 
     # one scale per group: its largest magnitude / 127, in float32
     scales = np.max(np.abs(xg), axis=-1) / np.float32(127)    # (..., ng)
+    if np.dtype(scale_dtype) == np.float16:
+        with np.errstate(over="ignore"):   # (a scale past 65504 is inf)
+            s16 = scales.astype(np.float16)            # to nearest ...
+            up = s16.astype(np.float32) < scales       # ... then up
+            scales = np.where(up, np.nextafter(s16, np.float16(np.inf)),
+                              s16)
 
     # x / scale rounded to the nearest integer, ties to even (np.rint);
     # an all-zero group has scale 0 and q 0 (divide by 1 there instead)
     s = scales[..., None]                              # (..., ng, 1)
-    ratio = xg / np.where(s == 0, np.float32(1), s)    # float32
+    ratio = xg / np.where(s == 0, 1, s).astype(np.float32)
     q = np.clip(np.rint(ratio), -127, 127)
     q = np.where(s == 0, 0, q)
     return q.astype(np.int8).reshape(x32.shape), scales
@@ -102,9 +112,9 @@ def _write(cache, scales, slots, new):
         cache[slots] = new
         return
     g = cache.shape[-1] // scales.shape[-1]
-    q, s = quantize_kv(new, group=g)
+    q, s = quantize_kv(new, group=g, scale_dtype=scales.dtype)
     cache[slots] = q
-    scales[slots] = s                                  # cast to its dtype
+    scales[slots] = s                                  # (of its dtype)
 
 
 def _slots(b, t, block_table, block_size):

@@ -299,6 +299,12 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
         # A contiguous cache (B_cache, S_max, ...) is a paged one of
         # B_cache blocks of S_max rows: sequence b is block idx[b].
         table = idx.detach().reshape(B, 1).numpy()
+        bad = (table < 0) | (table >= k_cache.shape[0])
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(f"cache_batch_idx[{b}] = {int(table[b, 0])} is "
+                             f"out of range: k_cache has "
+                             f"{k_cache.shape[0]} sequences")
     elif paged:
         _int_tensor("block_table", block_table, None, 2)
         assert block_table is not None
@@ -354,6 +360,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
             raise TypeError(f"softmax_scale must be a float or None, got "
                             f"{type(softmax_scale).__name__}")
         softmax_scale = float(softmax_scale)
+        if not np.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be finite, got "
+                             f"{softmax_scale}")
     win, cap = _window(window_size), _softcap(softcap)
     compute = torch.float64 if wide else torch.float32
     slopes = _cache_vector("alibi_slopes", alibi_slopes,

@@ -736,7 +736,22 @@ def bad_case(name):
     if name == "v_cache_last_axis_strided":
         vc = np.repeat(contiguous[1], 2, axis=-1)[..., ::2]
         return c, (contiguous[0], vc), None, kw, ValueError, "v_cache"
+    if name == "v_cache_read_only":      # k_cache is checked first
+        contiguous[1].flags.writeable = False
+        return c, contiguous, None, kw, ValueError, "v_cache.*read-only"
+    if name == "v_cache_unaligned":
+        vc = unaligned_copy(contiguous[1])
+        return c, (contiguous[0], vc), None, kw, ValueError, "v_cache"
     raise AssertionError(name)
+
+
+def unaligned_copy(a):
+    """A C-contiguous copy of ``a`` one byte past an aligned address."""
+    buf = np.zeros(a.nbytes + 1, np.uint8)[1:]
+    out = buf.view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned
+    return out
 
 
 BAD = ["block_out_of_range", "block_negative_used",
@@ -745,7 +760,8 @@ BAD = ["block_out_of_range", "block_negative_used",
        "k_without_v", "v_without_k", "query_d_mismatch", "k_d_mismatch",
        "v_dv_mismatch", "int16_cache", "float64_query_float32_cache",
        "float64_query_half_cache", "k_cache_last_axis_strided",
-       "v_cache_last_axis_strided"]
+       "v_cache_last_axis_strided", "v_cache_read_only",
+       "v_cache_unaligned"]
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -763,3 +779,72 @@ def test_refused(name):
             assert accepted in str(info.value), (accepted, str(info.value))
     assert kc.tobytes() == before[0].tobytes(), "k_cache written"
     assert vc.tobytes() == before[1].tobytes(), "v_cache written"
+
+
+def test_seqlens_beyond_int64_named():
+    """A uint64 length past int64 is named as given, not wrapped."""
+    c = Case(np.random.default_rng(19), SHAPES[0])
+    lens = np.array([2 ** 64 - 1], np.uint64)
+    with pytest.raises(ValueError, match="cache_seqlens.*18446744073709551615"):
+        ac.cache_attention(c.q, c.kc, c.vc, lens)
+
+
+def test_table_shape_is_a_value_error():
+    c = Case(np.random.default_rng(19), SHAPES[0])
+    with pytest.raises(ValueError, match="block_table must have 2 axes"):
+        ac.cache_attention(c.q, c.kc, c.vc, c.seqlens,
+                           block_table=np.zeros(3, np.int64))
+
+
+# --------------------------------------------------------------------------
+# layouts the kernel does not take as they are: copied (the small
+# arguments) or answered without it
+
+def test_transposed_table_and_unaligned_query():
+    """A block table in Fortran order and a query at an odd address give
+    the bits of their C-ordered, aligned copies (they are copied; the
+    caches never are)."""
+    rng = np.random.default_rng(20)
+    c = Case(rng, SHAPES[4])
+    kp, vp, table = c.paged(rng, 16)
+    want = c.run(table, (kp, vp))
+    fortran = np.asfortranarray(table)
+    assert not fortran.flags.c_contiguous
+    assert_same(c.run(fortran, (kp, vp)), want, "Fortran-order table")
+    c.q = unaligned_copy(c.q)
+    assert_same(c.run(table, (kp, vp)), want, "unaligned query")
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_no_sequence_or_no_row(sinks):
+    """B = 0 gives empty results; caches with no row to hold a key (a
+    table of no blocks, blocks of no rows) give every query out 0 and
+    lse -inf, or its sink's logit, as the reference."""
+    rng = np.random.default_rng(21)
+    Hq, Hkv, d, dv = 4, 2, 8, 6
+    kw = {"sinks": rng.standard_normal(Hq).astype(np.float32)} if sinks \
+        else {}
+    q0 = np.zeros((0, 2, Hq, d), np.float32)
+    out, lse = ac.cache_attention(q0, np.zeros((0, 5, Hkv, d), np.float32),
+                                  np.zeros((0, 5, Hkv, dv), np.float32),
+                                  np.zeros(0, np.int64), return_lse=True,
+                                  **kw)
+    assert out.shape == (0, 2, Hq, dv) and lse.shape == (0, 2, Hq)
+    q = rng.standard_normal((3, 2, Hq, d)).astype(np.float32)
+    lens = np.zeros(3, np.int32)
+    caches = [
+        (np.zeros((4, 16, Hkv, d), np.float32),
+         np.zeros((4, 16, Hkv, dv), np.float32), np.zeros((3, 0), np.int64)),
+        (np.zeros((4, 0, Hkv, d), np.float32),
+         np.zeros((4, 0, Hkv, dv), np.float32), np.zeros((3, 2), np.int64)),
+        (np.zeros((3, 0, Hkv, d), np.float32),
+         np.zeros((3, 0, Hkv, dv), np.float32), None),
+    ]
+    for kc, vc, table in caches:
+        got = ac.cache_attention(q, kc, vc, lens, block_table=table,
+                                 return_lse=True, **kw)
+        want = ref.cache_attention(q, kc, vc, lens, block_table=table,
+                                   return_lse=True, **kw)
+        for g, w in zip(got, want):
+            assert g.dtype == np.float32
+            np.testing.assert_array_equal(g, w.astype(np.float32))

@@ -73,17 +73,23 @@ def dtype_id(dt):
 # --------------------------------------------------------------------------
 # the contract's formulas, transcribed in plain float32 NumPy
 
-def quantize_plain(x, g):
-    """(q int8, scales float32): per group of g elements, in float32,
-    scale = max|x| / 127, q = clip(rint(x / scale), -127, 127), both 0
-    for a scale of 0."""
+def quantize_plain(x, g, sdtype=np.float32):
+    """(q int8, scales of sdtype): per group of g elements, in float32,
+    scale = max|x| / 127 (float16 scales: the least float16 >= it), q =
+    clip(rint(x / scale), -127, 127) with the scale as stored, both 0 for
+    a scale of 0."""
     x32 = np.asarray(x).astype(np.float32)
     lead, d = x32.shape[:-1], x32.shape[-1]
     xg = x32.reshape(lead + (d // g, g))
     scale = np.max(np.abs(xg), axis=-1) / np.float32(127)
     assert scale.dtype == np.float32
+    if np.dtype(sdtype) == F16:
+        near = scale.astype(np.float16)
+        scale = np.where(near.astype(np.float64) >= scale, near,
+                         np.nextafter(near, np.float16(np.inf)))
+        assert scale.dtype == F16
     with np.errstate(divide="ignore", invalid="ignore"):
-        quotient = xg / scale[..., None]               # float32
+        quotient = xg / scale[..., None].astype(np.float32)
     assert quotient.dtype == np.float32
     q = np.clip(np.rint(quotient), -127, 127)
     q = np.where(scale[..., None] == 0, 0, q)
@@ -256,6 +262,52 @@ def test_round_trip_bound(dtype):
         top = np.abs(x.astype(np.float32)).reshape(50, 3, d // g, g).max(-1)
         assert np.allclose(np.abs(back).reshape(50, 3, d // g, g).max(-1),
                            top, rtol=2.0**-22, atol=0)
+
+
+def test_quantize_float16_scales():
+    """scale_dtype=float16: the least float16 at or above the float32
+    scale, q from it (the formula's bits, the reference's), so that
+    |x - scale q| <= scale / 2 holds for the scale as stored, down to
+    groups whose scale is a float16 subnormal (a float32 scale that
+    underflows to 0 stays 0, q 0, as with float32 scales); groups up to
+    127 x 65504 (the largest float16 scale) and no larger."""
+    rng = np.random.default_rng(4)
+    for d, g in ((8, 8), (64, 32), (128, 128)):
+        x = tricky_rows(rng, (40, 3, d), g)
+        x *= 2.0 ** rng.integers(-30, 12, (40, 3, 1))  # (ties kept)
+        x = x.astype(np.float32)
+        x[0, 0, :g] = 1e-6                      # a subnormal scale
+        want = quantize_plain(x, g, F16)
+        q, scales = ac.quantize_kv(x, group=g, scale_dtype=np.float16)
+        assert scales.dtype == F16
+        assert_identical(q, want[0], f"d {d} g {g}: q")
+        assert_identical(scales, want[1], f"d {d} g {g}: scales")
+        rq, rs = ref.quantize_kv(x, group=g, scale_dtype=np.float16)
+        assert_identical(rq, want[0], "reference q")
+        assert_identical(rs, want[1], "reference scales")
+        s = np.repeat(scales.astype(np.float64), g, axis=-1)
+        err = np.abs(x.astype(np.float64) - ac.dequantize_kv(q, scales))
+        under = np.repeat(quantize_plain(x, g)[1] == 0, g, axis=-1)
+        assert not q[under].any()
+        assert np.all(err[~under] <= s[~under] * (0.5 + 2.0**-16))
+        assert (scales[0, 0, 0] > 0 and scales[0, 0, 0] < 2.0**-14
+                and q[0, 0, 0] != 0)
+        assert q.min() >= -127
+    top = np.full(8, 127 * 65504, np.float32)
+    q, scales = ac.quantize_kv(top, group=8, scale_dtype=np.float16)
+    assert scales[0] == 65504 and (q == 127).all()
+    with pytest.raises(ValueError, match=r"\bx\b.*float16"):
+        ac.quantize_kv(top * np.float32(1.001), group=8,
+                       scale_dtype=np.float16)
+
+
+@pytest.mark.parametrize("bad,error", [
+    ({"group": True}, TypeError), ({"group": 8.0}, TypeError),
+    ({"scale_dtype": np.float64}, TypeError),
+    ({"scale_dtype": np.int8}, TypeError)], ids=str)
+def test_quantize_arguments_refused(bad, error):
+    with pytest.raises(error, match="group|scale_dtype"):
+        ac.quantize_kv(np.ones((2, 16), np.float32), **{"group": 8, **bad})
 
 
 @pytest.mark.parametrize("sdtype", [np.float32, np.float16], ids=dtype_id)
@@ -477,8 +529,7 @@ def deq(c, s):
 
 
 def requant(x, g, sdtype):
-    q, s = quantize_plain(x, g)
-    return dequantize_plain(q, s.astype(sdtype))
+    return dequantize_plain(*quantize_plain(x, g, sdtype))
 
 
 def paged(c, rng, bs, unused="-1", table_dtype=np.int32, extra=3):
@@ -760,8 +811,8 @@ def test_append_in_place(layout, which, pair, sdtype):
             (kc, ks, before[0], before[2], c.k, c.gk, "k"),
             (vc, vs, before[1], before[3], c.v, c.gv, "v")):
         if scales is not None:
-            wq, ws = quantize_plain(new, g)
-            aq, as_ = ac.quantize_kv(new, group=g)
+            wq, ws = quantize_plain(new, g, sdtype)
+            aq, as_ = ac.quantize_kv(new, group=g, scale_dtype=sdtype)
             assert_identical(aq, wq, "quantize_kv")
             assert_identical(as_, ws, "quantize_kv")
         for slot in np.ndindex(cache.shape[:2]):
@@ -772,7 +823,7 @@ def test_append_in_place(layout, which, pair, sdtype):
                                      new[b, j].astype(cache.dtype), name)
                     continue
                 assert_identical(cache[slot], wq[b, j], f"{name} q {slot}")
-                assert_identical(scales[slot], ws[b, j].astype(sdtype),
+                assert_identical(scales[slot], ws[b, j],
                                  f"{name} scales {slot}")
             else:
                 assert cache[slot].tobytes() == old_c[slot].tobytes(), (
@@ -913,6 +964,16 @@ def bad_case(name):
     if name == "v_infinite_new_row":
         c.v[0, 0, 0, 0] = np.inf
         return c, (kc, vc, ks, vs), None, q, ValueError, r"\bv\b|finite"
+    if name == "v_new_row_beyond_float16_scales":
+        c = Case(rng, shape, (I8, I8), np.float16)
+        c.v[1, 0, 1, 3] = 1e7
+        return c, c.copies(), None, q, ValueError, r"\bv\b.*float16"
+    if name == "v_cache_read_only":     # k and its scales are checked first
+        vc.flags.writeable = False
+        return c, (kc, vc, ks, vs), None, q, ValueError, "v_cache"
+    if name == "v_scales_read_only":
+        vs.flags.writeable = False
+        return c, (kc, vc, ks, vs), None, q, ValueError, "v_scales"
     if name == "k_new_row_beyond_float32":      # float64, inf as float32
         c.k = c.k.astype(np.float64)
         c.k[1, 1, 0, 0] = 1e39
@@ -928,7 +989,8 @@ BAD = ["k_int8_without_scales", "v_int8_without_scales",
        "v_scales_int", "k_scales_last_axis_strided",
        "v_scales_last_axis_strided", "k_scales_paged_blocks",
        "float64_query", "k_nonfinite_new_row", "v_infinite_new_row",
-       "k_new_row_beyond_float32"]
+       "v_new_row_beyond_float16_scales", "v_cache_read_only",
+       "v_scales_read_only", "k_new_row_beyond_float32"]
 
 
 @pytest.mark.parametrize("name", BAD)

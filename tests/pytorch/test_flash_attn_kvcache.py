@@ -693,6 +693,11 @@ def _call(**kw):
     ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)},
      NotImplementedError, "cache_leftpad"),
     ({"softmax_scale": "0.5"}, TypeError, "softmax_scale"),
+    ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
+    ({"cache_batch_idx": torch.tensor([0, 2])}, ValueError,
+     r"cache_batch_idx\[1\] = 2"),
+    ({"cache_batch_idx": torch.tensor([-1, 0])}, ValueError,
+     r"cache_batch_idx\[0\] = -1"),
     ({"return_softmax_lse": 1}, TypeError, "return_softmax_lse"),
     ({"q": randn(2, 1, 4, 3, dtype=torch.float64)}, TypeError, "float64"),
     ({"k_cache": randn(2, 6, 2, 3).to(torch.int16)}, TypeError,
@@ -732,6 +737,16 @@ def test_errors_write_nothing(layout):
                                     block_table=table)
         assert torch.equal(cache.k, before_k)
         assert torch.equal(cache.v, before_v)
+        # a transposed table is a table (its entries copied)
+        want = flash_attn_with_kvcache(q, cache.k.clone(), cache.v.clone(),
+                                       kn[:, :1], vn[:, :1],
+                                       cache_seqlens=cache.seqlens,
+                                       block_table=cache.table)
+        got = flash_attn_with_kvcache(q, cache.k, cache.v, kn[:, :1],
+                                      vn[:, :1], cache_seqlens=cache.seqlens,
+                                      block_table=cache.table.T.contiguous()
+                                      .T)
+        assert torch.equal(got, want)
 
 
 # --------------------------------------------------------------------------
@@ -852,9 +867,9 @@ def test_int8_bitwise(which, sdtype, layout, variant):
                          ids=["f32scales", "f16scales"])
 def test_int8_decoding_loop(layout, sdtype):
     """Slot by slot: each new key and value lands in the caller's int8
-    cache as attention_c.quantize_kv(row) and its scales in the caller's
-    scale tensors (in their dtype), every other slot untouched; each
-    step bitwise the dequantized float32 call."""
+    cache as attention_c.quantize_kv(row) (with scales of the caller's
+    scale tensors' dtype) and its scales in them, every other slot
+    untouched; each step bitwise the dequantized float32 call."""
     B, S, H, Hk, d = 2, 12, 4, 2, 16
     c = quantized(Cache(B, S, Hk, d, d, [2, 5],
                         block=4 if layout == "paged" else None), "kv",
@@ -877,9 +892,12 @@ def test_int8_decoding_loop(layout, sdtype):
             slot = ((b, t) if c.table is None
                     else (int(c.table[b, t // 4]), t % 4))
             for i, new in ((0, kn), (1, vn)):
-                qn, sn = attention_c.quantize_kv(new[b, 0].numpy(), group=8)
+                qn, sn = attention_c.quantize_kv(
+                    new[b, 0].numpy(), group=8,
+                    scale_dtype=np.float16 if sdtype == torch.float16
+                    else np.float32)
                 written[i][slot] = torch.from_numpy(qn)
-                written[i + 2][slot] = torch.from_numpy(sn).to(sdtype)
+                written[i + 2][slot] = torch.from_numpy(sn)
         for t, w in zip(tensors, written):
             assert torch.equal(t, w)
         f = dequantized(c)
