@@ -5,19 +5,21 @@
  * A call flows one way, through one file per concern:
  *   module.c  the module: its init, its private functions, _publish and
  *             _table, and each row's entry points, which call
- *   call.c    call_function, steps 1-6 in order for one row (the outputs,
- *             the scratch and the threads are its own), through
+ *   call.c    call_function, steps 1-6 in order for one row (the outputs
+ *             are its own; the scratch and the threads state.c's), through
  *   parse.c   steps 1 and 2: the arguments taken (positional, keywords)
  *             and each one as an array or a value;
  *   shapes.c  step 3: the shape patterns and their checks;
  *   views.c   step 4: casts, and the arguments read where they are
  *             (views, broadcast indices, groups);
  *   table.c   the rows of the table (args.h names their arguments) and
- *             their kernel calls, which call_function makes last.
- * A file calls no other but the ones after it in the flow, and the shape
+ *             their kernel calls, which call_function makes last (the
+ *             family's and the key projection's in rows_family.c).
+ * A file calls no other but the ones after it in the flow, the shape
  * helpers of shapes.c (fmt_shape for messages, pattern_dims, axes_present)
- * that every later step uses; what all of them read (a call's arguments
- * by id) is inline here.
+ * that every later step uses, and state.c (what the calls share: kept
+ * scratch, instruction set, threads); what all of them read (a call's
+ * arguments by id) is inline here.
  *
  * Compiled twice (setup.py): as attention_c._core, and with ATT_TEST_HOOKS
  * as attention_c._core_tests, which adds what only the tests use: the
@@ -203,7 +205,7 @@ typedef struct {
     ptrdiff_t work_bytes;    /* (0: none yet; a workspace is never 0) */
 } FuncSpec;
 
-/* call.c: buffers kept between calls, one per use (keep_take) */
+/* state.c: buffers kept between calls, one per use (keep_take) */
 enum keep {
     KEEP_WORK,      /* the kernels' scratch */
     KEEP_WIDE,      /* 16-bit inputs widened to float32 (views.c) */
@@ -352,9 +354,20 @@ int cast_args(Call *c);
 int make_views(Call *c);
 int settle16(Call *c);
 
-/* table.c: whether the family takes the call's inputs as stored in
+/* rows_family.c: whether the family takes the call's inputs as stored in
  * c->io16's 16 bits (att_family_takes16; reads them) */
 int family_takes16(Call *c);
+/* rows_family.c: the checks, scratch and kernel calls of table.c's rows
+ * of the family (FAMILY, LOCATION) and the key projection (PROJECT) */
+int check_family(Call *c);
+int check_location(Call *c);
+int check_project(Call *c);
+ptrdiff_t w_family(Call *c);
+ptrdiff_t w_project(Call *c);
+int k_family(Call *c);
+int k_location(Call *c);
+int k_project_keys(Call *c);
+int k_project_keys_backward(Call *c);
 
 /* call.c: steps 1-6 for row fn (grads: the public function's named tuple
  * of a backward, or NULL); the error of a kernel's status. */
@@ -363,8 +376,9 @@ PyObject *call_function(const FuncSpec *fn, PyObject *const *args,
                         PyTypeObject *grads);
 int check_status(int st);
 
-/* call.c: the instruction set and the threads of the fused kernels, and
- * the scratch kept between calls; all read and written with the GIL. */
+/* state.c: the instruction set and the threads of the fused kernels,
+ * and the scratch kept between calls; all read and written with the
+ * GIL. */
 extern int simd_level;
 extern const char *const simd_names[];
 /* module.c: the path named by the str `name` (enum att_simd), or -1 with
