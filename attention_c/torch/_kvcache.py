@@ -72,6 +72,222 @@ def _refuse_placement(name: str, t: torch.Tensor) -> None:
                      f"caches too) with .cpu()")
 
 
+def _check_tensors(named: list[tuple[str, Any]],
+                   scales: list[tuple[str, Any]],
+                   unsupported: list[tuple[str, Any]],
+                   others: list[tuple[str, Any]]) -> None:
+    """The arguments that must be tensors are, dense and on the CPU, none
+    requiring grad where grad is enabled; the unsupported ones None."""
+    for name, t in named[:3]:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
+    for name, t in named[3:]:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got "
+                            f"{type(t).__name__}")
+    if (named[3][1] is None) != (named[4][1] is None):
+        raise ValueError("k and v must be given together (the new keys "
+                         "and values to append), or both be None")
+    for name, x in unsupported:
+        if x is not None:
+            raise NotImplementedError(
+                f"flash_attn_with_kvcache: {name} is not supported on the "
+                f"CPU (attention_c); apply the rotary embedding to q and k "
+                f"before the call, and keep each cache left-aligned")
+    for name, t in scales:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got "
+                            f"{type(t).__name__}")
+    tensors = [(n, t) for n, t in named + others + scales
+               if isinstance(t, torch.Tensor)]
+    # One pass of the cheapest attributes: a decode step runs this once a
+    # layer and token, its Python cold after the kernel swept the caches.
+    grad = False
+    for name, t in tensors:
+        if not t.is_cpu or t.layout != torch.strided or t.is_nested:
+            _refuse_placement(name, t)
+        grad = grad or t.requires_grad
+    if grad and torch.is_grad_enabled():
+        needs = ", ".join(n for n, t in tensors if t.requires_grad)
+        raise RuntimeError(
+            f"flash_attn_with_kvcache is inference only (it has no "
+            f"backward, as flash_attn's), but {needs} require(s) grad; call "
+            f"it under torch.no_grad() or torch.inference_mode(), or use "
+            f"flash_attn_func for a differentiable attention")
+
+
+def _check_shapes(named: list[tuple[str, Any]]) -> tuple[int, int]:
+    """q, the caches and k, v (named) of agreeing shapes: (B, heads)."""
+    for name, t in named:
+        if t is not None and t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D, got shape "
+                             f"{tuple(t.shape)}")
+    (_, q), (_, k_cache), (_, v_cache), (_, k), (_, v) = named
+    B, Tq, heads, d = q.shape
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache "
+                         f"{tuple(v_cache.shape)} must have the same shape "
+                         f"but for the last axis")
+    heads_k = k_cache.shape[2]
+    if heads_k == 0 or heads % heads_k:
+        raise ValueError(f"the number of heads of k_cache and v_cache "
+                         f"({heads_k}) must divide that of q ({heads})")
+    if k_cache.shape[-1] != d:
+        raise ValueError(f"q {tuple(q.shape)} and k_cache "
+                         f"{tuple(k_cache.shape)} must have the same head "
+                         f"size")
+    if k is not None and v is not None:
+        Tn = k.shape[1]
+        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
+            want = (B, Tn, heads_k, cache.shape[-1])
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape (B, Tn, heads_k, "
+                                 f"{'d' if name == 'k' else 'dv'}) = {want} "
+                                 f"(q {tuple(q.shape)}, {name}_cache "
+                                 f"{tuple(cache.shape)}), got "
+                                 f"{tuple(t.shape)}")
+    return B, heads
+
+
+def _check_dtypes(named: list[tuple[str, Any]],
+                  scales: list[tuple[str, Any]]) -> bool:
+    """The dtypes, in torch's names (the NumPy call would name NumPy's),
+    and the caches' (and scales') contiguous last axes; whether the call
+    computes in float64."""
+    for name, t in named:
+        if t is None:
+            continue
+        cache = name.endswith("_cache")
+        if t.dtype not in (_CACHE_DTYPES if cache else _CACHE_DTYPES[:3]
+                           ) + (torch.float64,):
+            if cache:
+                raise TypeError(f"{name} has dtype {t.dtype}; "
+                                f"flash_attn_with_kvcache takes caches of "
+                                f"{_CACHE_DTYPES_TEXT}")
+            raise TypeError(f"{name} has dtype {t.dtype}; expected a "
+                            f"floating dtype")
+        if t.dtype == torch.bfloat16 and _BF16 is None:
+            raise TypeError(f"{name} is bfloat16, which needs the ml_dtypes "
+                            f"package (pip install ml_dtypes)")
+    q, k_cache, v_cache = (t for _, t in named[:3])
+    for (name, t), cache_name, cache in zip(scales, ("k_cache", "v_cache"),
+                                            (k_cache, v_cache)):
+        if cache.dtype != torch.int8:
+            if t is not None:
+                raise ValueError(f"{name} goes with an int8 {cache_name}; "
+                                 f"{cache_name} is {cache.dtype}")
+        elif t is None:
+            raise TypeError(f"{cache_name} is int8: it needs {name} (its "
+                            f"float32 or float16 scales, as "
+                            f"attention_c.quantize_kv makes them)")
+        elif t.dtype not in _SCALE_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the scales of an "
+                            f"int8 cache are torch.float32 or torch.float16")
+    wide = k_cache.dtype == torch.float64
+    if wide != (v_cache.dtype == torch.float64):
+        raise TypeError(f"k_cache has dtype {k_cache.dtype} and v_cache "
+                        f"{v_cache.dtype}; caches are {_CACHE_DTYPES_TEXT}")
+    if not wide and q.dtype == torch.float64:
+        raise TypeError(f"q is float64 but the caches are {k_cache.dtype} "
+                        f"and {v_cache.dtype} (computed in float32): convert "
+                        f"q to torch.float32 (or a 16-bit cache's dtype), "
+                        f"which loses nothing the computation would keep")
+    for name, t in [("k_cache", k_cache), ("v_cache", v_cache)] + scales:
+        if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last axis "
+                             f"(stride 1), got strides {t.stride()}: the "
+                             f"cache is read and written where it is, never "
+                             f"copied")
+    return wide
+
+
+def _table(B: int, k_cache: torch.Tensor, cache_batch_idx: Any,
+           block_table: Any) -> np.ndarray | None:
+    """The block table cache_attention takes: block_table's entries, or
+    cache_batch_idx's as a table of one block of S_max rows a sequence;
+    None for a contiguous cache of B sequences."""
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise ValueError("cache_batch_idx cannot be used with "
+                             "block_table (as flash_attn)")
+        idx = _int_tensor("cache_batch_idx", cache_batch_idx, (B,), 1)
+        # A contiguous cache (B_cache, S_max, ...) is a paged one of
+        # B_cache blocks of S_max rows: sequence b is block idx[b].
+        table = idx.detach().reshape(B, 1).numpy()
+        bad = (table < 0) | (table >= k_cache.shape[0])
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(f"cache_batch_idx[{b}] = {int(table[b, 0])} is "
+                             f"out of range: k_cache has "
+                             f"{k_cache.shape[0]} sequences")
+        return table
+    if block_table is not None:
+        _int_tensor("block_table", block_table, None, 2)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table must have shape (B, max_blocks) "
+                             f"with B = {B} (q's batch size), got "
+                             f"{tuple(block_table.shape)}")
+        return block_table.detach().numpy()
+    if k_cache.shape[0] != B:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} must have q's "
+                         f"batch size {B} (or give cache_batch_idx or "
+                         f"block_table)")
+    return None
+
+
+def _seqlens(B: int, k_cache: torch.Tensor, k: Any, cache_seqlens: Any,
+             paged: bool) -> np.ndarray:
+    """cache_seqlens as an integer array (B,): None for full caches."""
+    if cache_seqlens is None:
+        if paged:
+            raise ValueError("cache_seqlens is required with block_table "
+                             "(the number of positions filled in each "
+                             "sequence's pages)")
+        if k is not None:
+            raise ValueError("cache_seqlens is None, which means every cache "
+                             "is full (S_max positions): there is no room to "
+                             "write k and v; give cache_seqlens")
+        return np.full(B, k_cache.shape[1], dtype=np.int64)
+    if isinstance(cache_seqlens, torch.Tensor):
+        return _int_tensor("cache_seqlens", cache_seqlens, (B,),
+                           1).detach().numpy()
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(
+            cache_seqlens, (bool, np.bool_)):
+        n = int(cache_seqlens)
+        if n < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {n}")
+        return np.full(B, n, dtype=np.int64)
+    raise TypeError(f"cache_seqlens must be an int or an integer "
+                    f"torch.Tensor (B,), got "
+                    f"{type(cache_seqlens).__name__}")
+
+
+def _check_options(causal: Any, return_softmax_lse: Any, num_splits: Any,
+                   softmax_scale: Any) -> float | None:
+    """The flags' and num_splits' types; softmax_scale as a float."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got "
+                        f"{type(causal).__name__}")
+    if not isinstance(return_softmax_lse, bool):
+        raise TypeError(f"return_softmax_lse must be a bool, got "
+                        f"{type(return_softmax_lse).__name__}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int, got "
+                        f"{type(num_splits).__name__}")
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(
+            softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got "
+                        f"{type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
+    if not np.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got "
+                         f"{softmax_scale}")
+    return softmax_scale
+
+
 def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
                             v_cache: torch.Tensor,
                             k: torch.Tensor | None = None,
@@ -171,198 +387,19 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     """
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
              ("k", k), ("v", v)]
-    for name, t in named[:3]:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got "
-                            f"{type(t).__name__}")
-    for name, t in named[3:]:
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got "
-                            f"{type(t).__name__}")
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together (the new keys "
-                         "and values to append), or both be None")
-    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                    ("cache_leftpad", cache_leftpad)):
-        if x is not None:
-            raise NotImplementedError(
-                f"flash_attn_with_kvcache: {name} is not supported on the "
-                f"CPU (attention_c); apply the rotary embedding to q and k "
-                f"before the call, and keep each cache left-aligned")
     scales = [("k_scales", k_scales), ("v_scales", v_scales)]
-    for name, t in scales:
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got "
-                            f"{type(t).__name__}")
-    others = [("cache_seqlens", cache_seqlens),
-              ("cache_batch_idx", cache_batch_idx),
-              ("block_table", block_table), ("alibi_slopes", alibi_slopes),
-              ("sinks", sinks)] + scales
-    tensors = [(n, t) for n, t in named + others
-               if isinstance(t, torch.Tensor)]
-    # One pass of the cheapest attributes: a decode step runs this once a
-    # layer and token, its Python cold after the kernel swept the caches.
-    grad = False
-    for name, t in tensors:
-        if not t.is_cpu or t.layout != torch.strided or t.is_nested:
-            _refuse_placement(name, t)
-        grad = grad or t.requires_grad
-    if grad and torch.is_grad_enabled():
-        needs = ", ".join(n for n, t in tensors if t.requires_grad)
-        raise RuntimeError(
-            f"flash_attn_with_kvcache is inference only (it has no "
-            f"backward, as flash_attn's), but {needs} require(s) grad; call "
-            f"it under torch.no_grad() or torch.inference_mode(), or use "
-            f"flash_attn_func for a differentiable attention")
-
-    for name, t in named:
-        if t is not None and t.ndim != 4:
-            raise ValueError(f"{name} must be 4-D, got shape "
-                             f"{tuple(t.shape)}")
-    B, Tq, heads, d = q.shape
-    paged = block_table is not None
-    if k_cache.shape[:-1] != v_cache.shape[:-1]:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache "
-                         f"{tuple(v_cache.shape)} must have the same shape "
-                         f"but for the last axis")
-    heads_k = k_cache.shape[2]
-    if heads_k == 0 or heads % heads_k:
-        raise ValueError(f"the number of heads of k_cache and v_cache "
-                         f"({heads_k}) must divide that of q ({heads})")
-    if k_cache.shape[-1] != d:
-        raise ValueError(f"q {tuple(q.shape)} and k_cache "
-                         f"{tuple(k_cache.shape)} must have the same head "
-                         f"size")
-    if k is not None and v is not None:
-        Tn = k.shape[1]
-        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
-            want = (B, Tn, heads_k, cache.shape[-1])
-            if tuple(t.shape) != want:
-                raise ValueError(f"{name} must have shape (B, Tn, heads_k, "
-                                 f"{'d' if name == 'k' else 'dv'}) = {want} "
-                                 f"(q {tuple(q.shape)}, {name}_cache "
-                                 f"{tuple(cache.shape)}), got "
-                                 f"{tuple(t.shape)}")
-
-    # dtypes, in torch's names (the NumPy call would name NumPy's)
-    for name, t in named:
-        if t is None:
-            continue
-        cache = name.endswith("_cache")
-        if t.dtype not in (_CACHE_DTYPES if cache else _CACHE_DTYPES[:3]
-                           ) + (torch.float64,):
-            if cache:
-                raise TypeError(f"{name} has dtype {t.dtype}; "
-                                f"flash_attn_with_kvcache takes caches of "
-                                f"{_CACHE_DTYPES_TEXT}")
-            raise TypeError(f"{name} has dtype {t.dtype}; expected a "
-                            f"floating dtype")
-        if t.dtype == torch.bfloat16 and _BF16 is None:
-            raise TypeError(f"{name} is bfloat16, which needs the ml_dtypes "
-                            f"package (pip install ml_dtypes)")
-    for (name, t), cache_name, cache in zip(scales, ("k_cache", "v_cache"),
-                                            (k_cache, v_cache)):
-        if cache.dtype != torch.int8:
-            if t is not None:
-                raise ValueError(f"{name} goes with an int8 {cache_name}; "
-                                 f"{cache_name} is {cache.dtype}")
-        elif t is None:
-            raise TypeError(f"{cache_name} is int8: it needs {name} (its "
-                            f"float32 or float16 scales, as "
-                            f"attention_c.quantize_kv makes them)")
-        elif t.dtype not in _SCALE_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the scales of an "
-                            f"int8 cache are torch.float32 or torch.float16")
-    wide = k_cache.dtype == torch.float64
-    if wide != (v_cache.dtype == torch.float64):
-        raise TypeError(f"k_cache has dtype {k_cache.dtype} and v_cache "
-                        f"{v_cache.dtype}; caches are {_CACHE_DTYPES_TEXT}")
-    if not wide and q.dtype == torch.float64:
-        raise TypeError(f"q is float64 but the caches are {k_cache.dtype} "
-                        f"and {v_cache.dtype} (computed in float32): convert "
-                        f"q to torch.float32 (or a 16-bit cache's dtype), "
-                        f"which loses nothing the computation would keep")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache),
-                    ("k_scales", k_scales), ("v_scales", v_scales)):
-        if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last axis "
-                             f"(stride 1), got strides {t.stride()}: the "
-                             f"cache is read and written where it is, never "
-                             f"copied")
-
-    # positions: cache_seqlens, cache_batch_idx, block_table
-    if cache_batch_idx is not None:
-        if paged:
-            raise ValueError("cache_batch_idx cannot be used with "
-                             "block_table (as flash_attn)")
-        idx = _int_tensor("cache_batch_idx", cache_batch_idx, (B,), 1)
-        # A contiguous cache (B_cache, S_max, ...) is a paged one of
-        # B_cache blocks of S_max rows: sequence b is block idx[b].
-        table = idx.detach().reshape(B, 1).numpy()
-        bad = (table < 0) | (table >= k_cache.shape[0])
-        if bad.any():
-            b = int(np.argmax(bad))
-            raise ValueError(f"cache_batch_idx[{b}] = {int(table[b, 0])} is "
-                             f"out of range: k_cache has "
-                             f"{k_cache.shape[0]} sequences")
-    elif paged:
-        _int_tensor("block_table", block_table, None, 2)
-        assert block_table is not None
-        if block_table.shape[0] != B:
-            raise ValueError(f"block_table must have shape (B, max_blocks) "
-                             f"with B = {B} (q's batch size), got "
-                             f"{tuple(block_table.shape)}")
-        table = block_table.detach().numpy()
-    else:
-        table = None
-        if k_cache.shape[0] != B:
-            raise ValueError(f"k_cache {tuple(k_cache.shape)} must have q's "
-                             f"batch size {B} (or give cache_batch_idx or "
-                             f"block_table)")
-    if cache_seqlens is None:
-        if paged:
-            raise ValueError("cache_seqlens is required with block_table "
-                             "(the number of positions filled in each "
-                             "sequence's pages)")
-        if k is not None:
-            raise ValueError("cache_seqlens is None, which means every cache "
-                             "is full (S_max positions): there is no room to "
-                             "write k and v; give cache_seqlens")
-        seqlens = np.full(B, k_cache.shape[1], dtype=np.int64)
-    elif isinstance(cache_seqlens, torch.Tensor):
-        seqlens = _int_tensor("cache_seqlens", cache_seqlens, (B,),
-                              1).detach().numpy()
-    elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(
-            cache_seqlens, (bool, np.bool_)):
-        cache_seqlens = int(cache_seqlens)
-        if cache_seqlens < 0:
-            raise ValueError(f"cache_seqlens must be >= 0, got "
-                             f"{cache_seqlens}")
-        seqlens = np.full(B, cache_seqlens, dtype=np.int64)
-    else:
-        raise TypeError(f"cache_seqlens must be an int or an integer "
-                        f"torch.Tensor (B,), got "
-                        f"{type(cache_seqlens).__name__}")
-
-    # options
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got "
-                        f"{type(causal).__name__}")
-    if not isinstance(return_softmax_lse, bool):
-        raise TypeError(f"return_softmax_lse must be a bool, got "
-                        f"{type(return_softmax_lse).__name__}")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise TypeError(f"num_splits must be an int, got "
-                        f"{type(num_splits).__name__}")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(
-                softmax_scale, numbers.Real):
-            raise TypeError(f"softmax_scale must be a float or None, got "
-                            f"{type(softmax_scale).__name__}")
-        softmax_scale = float(softmax_scale)
-        if not np.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be finite, got "
-                             f"{softmax_scale}")
+    _check_tensors(named, scales, [
+        ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+        ("cache_leftpad", cache_leftpad)], [
+        ("cache_seqlens", cache_seqlens),
+        ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+        ("alibi_slopes", alibi_slopes), ("sinks", sinks)])
+    B, heads = _check_shapes(named)
+    wide = _check_dtypes(named, scales)
+    table = _table(B, k_cache, cache_batch_idx, block_table)
+    seqlens = _seqlens(B, k_cache, k, cache_seqlens, block_table is not None)
+    softmax_scale = _check_options(causal, return_softmax_lse, num_splits,
+                                   softmax_scale)
     win, cap = _window(window_size), _softcap(softcap)
     compute = torch.float64 if wide else torch.float32
     slopes = _cache_vector("alibi_slopes", alibi_slopes,
