@@ -23,8 +23,9 @@ __all__ = ["additive_attention", "additive_attention_backward",
 
 def _family_cores(query: _Input, keys: _Input) -> dict[str, int]:
     """The non-batch axes of each family argument: one query per sequence
-    when ``query`` has one axis fewer than ``keys``, else (..., Tq, .)."""
-    single = _ndim(query) == _ndim(keys) - 1
+    when ``query`` has fewer axes than ``keys`` (as the C functions read
+    it), else (..., Tq, .)."""
+    single = _ndim(query) < _ndim(keys)
     q = 1 if single else 2
     return {"query": q, "keys": 2, "values": 2, "key_proj": 2, "mask": 1,
             "attn_mask": 2, "bias": q, "alpha": q, "grad_alpha": q,
@@ -72,7 +73,6 @@ def _ndim(x: _Input) -> int:
     """The axes of a Dask array or an array-like, computing nothing."""
     n = getattr(x, "ndim", None)
     return int(n) if n is not None else np.ndim(x)
-
 
 
 @keyword_only

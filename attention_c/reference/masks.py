@@ -21,11 +21,18 @@ from .variants import key_ranges
 
 
 def _queries(query, keys):
-    """(query as (..., Tq, Hq), whether it was a single query)."""
+    """(query as (..., Tq, Hq), whether it was a single query): several
+    queries (..., Tq, Hq) have as many axes as the keys (..., T, H), one
+    query per sequence (..., Hq) fewer (its leading axes broadcast);
+    more is refused (which one was meant is unclear)."""
     query, keys = np.asarray(query), np.asarray(keys)
-    single = query.ndim == keys.ndim - 1
+    if query.ndim < 1 or query.ndim > keys.ndim:
+        raise ValueError(f"query has shape {query.shape} and keys "
+                         f"{keys.shape}: several queries (..., Tq, Hq) have "
+                         f"as many axes as the keys, one query per "
+                         f"sequence (..., Hq) fewer")
+    single = query.ndim < keys.ndim
     return (query[..., None, :] if single else query), single
-
 
 
 def _fits(name, shape, target):
@@ -56,9 +63,12 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias,
     try:
         lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], vals_lead)
     except ValueError:
+        given = "" if values is None else f" and values {np.shape(values)}"
         raise ValueError(
             f"the leading axes of query {np.shape(query)}, keys "
-            f"{keys.shape} and values {np.shape(values)} do not broadcast"
+            f"{keys.shape}{given} do not broadcast"
+            + (" (query read as one query per sequence: query.ndim != "
+               "keys.ndim)" if single else "")
         ) from None
     full = lead + (Tq, T)
     vis = np.ones(full, dtype=bool)
@@ -111,7 +121,6 @@ def _layout(query, keys, values, mask, attn_mask, causal, bias,
             _fits("bias", bias.shape, full)
         vis = vis & ~np.isneginf(bias)                 # -inf: a mask
     return q, single, vis, bias
-
 
 
 def _live(vis, shape):

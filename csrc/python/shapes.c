@@ -425,9 +425,14 @@ static int broadcast_inputs(Call *c)
                 PyErr_Format(PyExc_ValueError,
                              "%s has shape %s and %s shape %s: their "
                              "leading axes must broadcast (NumPy's rules: "
-                             "equal, 1 or missing)", arg_names[a->id],
+                             "equal, 1 or missing)%s", arg_names[a->id],
                              SHAPE(xs, x), arg_names[fn->args[first].id],
-                             SHAPE(fs, c->arr[first]));
+                             SHAPE(fs, c->arr[first]),
+                             c->several ? ""
+                             : "; the query was read as one query per "
+                               "sequence (..., Hq), as query.ndim differs "
+                               "from keys.ndim: several queries (..., Tq, "
+                               "Hq) need query.ndim == keys.ndim");
                 return -1;
             }
             *l = d != 1 ? d : *l;
@@ -443,10 +448,24 @@ int check_shapes(Call *c)
     const FuncSpec *fn = c->fn;
     int done[MAX_ARGS] = {0};
     if (fn->family) {       /* several queries: query.ndim == keys.ndim
-                               (the location score's: values.ndim) */
+                               (the location score's: values.ndim); one
+                               with fewer axes; more: which is unclear */
         int ik = fn->pos[fn->location ? X_VALUES : X_KEYS];
-        c->several = PyArray_NDIM(c->arr[fn->pos[X_QUERY]]) ==
-                     PyArray_NDIM(c->arr[ik]);
+        PyArrayObject *q = c->arr[fn->pos[X_QUERY]], *k = c->arr[ik];
+        if (PyArray_NDIM(q) > PyArray_NDIM(k) && PyArray_NDIM(k) >= 2) {
+            char qs[SHAPE_BUF], ks[SHAPE_BUF];
+            PyErr_Format(PyExc_ValueError,
+                         "query has shape %s, more axes than %s %s: several "
+                         "queries (..., Tq, Hq) have as many axes as the "
+                         "%s, one query per sequence (..., Hq) fewer (give "
+                         "the %s leading axes of size 1, e.g. %s[None])",
+                         SHAPE(qs, q), arg_names[fn->args[ik].id],
+                         SHAPE(ks, k), arg_names[fn->args[ik].id],
+                         arg_names[fn->args[ik].id],
+                         arg_names[fn->args[ik].id]);
+            return -1;
+        }
+        c->several = PyArray_NDIM(q) == PyArray_NDIM(k);
         if (broadcast_inputs(c) < 0) {
             return -1;
         }

@@ -1793,3 +1793,30 @@ def test_keys_1d_named_without_values(rng):
     """The C's message for 1-D keys names keys."""
     with pytest.raises(ValueError, match=r"^keys (has|must have) shape"):
         ac.dot_attention(np.ones((3, 2, 4)), np.ones(4))
+
+
+@pytest.mark.parametrize("impl", ["c", "reference"])
+def test_query_ndim_decides_one_or_several(impl, rng):
+    """Several queries (..., Tq, H) have as many axes as the keys, one
+    query per sequence (..., H) fewer, in the C functions and the
+    reference alike: a 1-D query against batched keys is one query for
+    every sequence; a query with more axes than the keys is refused (it
+    was read as one query per sequence, or failed with another message
+    in the reference)."""
+    mod = ac if impl == "c" else ref
+    keys = rng.standard_normal((2, 5, 4))
+    q1 = rng.standard_normal(4)
+    out, alpha = mod.dot_attention(q1, keys)
+    want = ac.dot_attention(np.broadcast_to(q1, (2, 4)), keys)
+    assert out.shape == (2, 4) and alpha.shape == (2, 5)
+    np.testing.assert_allclose(out, want[0], rtol=1e-12)
+    q4 = rng.standard_normal((2, 3, 4, 4))
+    for k in (rng.standard_normal((3, 5, 4)), rng.standard_normal((5, 4))):
+        with pytest.raises(ValueError, match="as many axes as the keys"):
+            mod.cosine_attention(q4, k)
+    with pytest.raises(ValueError, match="one query per sequence"):
+        mod.dot_attention(rng.standard_normal((2, 3, 4)),
+                          rng.standard_normal((2, 2, 5, 4)))
+    with pytest.raises(ValueError, match="several queries"):
+        mod.cosine_attention(rng.standard_normal((2, 4, 4)),
+                             rng.standard_normal((5, 4)), causal=True)

@@ -272,9 +272,9 @@ def test_location_backward_finite_differences(single, rng):
     T_max, T, Tq, Hq, Hv = 5, 3, 2, 3, 2
     if single:                          # lead (3,)
         q, v = rng.standard_normal((3, Hq)), rng.standard_normal((3, T, Hv))
-    else:                               # lead (3, 1) x (2,) -> (3, 2)
+    else:                               # lead (3, 1) x (1, 2) -> (3, 2)
         q = rng.standard_normal((3, 1, Tq, Hq))
-        v = rng.standard_normal((2, T, Hv))
+        v = rng.standard_normal((1, 2, T, Hv))
     W, b = rng.standard_normal((T_max, Hq)), rng.standard_normal(T_max)
     lead = (3,) if single else (3, 2)
     mask = np.ones(lead + (T,), bool)
