@@ -18,8 +18,10 @@ and float16 to float32, and calls a custom operator
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 
 from attention_c.layers import _torch_weights
@@ -102,8 +104,8 @@ def location_attention(query: torch.Tensor, values: torch.Tensor,
 def _sharpness(sharpness: Any) -> tuple[Any, float | None]:
     """(the tensor, None) or (None, the number) of ``sharpness``; a number
     must be finite, anything else is checked as a tensor."""
-    if isinstance(sharpness, (int, float)) and not isinstance(sharpness,
-                                                              bool):
+    if isinstance(sharpness, numbers.Real) and not isinstance(
+            sharpness, (bool, np.bool_)):       # NumPy's scalars too
         if not math.isfinite(sharpness):
             raise ValueError(f"sharpness must be finite, got {sharpness!r} "
                              f"(a tensor's NaN propagates as data; a "

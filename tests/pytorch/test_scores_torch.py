@@ -16,6 +16,7 @@ state_dict, dropout); the errors, each naming its argument.
 
 import copy
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -609,6 +610,11 @@ def test_bad_input_names_the_argument():
         act.cosine_attention(q, k, mask=torch_causal_mask())
     with pytest.raises(ValueError, match="sharpness must be finite"):
         act.CosineAttention(sharpness=float("inf"))
+    with pytest.raises(TypeError, match="sharpness must be None"):
+        act.cosine_attention(q, k, sharpness=np.bool_(True))
+    # a NumPy scalar is a number, of any precision
+    assert torch.equal(act.cosine_attention(q, k, sharpness=np.float32(2))[0],
+                       act.cosine_attention(q, k, sharpness=2.0)[0])
     with pytest.raises(TypeError, match="sharpness must be a number or None"):
         act.CosineAttention(sharpness=torch.ones(()))
     with pytest.raises(ValueError, match="dropout must be in"):
