@@ -321,6 +321,89 @@ def _check_table(table, B, lens, block, nblocks):
                          f"blocks of {block})")
 
 
+def _check_arrays(query, k_cache, v_cache, k_scales, v_scales):
+    """The caches, their scales and the query, dtypes and shapes: (the
+    query as an array, the computing dtype, the scales' groups)."""
+    kd, vd = _cache_dtype("k_cache", k_cache), _cache_dtype("v_cache",
+                                                            v_cache)
+    if (kd == _F64) != (vd == _F64):
+        raise TypeError(f"k_cache is {kd} and v_cache {vd}: float64 caches "
+                        f"go together (a cache is never converted)")
+    kg = _scales("k_scales", k_scales, "k_cache", k_cache)
+    vg = _scales("v_scales", v_scales, "v_cache", v_cache)
+    real = _F64 if kd == _F64 else _F32
+    q = np.asarray(query)
+    if q.ndim != 4:
+        raise ValueError(f"query must have shape (B, Tq, Hq, d), got "
+                         f"{q.shape}")
+    qd = q.dtype
+    if not (qd.kind == "f" or _is_bf16(qd)):
+        raise TypeError(f"query has dtype {qd}; expected a floating "
+                        f"dtype")
+    if real == _F32 and not (qd == _F32 or _low(qd)):
+        raise TypeError(f"query is {qd} but the caches are {kd} and {vd}: "
+                        f"a float64 query needs float64 caches (the cache "
+                        f"is read as it is stored, never converted)")
+    B, Tq, Hq, d = q.shape
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache has shape {k_cache.shape}; its last axis "
+                         f"must be query's d = {d}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"v_cache has shape {v_cache.shape}; its first "
+                         f"three axes must be k_cache's {k_cache.shape[:3]}")
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"the caches have Hkv = {Hkv} heads, which must "
+                         f"divide the query's Hq = {Hq}")
+    if Tq < 1 or d < 1 or v_cache.shape[3] < 1:
+        raise ValueError(f"query {q.shape} and v_cache {v_cache.shape} "
+                         f"need Tq, d and dv >= 1")
+    return q, real, kg, vg
+
+
+def _capacity(block_table, k_cache, B, lens, Tn):
+    """(the table as int64 or None, the keys a sequence can hold), the
+    lengths (with Tn new keys each) checked against it."""
+    nblocks, block = k_cache.shape[:2]
+    table = None
+    if block_table is not None:
+        table = _ints("block_table", block_table, 2)
+        capacity, where = table.shape[1] * block, (
+            f"max_blocks x block_size = {table.shape[1]} x {block}")
+    else:
+        if nblocks < B:
+            raise ValueError(f"k_cache has shape {k_cache.shape}: a "
+                             f"contiguous cache needs a row for each of the "
+                             f"B = {B} sequences (paged: give block_table)")
+        capacity, where = block, f"S_max = {block}"
+    # (the lengths as Python ints: a decode step runs this once a layer
+    # and token, and NumPy's reductions cost more than the list, cold)
+    have = lens.tolist()
+    if have and (min(have) < 0 or max(have) + Tn > capacity):
+        b = int(np.argmax((lens < 0) | (lens + Tn > capacity)))
+        raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])}"
+                         f"{f' + {Tn} new' if Tn else ''} is out of range: "
+                         f"a sequence holds 0 .. {capacity} keys ({where})")
+    return table, capacity
+
+
+def _append(pairs, slots):
+    """k and v into their caches (and int8 caches' scales) at the slots
+    (block index, row) of the new positions: every cache checked
+    writeable and every int8 row quantized before anything is written."""
+    writes = []
+    for cache, scales, group, new, name in pairs:
+        _writable(f"{name}_cache", cache)
+        if group:
+            _writable(f"{name}_scales", scales)
+            new, s = _quantize(new, group, name, scales.dtype)
+            writes.append((scales, s))
+        writes.append((cache, new))
+    blk, row = slots
+    for dest, new in writes:
+        dest[blk, row] = new
+
+
 def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
                     v=None, block_table=None, k_scales=None, v_scales=None,
                     scale=None, causal=True,
@@ -397,42 +480,11 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     bits of the contiguous one with the same contents.  Inference only:
     there is no backward.
     """
-    kd, vd = _cache_dtype("k_cache", k_cache), _cache_dtype("v_cache",
-                                                            v_cache)
-    if (kd == _F64) != (vd == _F64):
-        raise TypeError(f"k_cache is {kd} and v_cache {vd}: float64 caches "
-                        f"go together (a cache is never converted)")
-    kg = _scales("k_scales", k_scales, "k_cache", k_cache)
-    vg = _scales("v_scales", v_scales, "v_cache", v_cache)
-    real = _F64 if kd == _F64 else _F32
-    q = np.asarray(query)
-    if q.ndim != 4:
-        raise ValueError(f"query must have shape (B, Tq, Hq, d), got "
-                         f"{q.shape}")
-    qd = q.dtype
-    if not (qd.kind == "f" or _is_bf16(qd)):
-        raise TypeError(f"query has dtype {qd}; expected a floating "
-                        f"dtype")
-    if real == _F32 and not (qd == _F32 or _low(qd)):
-        raise TypeError(f"query is {qd} but the caches are {kd} and {vd}: "
-                        f"a float64 query needs float64 caches (the cache "
-                        f"is read as it is stored, never converted)")
+    q, real, kg, vg = _check_arrays(query, k_cache, v_cache, k_scales,
+                                    v_scales)
     B, Tq, Hq, d = q.shape
-    paged = block_table is not None
     nblocks, block, Hkv = k_cache.shape[:3]
-    if k_cache.shape[3] != d:
-        raise ValueError(f"k_cache has shape {k_cache.shape}; its last axis "
-                         f"must be query's d = {d}")
-    if v_cache.shape[:3] != k_cache.shape[:3]:
-        raise ValueError(f"v_cache has shape {v_cache.shape}; its first "
-                         f"three axes must be k_cache's {k_cache.shape[:3]}")
     dv = v_cache.shape[3]
-    if Hkv < 1 or Hq % Hkv:
-        raise ValueError(f"the caches have Hkv = {Hkv} heads, which must "
-                         f"divide the query's Hq = {Hq}")
-    if Tq < 1 or d < 1 or dv < 1:
-        raise ValueError(f"query {q.shape} and v_cache {v_cache.shape} "
-                         f"need Tq, d and dv >= 1")
     lens = np.asarray(cache_seqlens)
     if lens.ndim == 0:
         lens = np.full(B, lens)
@@ -450,27 +502,9 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
             raise ValueError(f"k has {k.shape[1]} new positions and v "
                              f"{v.shape[1]}: they must agree")
         Tn = k.shape[1]
-    table = None
-    if paged:
-        table = _ints("block_table", block_table, 2)
-        capacity, where = table.shape[1] * block, (
-            f"max_blocks x block_size = {table.shape[1]} x {block}")
-    else:
-        if nblocks < B:
-            raise ValueError(f"k_cache has shape {k_cache.shape}: a "
-                             f"contiguous cache needs a row for each of the "
-                             f"B = {B} sequences (paged: give block_table)")
-        capacity, where = block, f"S_max = {block}"
-    # (the lengths as Python ints: a decode step runs this once a layer
-    # and token, and NumPy's reductions cost more than the list, cold)
-    have = lens.tolist()
-    if have and (min(have) < 0 or max(have) + Tn > capacity):
-        b = int(np.argmax((lens < 0) | (lens + Tn > capacity)))
-        raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])}"
-                         f"{f' + {Tn} new' if Tn else ''} is out of range: "
-                         f"a sequence holds 0 .. {capacity} keys ({where})")
+    table, capacity = _capacity(block_table, k_cache, B, lens, Tn)
     total = lens + Tn if Tn else lens
-    if paged:
+    if table is not None:
         _check_table(table, B, total, block, nblocks)
     wl, wr = _window(window)
     if scale is None:
@@ -484,20 +518,10 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     sink = _per_head("sinks", sinks, B, Hq, real, [(Hq,)])
     qc = q if (q.dtype == real and q.strides[-1] == q.itemsize
                and q.flags.aligned) else np.array(q, dtype=real, order="C")
-    if Tn:      # quantized first (it checks the values), then written
-        writes = []
-        for name, cache, scales, group, new in (
-                ("k", k_cache, k_scales, kg, k),
-                ("v", v_cache, v_scales, vg, v)):
-            _writable(f"{name}_cache", cache)
-            if group:
-                _writable(f"{name}_scales", scales)
-                new, s = _quantize(new, group, name, scales.dtype)
-                writes.append((scales, s))
-            writes.append((cache, new))
-        blk, row = _slots(lens, Tn, table, block)
-        for dest, new in writes:
-            dest[blk, row] = new
+    if Tn:
+        _append(((k_cache, k_scales, kg, k, "k"),
+                 (v_cache, v_scales, vg, v, "v")),
+                _slots(lens, Tn, table, block))
     out = np.empty((B, Tq, Hq, dv), real)
     lse = np.empty((B, Tq, Hq), real)
     if B and capacity:
@@ -508,6 +532,7 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
     else:       # no sequence, or caches without a row: no key to read
         out[...] = 0
         lse[...] = -np.inf if sink is None else sink
+    qd = q.dtype
     if qd != real:                      # rounded once, to the query's
         out = out.astype(qd)
     return (out, lse) if return_lse else out
