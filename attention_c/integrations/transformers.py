@@ -381,18 +381,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
     multiple of Hkv; returns ``(out (B, Tq, H, dv), weights (B, H, Tq, T)
     or None)`` as transformers' other backends.
     """
-    if kwargs.get("cache") is not None:
-        _refuse("a paged cache", "is not supported")
-    for name in kwargs:
-        if name in _IGNORED or name.startswith("output_"):
-            continue
-        if name in ("cu_seq_lens_q", "cu_seq_lens_k"):
-            continue
-        if kwargs[name] is None:
-            continue
-        _refuse(f"the keyword argument {name!r}", "is not supported")
-    if query.device.type != "cpu":
-        _refuse(f"a tensor on {query.device}", "is not supported (CPU only)")
+    _check_call(query, kwargs)
     if s_aux is not None and not isinstance(s_aux, torch.Tensor):
         s_aux = torch.as_tensor(s_aux)
     if isinstance(key, _Deferred) or isinstance(value, _Deferred):
@@ -405,7 +394,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
         key, value = dense(key), dense(value)
 
     B, H, Tq, d = query.shape
-    Hkv, T = key.shape[1], key.shape[2]
+    Hkv = key.shape[1]
     if H % Hkv:
         _refuse(f"{H} query heads over {Hkv} key/value heads",
                 "(not a multiple)")
@@ -414,10 +403,71 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
                                     else d ** -0.5)}
     if softcap is not None:
         kw["softcap"] = float(softcap)
+    key, value, bias, attn_mask, cu = _masks(
+        module, attention_mask, query, key, value, position_bias, is_causal,
+        sliding_window, kw)
+    T = key.shape[2]
+    cu = _packed_keywords(module, kwargs, attention_mask, is_causal, B, cu,
+                          kw)
+    if attn_mask is not None:
+        kw["attn_mask"] = _np(attn_mask.to(torch.bool)[:, :, None])
+    if dropout and module.training:
+        kw["dropout"] = float(dropout)
+        kw["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64))
 
-    bias = position_bias
-    attn_mask = None
-    cu = None
+    low, q5, k5, v5, bias, sinks = _grouped(query, key, value, bias, s_aux,
+                                            G)
+    if cu is not None:
+        # The batch into the time axis: (Hkv, G, B*T, d).
+        q5 = q5.permute(1, 2, 0, 3, 4).reshape(Hkv, G, B * Tq, d)
+        k5 = k5.permute(1, 2, 0, 3, 4).reshape(Hkv, 1, B * T, d)
+        v5 = v5.permute(1, 2, 0, 3, 4).reshape(Hkv, 1, B * T, -1)
+        if bias is not None:
+            _refuse("a float bias with packed sequences", "is not supported")
+        kw["cu_seqlens_q"] = kw["cu_seqlens_k"] = cu.numpy()
+
+    want = _weights_wanted(kwargs)
+    if want and (cu is not None or "cu_seqlens_q" in kw):
+        _refuse("output_attentions with packed sequences", "is not supported")
+    out, w = _DotAttention.apply(q5, k5, v5, bias, sinks, kw, want)
+    if cu is not None:
+        out = out.reshape(Hkv, G, B, Tq, -1).permute(2, 0, 1, 3, 4)
+    out = out.reshape(B, H, Tq, -1).transpose(1, 2).contiguous()
+    weights = w.reshape(B, H, Tq, T) if want else None
+    if low is not None:
+        out = out.to(low)
+        weights = None if weights is None else weights.to(low)
+    return out, weights
+
+
+def _check_call(query: torch.Tensor, kwargs: dict[str, Any]) -> None:
+    """The keywords attention_forward takes (the others refused unless
+    None), and a query on the CPU."""
+    if kwargs.get("cache") is not None:
+        _refuse("a paged cache", "is not supported")
+    for name in kwargs:
+        if name in _IGNORED or name.startswith("output_"):
+            continue
+        if name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            continue
+        if kwargs[name] is None:
+            continue
+        _refuse(f"the keyword argument {name!r}", "is not supported")
+    if query.device.type != "cpu":
+        _refuse(f"a tensor on {query.device}", "is not supported (CPU only)")
+
+
+def _masks(module: torch.nn.Module, attention_mask: Any,
+           query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           bias: torch.Tensor | None, is_causal: bool | None,
+           sliding_window: int | None, kw: dict[str, Any]) -> tuple[
+               torch.Tensor, torch.Tensor, torch.Tensor | None,
+               torch.Tensor | None, torch.Tensor | None]:
+    """The mask as our keywords (into kw: causal, window, mask): returns
+    (key, value, bias, attn_mask, cu_seqlens), the keys cut to the mask's
+    length, a float mask added to the bias, a boolean one as attn_mask."""
+    Tq, T = query.shape[2], key.shape[2]
+    attn_mask = cu = None
     if isinstance(attention_mask, StructuredMask):
         m = attention_mask
         if m.q_length != Tq or m.kv_length > T:
@@ -427,7 +477,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
             key, value = key[:, :, :m.kv_length], value[:, :, :m.kv_length]
             if bias is not None and bias.shape[-1] == T:
                 bias = bias[..., :m.kv_length]
-            T = m.kv_length
         kw["causal"] = m.causal
         if m.window is not None:
             kw["window"] = m.window
@@ -460,36 +509,46 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
                 key, value = key[:, :, :Tq], value[:, :, :Tq]
                 if bias is not None and bias.shape[-1] == T:
                     bias = bias[..., :Tq]
-                T = Tq
             kw["causal"] = True
             if sliding_window is not None:
                 kw["window"] = (int(sliding_window) - 1, 0)
+    return key, value, bias, attn_mask, cu
 
-    # Packed sequences given as flash-attention keywords.
+
+def _packed_keywords(module: torch.nn.Module, kwargs: dict[str, Any],
+                     attention_mask: Any, is_causal: bool | None, B: int,
+                     cu: torch.Tensor | None,
+                     kw: dict[str, Any]) -> torch.Tensor | None:
+    """Packed sequences given as flash-attention keywords (cu_seq_lens_q,
+    _k) into kw; returns the position_ids' cu_seqlens still to apply
+    (None once the keywords took their place)."""
     cq, ck = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cq is not None or ck is not None:
-        if not (isinstance(cq, torch.Tensor) and isinstance(ck, torch.Tensor)):
-            _refuse("cu_seq_lens_q without cu_seq_lens_k (or the reverse)",
-                    "")
-        if B != 1:
-            _refuse(f"cu_seq_lens_q/k with a batch of {B}",
-                    "(packed sequences come as one row)")
-        cu_q = cq.to(torch.int64).cpu()
-        cu_k = ck.to(torch.int64).cpu()
-        if cu is not None and not torch.equal(cu, cu_q):
-            _refuse("cu_seq_lens_q", "disagrees with the position_ids")
-        cu = None
-        kw["cu_seqlens_q"], kw["cu_seqlens_k"] = cu_q.numpy(), cu_k.numpy()
-        if "causal" not in kw or attention_mask is None:
-            kw["causal"] = bool(is_causal if is_causal is not None
-                                else getattr(module, "is_causal", True))
-    if attn_mask is not None:
-        kw["attn_mask"] = _np(attn_mask.to(torch.bool)[:, :, None])
+    if cq is None and ck is None:
+        return cu
+    if not (isinstance(cq, torch.Tensor) and isinstance(ck, torch.Tensor)):
+        _refuse("cu_seq_lens_q without cu_seq_lens_k (or the reverse)", "")
+    if B != 1:
+        _refuse(f"cu_seq_lens_q/k with a batch of {B}",
+                "(packed sequences come as one row)")
+    cu_q = cq.to(torch.int64).cpu()
+    cu_k = ck.to(torch.int64).cpu()
+    if cu is not None and not torch.equal(cu, cu_q):
+        _refuse("cu_seq_lens_q", "disagrees with the position_ids")
+    kw["cu_seqlens_q"], kw["cu_seqlens_k"] = cu_q.numpy(), cu_k.numpy()
+    if "causal" not in kw or attention_mask is None:
+        kw["causal"] = bool(is_causal if is_causal is not None
+                            else getattr(module, "is_causal", True))
+    return None
 
-    if dropout and module.training:
-        kw["dropout"] = float(dropout)
-        kw["seed"] = int(torch.randint(0, 2**62, (), dtype=torch.int64))
 
+def _grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             bias: torch.Tensor | None, s_aux: torch.Tensor | None,
+             G: int) -> tuple[Any, ...]:
+    """(the 16-bit dtype to return or None, query (B, Hkv, G, Tq, d), keys
+    and values (B, Hkv, 1, T, .), bias and sinks by the same heads) in the
+    dtype the call computes in."""
+    B, H, Tq, d = query.shape
+    Hkv = H // G
     low = None
     if query.dtype not in (torch.float32, torch.float64):
         low = query.dtype
@@ -522,27 +581,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor,
             _refuse(f"s_aux of shape {tuple(s_aux.shape)}",
                     f"(one sink per head, {H}, expected)")
         sinks = s_aux.to(dt).reshape(Hkv, G)
-    if cu is not None:
-        # The batch into the time axis: (Hkv, G, B*T, d).
-        q5 = q5.permute(1, 2, 0, 3, 4).reshape(Hkv, G, B * Tq, d)
-        k5 = k5.permute(1, 2, 0, 3, 4).reshape(Hkv, 1, B * T, d)
-        v5 = v5.permute(1, 2, 0, 3, 4).reshape(Hkv, 1, B * T, -1)
-        if bias is not None:
-            _refuse("a float bias with packed sequences", "is not supported")
-        kw["cu_seqlens_q"] = kw["cu_seqlens_k"] = cu.numpy()
-
-    want = _weights_wanted(kwargs)
-    if want and (cu is not None or "cu_seqlens_q" in kw):
-        _refuse("output_attentions with packed sequences", "is not supported")
-    out, w = _DotAttention.apply(q5, k5, v5, bias, sinks, kw, want)
-    if cu is not None:
-        out = out.reshape(Hkv, G, B, Tq, -1).permute(2, 0, 1, 3, 4)
-    out = out.reshape(B, H, Tq, -1).transpose(1, 2).contiguous()
-    weights = w.reshape(B, H, Tq, T) if want else None
-    if low is not None:
-        out = out.to(low)
-        weights = None if weights is None else weights.to(low)
-    return out, weights
+    return low, q5, k5, v5, bias, sinks
 
 
 def _from_cache(module: torch.nn.Module, query: torch.Tensor, key: Any,
