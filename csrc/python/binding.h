@@ -163,16 +163,22 @@ typedef struct {
 
 typedef struct Call Call;
 
-/* Everything a row's workspace function reads (the sizes, the dtype, the
- * instruction set and threads), zero-padded so that memcmp compares it. */
+/* Everything a row's workspace function may read (the sizes, each
+ * argument's presence, size, broadcast and storage, the dtype, the
+ * instruction set, units and threads), zero-padded so that memcmp
+ * compares it: a field missing here let a float16 call take the scratch
+ * size of a float32 one of the same shapes (too small: a crash). */
 typedef struct {
     npy_intp sym[N_SYMS];
     npy_intp B;
     const void *pool;
-    npy_intp nbias;
-    int typenum, several, simd, threads, pool_threads, precision;
-    int causal, bias, bias_shared, dropout, stream;
-    int window, segments, softcap, alibi;
+    npy_intp size[MAX_ARGS];     /* elements of each array (-1: none) */
+    npy_intp nseq[MAX_ARGS];     /* its own sequences (0: the call's) */
+    ptrdiff_t window[2];
+    int given[MAX_ARGS];         /* given(): flags' values too */
+    int store[MAX_ARGS];
+    int typenum, several, simd, threads, pool_threads, precision, bf16;
+    int bias_shared, stream, io16;
 } WorkKey;
 
 typedef struct {

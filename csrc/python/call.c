@@ -242,20 +242,22 @@ static ptrdiff_t work_size(Call *c)
     memcpy(key.sym, c->sym, sizeof key.sym);
     key.B = c->d.B;
     key.pool = c->ex.pool;
+    for (int i = 0; i < fn->nargs; i++) {
+        key.size[i] = c->arr[i] != NULL ? PyArray_SIZE(c->arr[i]) : -1;
+        key.nseq[i] = c->idx[i] != NULL ? c->nseq[i] : 0;
+        key.given[i] = given(c, fn->args[i].id);
+        key.store[i] = c->store[i];
+    }
+    key.window[0] = c->window[0];
+    key.window[1] = c->window[1];
     key.typenum = c->typenum;
     key.several = c->several;
-    key.causal = given(c, X_CAUSAL);
-    key.bias = bias_arg(c) != NULL;
     key.bias_shared = c->bias_shared;
-    key.dropout = given(c, X_DROPOUT);
     key.stream = stream_of(c);
-    key.window = given(c, X_WINDOW);
-    key.segments = given(c, X_CU_SEQLENS_Q);
-    key.softcap = given(c, X_SOFTCAP);
-    key.alibi = given(c, X_ALIBI_SLOPES);
-    key.nbias = bias_arg(c) != NULL ? PyArray_SIZE(bias_arg(c)) : 0;
+    key.io16 = c->io16;                  /* 16 bits widened by blocks */
     key.simd = c->ex.simd;
     key.precision = c->ex.precision;     /* the bf16 kernels' scratch */
+    key.bf16 = c->ex.bf16;
     key.threads = c->ex.threads;
     key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
     if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {

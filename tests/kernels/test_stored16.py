@@ -381,3 +381,49 @@ def test_float16_backward_no_float32_copies(kind):
     f32 = peak_bytes("float32", "backward", kind, "ieee")
     copies = 5 * 4 * 1024 * 64 * 4
     assert f16 < f32 + copies / 2, (f16, f32)
+
+
+SEQUENCE = textwrap.dedent("""
+    import numpy as np, attention_c as ac
+    from attention_c.testing import HALF_DTYPES
+    dtypes = [np.float32, np.float64] + [np.dtype(d) for d in HALF_DTYPES]
+
+    def step(shape, dt, seed):
+        rng = np.random.default_rng(seed)
+        q, k, v, g = (rng.standard_normal(shape).astype(dt)
+                      for _ in range(4))
+        o, lse = ac.dot_attention(q, k, values=v, return_weights=False)
+        return (o, lse) + tuple(ac.dot_attention_backward(
+            g, q, k, out=o, lse=lse, values=v))
+
+    # float32 then float16 first, at sizes where the old fault crashed a
+    # fresh process; then every pair, each larger than the last: the
+    # scratch kept between calls is then the first call's size, no larger
+    pairs = [(np.float32, np.float16)] + [
+        (a, b) for a in dtypes for b in dtypes if a is not b]
+    for i, (first, then) in enumerate(pairs):
+        shape = (17, 17) if i == 0 else (2, 17 + 8 * i, 17 + 2 * i)
+        step(shape, first, 0)
+        got = step(shape, then, 1)
+        step((3, 5, 4), np.float32, 9)              # other sizes
+        want = step(shape, then, 1)
+        for w, x in zip(want, got):
+            assert w is None and x is None or (
+                w.dtype == x.dtype and w.tobytes() == x.tobytes()), (
+                shape, first, then)
+    print("ok")
+""")
+
+
+def test_scratch_sized_for_each_call():
+    """A call right after another of the same sizes in another dtype (a
+    float16 streamed backward after a float32 one: its scratch holds the
+    16-bit blocks widened) sizes its own scratch, and gives the bits it
+    gives after a call of other sizes, every pair of dtypes.  The sizes
+    of the last call's scratch are kept per function, keyed by what the
+    sizing reads; a float16 backward once took a float32 one's, too
+    small, and crashed (run in a child: a crash fails this test alone)."""
+    run = subprocess.run([sys.executable, "-c", SEQUENCE],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (
+        run.returncode, run.stderr[-2000:])
