@@ -395,6 +395,20 @@ static PyObject *as_grads(PyObject *r, int nfields, PyTypeObject *grads)
     return result;
 }
 
+/* A valid item's weight is never 0 (the contract's rule 2: float32's
+ * floor is its smallest normal), but a float32 weight below 2^-25 rounds
+ * to 0 in float16: such weights become float16's smallest subnormal,
+ * 2^-24, so that the weights' zeros are still the masked items (which a
+ * backward given them checks). */
+static void keep_weights_positive(npy_intp n, const float *w, uint16_t *h)
+{
+    for (npy_intp i = 0; i < n; i++) {
+        if (h[i] == 0 && w[i] > 0) {
+            h[i] = 1;
+        }
+    }
+}
+
 /* The outputs (C-contiguous float32, make_outputs) in the inputs' 16-bit
  * dtype (c->ret), rounded to nearest even by the kernels' conversion
  * (att_convert16); the log-sum-exp stays float32. */
@@ -420,6 +434,11 @@ static int round_outputs(Call *c)
                                PyArray_DATA((PyArrayObject *)r)) != ATT_OK) {
             Py_DECREF(r);
             return check_status(ATT_EINVAL);
+        }
+        if (c->fn->outs[k].id == Y_ALPHA &&
+            half_store(c->ret) == ATT_STORE_F16) {
+            keep_weights_positive(PyArray_SIZE(o), PyArray_DATA(o),
+                                  PyArray_DATA((PyArrayObject *)r));
         }
         Py_SETREF(c->out[k], r);
     }

@@ -1192,6 +1192,29 @@ def test_half_computes_in_float32(fn, dtype, rng):
     assert_rounded(call(fn, args), want, dtype, f"{fn} {np.dtype(dtype)}")
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES,
+                         ids=lambda d: np.dtype(d).name)
+def test_half_weights_of_valid_items_never_zero(dtype):
+    """A valid item's weight is positive in 16 bits too: float32's floor
+    (its smallest normal) rounds to 0 in float16, so a float16 weight is
+    at least float16's smallest subnormal; zeros stay the masked items,
+    and the backwards given the weights take them."""
+    x = np.array([[65504, -65504, 0, 65504]], dtype)
+    alpha = ac.masked_softmax(x, mask=np.array([[1, 1, 1, 0]], bool))
+    assert alpha.dtype == dtype
+    assert (alpha[0, :3] > 0).all() and alpha[0, 3] == 0, alpha
+    if np.dtype(dtype) == np.float16:
+        assert alpha[0, 1] == np.float16(2.0**-24)
+    h = np.array([[[4., 0.], [-4., 0.], [0., 0.], [1., 0.]]], dtype)
+    W = np.array([[1., 0, 0, 0], [0, 0, 0, 0]], dtype)
+    v = np.array([20., 0.], dtype)
+    out, alpha = ac.context_attention(h, W, v)
+    assert (alpha > 0).all(), alpha
+    grads = ac.context_attention_backward(np.ones_like(out), h, W, v, alpha)
+    assert all(np.isfinite(g.astype(np.float32)).all() for g in grads
+               if g is not None)
+
+
 @pytest.mark.parametrize("fn", ["dot_attention", "general_attention"])
 def test_half_lse_stays_float32(fn, rng):
     """The log-sum-exp of a 16-bit call is float32, the out 16-bit."""
