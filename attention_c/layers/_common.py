@@ -101,9 +101,11 @@ class _Layer:
 # Checks of the multi-head layer's inputs
 
 def _check_array(x: npt.ArrayLike, name: str) -> np.ndarray[Any, Any]:
-    """``x`` as an array of real numbers; TypeError naming it otherwise."""
+    """``x`` as an array of real numbers (ml_dtypes' bfloat16 among them,
+    known by name: ml_dtypes is optional); TypeError naming it
+    otherwise."""
     arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu":
+    if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16":
         raise TypeError(f"{name} must be an array of real numbers, got "
                         f"dtype {arr.dtype}")
     return arr

@@ -589,6 +589,24 @@ def test_inputs_unmodified_by_forward_and_backward():
         np.testing.assert_array_equal(a, c)
 
 
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "int32"])
+def test_inputs_of_other_dtypes_converted(name):
+    """Inputs (and alibi_slopes, and a decoding step's query) of another
+    real dtype are converted to the layer's: the results of the converted
+    arrays, bit for bit; bfloat16 is ml_dtypes'."""
+    dtype = (pytest.importorskip("ml_dtypes").bfloat16
+             if name == "bfloat16" else np.dtype(name))
+    rng = np.random.default_rng(23)
+    slopes = np.array([0.5, 0.25], dtype)
+    layer = MultiHeadAttention(8, 2, dtype=np.float32, alibi_slopes=slopes)
+    q, k, v = ((x * 4).astype(dtype) for x in inputs(rng, (2,), 3, 5, 8))
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    np.testing.assert_array_equal(layer(q, k, v), layer(*wide))
+    first, second = KVCache(), KVCache()
+    np.testing.assert_array_equal(layer(q, cache=first),
+                                  layer(wide[0], cache=second))
+
+
 # --------------------------------------------------------------------------
 # Against torch.nn.MultiheadAttention through from_torch
 
