@@ -397,8 +397,10 @@ static int check_dtype(const Call *c, int i)
                      (PyObject *)dt);
         return -1;
     }
-    else if (!((dt->kind == 'f' && PyArray_ITEMSIZE(c->arr[i]) <= 8) ||
+    else if (!(dt->type_num == NPY_FLOAT || dt->type_num == NPY_DOUBLE ||
                dt->kind == 'i' || dt->kind == 'u' || half_store(dt))) {
+        /* (by type: ml_dtypes' float8_e5m2 says kind 'f', its other
+         * 8-bit floats 'V', and all of them are refused alike) */
         PyErr_Format(PyExc_TypeError,
                      "%s has dtype %S; attention_c computes in float32 or "
                      "float64 and accepts float16, bfloat16 (ml_dtypes), "

@@ -1257,6 +1257,25 @@ def test_unsupported_dtype_raises_type_error(fn_arg, kind, rng):
         call(fn, args)
 
 
+@pytest.mark.parametrize("name", ["float8_e5m2", "float8_e4m3fn", "int4",
+                                  "longdouble"])
+def test_other_small_or_wide_dtypes_refused_alike(name, rng):
+    """ml_dtypes' 8-bit floats (float8_e5m2 says NumPy kind 'f', the
+    others 'V'), its int4 and long double: refused alike, the accepted
+    dtypes named."""
+    if name == "longdouble":
+        if np.dtype(np.longdouble).itemsize <= 8:
+            pytest.skip("long double is double here")
+        dtype = np.dtype(np.longdouble)
+    else:
+        dtype = np.dtype(getattr(pytest.importorskip("ml_dtypes"), name))
+    x = rng.standard_normal((2, 3, 4)).astype(dtype)
+    with pytest.raises(TypeError, match=rf"^query has dtype {dtype}.*"
+                       rf"accepts float16, bfloat16 \(ml_dtypes\), "
+                       rf"float32, float64 or integer input"):
+        ac.dot_attention(x, x)
+
+
 @pytest.mark.parametrize("mdtype", [np.int64, np.uint8, np.float64],
                          ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("single", [True, False], ids=["q1", "qN"])
