@@ -153,6 +153,80 @@ static int cache_shapes(const CacheArrays *a, att_cache_dims *c, int typenum)
     return 0;
 }
 
+/* A call's arguments as the kernel takes them: the arrays, their
+ * element strides and stores, the scales' groups, the sizes. */
+typedef struct {
+    PyObject *o[11];
+    double scale, softcap;
+    int causal, typenum, kstore, vstore, k16, v16;
+    Py_ssize_t wleft, wright;
+    CacheArrays a;
+    att_cache_dims c;
+    ptrdiff_t qs[4], ks[4], vs[4], kss[4], vss[4], kgroup, vgroup;
+} CacheCall;
+
+/* _cache_attention's arguments parsed and checked into k: 0, or -1 with
+ * an exception. */
+static int cache_call(PyObject *args, CacheCall *k)
+{
+    PyObject **o = k->o;
+    CacheArrays *a = &k->a;
+    if (!PyArg_ParseTuple(args, "OOOOOOOdpnndOOOO:_cache_attention", &o[0],
+                          &o[1], &o[2], &o[3], &o[4], &o[9], &o[10],
+                          &k->scale, &k->causal, &k->wleft, &k->wright,
+                          &k->softcap, &o[5], &o[6], &o[7], &o[8])) {
+        return -1;
+    }
+    if ((a->q = as_array(o[0], "query", 4)) == NULL ||
+        (a->kc = as_array(o[1], "k_cache", 4)) == NULL ||
+        (a->vc = as_array(o[2], "v_cache", 4)) == NULL) {
+        return -1;
+    }
+    int typenum = k->typenum = PyArray_TYPE(a->q);
+    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
+        PyErr_SetString(PyExc_TypeError, "_cache_attention: query must be "
+                        "float32 or float64");
+        return -1;
+    }
+    if (c_array(o[3], "cache_seqlens", 1, NPY_INT64, 0, &a->lens) < 0 ||
+        c_array(o[4], "block_table", 2, NPY_INT64, 1, &a->table) < 0 ||
+        c_array(o[5], "alibi_slopes", 2, typenum, 1, &a->alibi) < 0 ||
+        c_array(o[6], "sinks", 1, typenum, 1, &a->sinks) < 0 ||
+        c_array(o[7], "out", 4, typenum, 0, &a->out) < 0 ||
+        c_array(o[8], "lse", 3, typenum, 0, &a->lse) < 0) {
+        return -1;
+    }
+    if (!PyArray_ISWRITEABLE(a->out) || !PyArray_ISWRITEABLE(a->lse)) {
+        PyErr_SetString(PyExc_ValueError, "_cache_attention: out and lse "
+                        "must be writeable");
+        return -1;
+    }
+    k->kstore = cache_store(a->kc, typenum);
+    k->vstore = cache_store(a->vc, typenum);
+    if (cache_shapes(a, &k->c, typenum) < 0) {
+        return -1;
+    }
+    if (k->kstore < 0 || k->vstore < 0 || elem_strides(a->q, k->qs) < 0 ||
+        elem_strides(a->kc, k->ks) < 0 || elem_strides(a->vc, k->vs) < 0 ||
+        !PyArray_ISALIGNED(a->q) || !PyArray_ISALIGNED(a->kc) ||
+        !PyArray_ISALIGNED(a->vc)) {
+        PyErr_SetString(PyExc_ValueError, "_cache_attention: a cache's "
+                        "dtype does not suit the query's, or an array is "
+                        "unaligned or its last axis not contiguous");
+        return -1;
+    }
+    if (cache_scales(o[9], a->kc, k->kstore, k->c.d, k->kss, &k->kgroup,
+                     &k->k16) < 0 ||
+        cache_scales(o[10], a->vc, k->vstore, k->c.dv, k->vss, &k->vgroup,
+                     &k->v16) < 0) {
+        return -1;
+    }
+    k->c.causal = k->causal;
+    k->c.wleft = k->wleft;
+    k->c.wright = k->wright;
+    return 0;
+}
+
 /* _cache_attention(query, k_cache, v_cache, lens, table, k_scales,
  * v_scales, scale, causal, wleft, wright, softcap, alibi, sinks, out,
  * lse): lens int64 (B,), table int64 (B, maxblocks) or None, scales for
@@ -161,119 +235,65 @@ static int cache_shapes(const CacheArrays *a, att_cache_dims *c, int typenum)
  * (written). */
 PyObject *py_cache_attention(PyObject *self, PyObject *args)
 {
-    PyObject *o[11];
-    double scale, softcap;
-    int causal;
-    Py_ssize_t wleft, wright;
-    CacheArrays a;
-    if (!PyArg_ParseTuple(args, "OOOOOOOdpnndOOOO:_cache_attention", &o[0],
-                          &o[1], &o[2], &o[3], &o[4], &o[9], &o[10], &scale,
-                          &causal, &wleft, &wright, &softcap, &o[5], &o[6],
-                          &o[7], &o[8])) {
-        return NULL;
-    }
+    CacheCall k;
     (void)self;
-    if ((a.q = as_array(o[0], "query", 4)) == NULL ||
-        (a.kc = as_array(o[1], "k_cache", 4)) == NULL ||
-        (a.vc = as_array(o[2], "v_cache", 4)) == NULL) {
+    if (cache_call(args, &k) < 0) {
         return NULL;
     }
-    int typenum = PyArray_TYPE(a.q);
-    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
-        PyErr_SetString(PyExc_TypeError, "_cache_attention: query must be "
-                        "float32 or float64");
-        return NULL;
-    }
-    if (c_array(o[3], "cache_seqlens", 1, NPY_INT64, 0, &a.lens) < 0 ||
-        c_array(o[4], "block_table", 2, NPY_INT64, 1, &a.table) < 0 ||
-        c_array(o[5], "alibi_slopes", 2, typenum, 1, &a.alibi) < 0 ||
-        c_array(o[6], "sinks", 1, typenum, 1, &a.sinks) < 0 ||
-        c_array(o[7], "out", 4, typenum, 0, &a.out) < 0 ||
-        c_array(o[8], "lse", 3, typenum, 0, &a.lse) < 0) {
-        return NULL;
-    }
-    if (!PyArray_ISWRITEABLE(a.out) || !PyArray_ISWRITEABLE(a.lse)) {
-        PyErr_SetString(PyExc_ValueError, "_cache_attention: out and lse "
-                        "must be writeable");
-        return NULL;
-    }
-    att_cache_dims c;
-    ptrdiff_t qs[4], ks[4], vs[4];
-    int kstore = cache_store(a.kc, typenum);
-    int vstore = cache_store(a.vc, typenum);
-    if (cache_shapes(&a, &c, typenum) < 0) {
-        return NULL;
-    }
-    if (kstore < 0 || vstore < 0 || elem_strides(a.q, qs) < 0 ||
-        elem_strides(a.kc, ks) < 0 || elem_strides(a.vc, vs) < 0 ||
-        !PyArray_ISALIGNED(a.q) || !PyArray_ISALIGNED(a.kc) ||
-        !PyArray_ISALIGNED(a.vc)) {
-        PyErr_SetString(PyExc_ValueError, "_cache_attention: a cache's "
-                        "dtype does not suit the query's, or an array is "
-                        "unaligned or its last axis not contiguous");
-        return NULL;
-    }
-    ptrdiff_t kss[4], vss[4], kgroup, vgroup;
-    int k16, v16;
-    if (cache_scales(o[9], a.kc, kstore, c.d, kss, &kgroup, &k16) < 0 ||
-        cache_scales(o[10], a.vc, vstore, c.dv, vss, &vgroup, &v16) < 0) {
-        return NULL;
-    }
-    c.causal = causal;
-    c.wleft = wleft;
-    c.wright = wright;
+    const CacheArrays *a = &k.a;
+    const att_cache_dims *c = &k.c;
     att_cache_in_f32 in32;
     att_cache_in_f64 in64;
     /* the same fields in both; REAL ones set per type below */
 #define FILL(in)                                                             \
     do {                                                                     \
         memset(&(in), 0, sizeof(in));                                        \
-        (in).qbs = qs[0];                                                    \
-        (in).qis = qs[1];                                                    \
-        (in).qhs = qs[2];                                                    \
-        (in).kc = PyArray_DATA(a.kc);                                        \
-        (in).vc = PyArray_DATA(a.vc);                                        \
-        (in).kstore = kstore;                                                \
-        (in).vstore = vstore;                                                \
-        (in).kbs = ks[0];                                                    \
-        (in).krs = ks[1];                                                    \
-        (in).khs = ks[2];                                                    \
-        (in).vbs = vs[0];                                                    \
-        (in).vrs = vs[1];                                                    \
-        (in).vhs = vs[2];                                                    \
-        (in).lens = PyArray_DATA(a.lens);                                    \
-        if (kgroup > 0) {                                                    \
-            (in).kscale = PyArray_DATA((PyArrayObject *)o[9]);               \
-            (in).kscale16 = k16;                                             \
-            (in).ksbs = kss[0];                                              \
-            (in).ksrs = kss[1];                                              \
-            (in).kshs = kss[2];                                              \
-            (in).kgroup = kgroup;                                            \
+        (in).qbs = k.qs[0];                                                  \
+        (in).qis = k.qs[1];                                                  \
+        (in).qhs = k.qs[2];                                                  \
+        (in).kc = PyArray_DATA(a->kc);                                       \
+        (in).vc = PyArray_DATA(a->vc);                                       \
+        (in).kstore = k.kstore;                                              \
+        (in).vstore = k.vstore;                                              \
+        (in).kbs = k.ks[0];                                                  \
+        (in).krs = k.ks[1];                                                  \
+        (in).khs = k.ks[2];                                                  \
+        (in).vbs = k.vs[0];                                                  \
+        (in).vrs = k.vs[1];                                                  \
+        (in).vhs = k.vs[2];                                                  \
+        (in).lens = PyArray_DATA(a->lens);                                   \
+        if (k.kgroup > 0) {                                                  \
+            (in).kscale = PyArray_DATA((PyArrayObject *)k.o[9]);             \
+            (in).kscale16 = k.k16;                                           \
+            (in).ksbs = k.kss[0];                                            \
+            (in).ksrs = k.kss[1];                                            \
+            (in).kshs = k.kss[2];                                            \
+            (in).kgroup = k.kgroup;                                          \
         }                                                                    \
-        if (vgroup > 0) {                                                    \
-            (in).vscale = PyArray_DATA((PyArrayObject *)o[10]);              \
-            (in).vscale16 = v16;                                             \
-            (in).vsbs = vss[0];                                              \
-            (in).vsrs = vss[1];                                              \
-            (in).vshs = vss[2];                                              \
-            (in).vgroup = vgroup;                                            \
+        if (k.vgroup > 0) {                                                  \
+            (in).vscale = PyArray_DATA((PyArrayObject *)k.o[10]);            \
+            (in).vscale16 = k.v16;                                           \
+            (in).vsbs = k.vss[0];                                            \
+            (in).vsrs = k.vss[1];                                            \
+            (in).vshs = k.vss[2];                                            \
+            (in).vgroup = k.vgroup;                                          \
         }                                                                    \
-        (in).table = a.table != NULL ? PyArray_DATA(a.table) : NULL;         \
-        (in).query = PyArray_DATA(a.q);                                      \
-        (in).scale = scale;                                                  \
-        (in).softcap = softcap;                                              \
-        (in).alibi = a.alibi != NULL ? PyArray_DATA(a.alibi) : NULL;         \
-        (in).alibi_bs = a.alibi != NULL && PyArray_DIM(a.alibi, 0) > 1       \
-                        ? c.Hq : 0;                                          \
-        (in).sinks = a.sinks != NULL ? PyArray_DATA(a.sinks) : NULL;         \
+        (in).table = a->table != NULL ? PyArray_DATA(a->table) : NULL;       \
+        (in).query = PyArray_DATA(a->q);                                     \
+        (in).scale = k.scale;                                                \
+        (in).softcap = k.softcap;                                            \
+        (in).alibi = a->alibi != NULL ? PyArray_DATA(a->alibi) : NULL;       \
+        (in).alibi_bs = a->alibi != NULL && PyArray_DIM(a->alibi, 0) > 1     \
+                        ? c->Hq : 0;                                         \
+        (in).sinks = a->sinks != NULL ? PyArray_DATA(a->sinks) : NULL;       \
     } while (0)
     FILL(in32);
     FILL(in64);
 #undef FILL
     att_exec ex = begin_exec();
-    ptrdiff_t bytes = typenum == NPY_FLOAT
-                      ? att_cache_workspace_f32(&c, &in32, &ex)
-                      : att_cache_workspace_f64(&c, &in64, &ex);
+    ptrdiff_t bytes = k.typenum == NPY_FLOAT
+                      ? att_cache_workspace_f32(c, &in32, &ex)
+                      : att_cache_workspace_f64(c, &in64, &ex);
     void *work = NULL;
     int status = ATT_EINVAL;
     if (bytes >= 0) {
@@ -284,13 +304,13 @@ PyObject *py_cache_attention(PyObject *self, PyObject *args)
             return PyErr_Occurred() ? NULL : PyErr_NoMemory();
         }
         Py_BEGIN_ALLOW_THREADS
-        status = typenum == NPY_FLOAT
-                 ? att_cache_attention_f32(&c, &ex, &in32,
-                                           PyArray_DATA(a.out),
-                                           PyArray_DATA(a.lse), work)
-                 : att_cache_attention_f64(&c, &ex, &in64,
-                                           PyArray_DATA(a.out),
-                                           PyArray_DATA(a.lse), work);
+        status = k.typenum == NPY_FLOAT
+                 ? att_cache_attention_f32(c, &ex, &in32,
+                                           PyArray_DATA(a->out),
+                                           PyArray_DATA(a->lse), work)
+                 : att_cache_attention_f64(c, &ex, &in64,
+                                           PyArray_DATA(a->out),
+                                           PyArray_DATA(a->lse), work);
         Py_END_ALLOW_THREADS
     }
     PyMem_RawFree(work);
