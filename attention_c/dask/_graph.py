@@ -139,6 +139,21 @@ def _run_check(fn: Callable[..., Any], arrays: dict[str, Any],
             f"{given}]") from exc
 
 
+def _stand_weight(name: str, w: Any) -> Any:
+    """What the check gives the in-memory function for the argument every
+    chunk takes whole: zeros of a float Dask array's shape (no compute),
+    an integer one's values (offsets, which the check reads: small), the
+    others as they are.  Unknown chunk sizes are refused."""
+    if not isinstance(w, da.Array):
+        return w
+    if any(isinstance(s, float) and math.isnan(s) for s in w.shape):
+        raise ValueError(f"{name} has unknown chunk sizes {w.chunks}; call "
+                         f"{name}.compute_chunk_sizes() first")
+    if w.dtype.kind in "iu":
+        return np.asarray(w.compute())  # type: ignore[no-untyped-call]
+    return np.zeros(w.shape, w.dtype)
+
+
 def _check_call(fn: Callable[..., Any], batch: _Batch,
                 weights: dict[str, Any],
                 literals: dict[str, Any]) -> tuple[Any, ...]:
@@ -146,8 +161,7 @@ def _check_call(fn: Callable[..., Any], batch: _Batch,
     dtypes, with the in-memory function on empty stand-ins: each batch
     axis 0 (1 where an argument is shared along it)."""
     arrays, nb, lead = batch.arrays, batch.nb, batch.lead
-    stand_weights = {n: np.zeros(w.shape, w.dtype) if isinstance(
-        w, da.Array) else w for n, w in weights.items()}
+    stand_weights = {n: _stand_weight(n, w) for n, w in weights.items()}
     for n, x in arrays.items():
         if any(s not in (1, lead[batch.nlead - nb[n] + j])
                for j, s in enumerate(x.shape[:nb[n]])):

@@ -151,6 +151,34 @@ def test_packed_sequences_never_cut():
     assert out.chunks[2] == (TQ,)
 
 
+def test_packed_offsets_as_dask_arrays():
+    """The offsets given as Dask arrays: the result of NumPy ones (the
+    check when building reads their values; a float argument shared by
+    the chunks it does not), and bad ones still refused by name."""
+    pos, kw = problem("dot", {"cu_seqlens_q": CU_Q, "cu_seqlens_k": CU_K,
+                              "causal": True})
+    dpos, dkw = chunked(pos, kw, "dot")
+    want = acd.dot_attention(*dpos, **dkw)
+    dkw["cu_seqlens_q"] = da.from_array(CU_Q)
+    dkw["cu_seqlens_k"] = da.from_array(CU_K)
+    got = acd.dot_attention(*dpos, **dkw)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.compute(), w.compute())
+    dkw["cu_seqlens_q"] = da.from_array(np.array([0, 2, 5]))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        acd.dot_attention(*dpos, **dkw)
+
+
+def test_shared_argument_of_unknown_chunk_sizes_refused():
+    pos, kw = problem("general", {})
+    dpos, dkw = chunked(pos, kw, "general")
+    W = da.from_array(pos[2], chunks=2)
+    dpos[2] = W[W[:, 0] > -np.inf]                 # shape (nan, H)
+    with pytest.raises(ValueError, match=r"W has unknown chunk sizes.*"
+                                         r"compute_chunk_sizes"):
+        acd.general_attention(*dpos, **dkw)
+
+
 @pytest.mark.parametrize("bad, error, match", [
     ({"window": (-1, 0)}, ValueError, "window"),
     ({"softcap": 0.0}, ValueError, "softcap"),
