@@ -142,10 +142,25 @@ def _back(out: torch.Tensor, alpha: torch.Tensor, low: torch.dtype | None,
           lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, alpha)`` in the caller's low-precision dtype, if any; an
     ``lse`` in place of alpha stays float32, as the NumPy call and
-    FlashAttention return it."""
+    FlashAttention return it.  A valid item's float16 weight is at least
+    float16's smallest subnormal, as the NumPy call rounds it."""
     if low is None:
         return out, alpha
-    return out.to(low), alpha if lse else alpha.to(low)
+    if lse:
+        return out.to(low), alpha
+    return out.to(low), _weights_to(alpha, low)
+
+
+def _weights_to(alpha: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+    """Weights rounded to ``low``; in float16 a positive weight that
+    rounds to 0 (float32's floor for a valid item, below 2^-25) becomes
+    2^-24: the weights' zeros stay the masked items (docs/contract.md
+    section 1, rule 2)."""
+    w = alpha.to(low)
+    if low != torch.float16:
+        return w
+    tiny = torch.full((), 2.0**-24, dtype=low)
+    return torch.where((w == 0) & (alpha > 0), tiny, w)
 
 
 def _kv(t: torch.Tensor | None, low: torch.dtype | None, eager: bool

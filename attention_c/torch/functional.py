@@ -9,8 +9,10 @@ to float32, and calls a custom operator (attention_c.torch._ops).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -399,6 +401,15 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     return _back(out, alpha, low)
 
 
+def _check_scale(scale: Any) -> None:
+    """A scale is None or a real number (NumPy's scalars too), not a
+    bool."""
+    if scale is not None and (not isinstance(scale, numbers.Real)
+                              or isinstance(scale, (bool, np.bool_))):
+        raise TypeError(f"scale must be a real number or None, got "
+                        f"{type(scale).__name__}")
+
+
 def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                   mask: torch.Tensor | None = None,
                   attn_mask: torch.Tensor | None = None,
@@ -448,9 +459,7 @@ def dot_attention(query: torch.Tensor, keys: torch.Tensor, *,
                          attn_mask=attn_mask)
     _check_masks(query, keys, mask, attn_mask, causal)
     p, seed_t = _dropout_seed(dropout, seed)
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a real number or None, got "
-                        f"{type(scale).__name__}")
+    _check_scale(scale)
     var = _check_variants(query, keys, window, softcap, alibi_slopes, sinks,
                           cu_seqlens_q, cu_seqlens_k, low)
     eager = _eager(query, keys, values, bias, mask, attn_mask, *var[2:4])
@@ -640,6 +649,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor,
         if isinstance(t, torch.Tensor) and t.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dimensions "
                              f"(..., L, E), got shape {tuple(t.shape)}")
+    _check_scale(scale)
     nd = max(query.dim(), key.dim(), value.dim())
     if not query.dim() == key.dim() == value.dim():
         # The same rank for all (SDPA broadcasts a missing leading axis;

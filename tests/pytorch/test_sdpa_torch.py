@@ -15,6 +15,7 @@ and torch.export; and SDPA's errors.
 import copy
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -518,6 +519,18 @@ def bad_calls():
                                                  dtype=torch.float64)},
                        dtype),
     }
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_numpy_scalar_scale(grad):
+    """A NumPy scalar scale is a number, with gradients recorded or not
+    (with them it was refused as not a real number); a bool is not."""
+    q, k, v = problem((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 3))
+    q.requires_grad_(grad)
+    want = sdpa(q, k, v, scale=0.5)
+    assert torch.equal(sdpa(q, k, v, scale=np.float32(0.5)), want)
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        sdpa(q, k, v, scale=True)
 
 
 @pytest.mark.parametrize("case", list(bad_calls()))

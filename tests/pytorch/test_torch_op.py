@@ -449,7 +449,12 @@ def test_low_precision_inference_on_a_cache(dtype, mode, monkeypatch):
             for i, (x, y) in enumerate(zip(got, want)):
                 lse = name == "dot" and i == 1      # float32, as NumPy's
                 assert x.dtype == (torch.float32 if lse else dtype), name
-                assert torch.equal(x, y if lse else y.to(dtype)), (name, tq)
+                r = y if lse else y.to(dtype)
+                if name == "general" and i == 1 and dtype == torch.float16:
+                    # a valid item's weight: 2^-24 where it would be 0
+                    r = torch.where((r == 0) & (y > 0),
+                                    torch.full((), 2.0**-24, dtype=dtype), r)
+                assert torch.equal(x, r), (name, tq)
     assert dtype in seen and torch.float32 in seen
 
 
