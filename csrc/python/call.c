@@ -355,7 +355,9 @@ static int make_outputs(Call *c)
         }
         c->work = keep_take(KEEP_WORK, (size_t)work_bytes + 1);
         if (c->work == NULL) {
-            PyErr_NoMemory();
+            PyErr_Format(PyExc_MemoryError, "attention_c: no memory for "
+                         "the %zd bytes of %s's scratch",
+                         (Py_ssize_t)work_bytes, c->fn->name);
             return -1;
         }
     }

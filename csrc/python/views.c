@@ -19,7 +19,8 @@ static ptrdiff_t *offset_table(npy_intp n, int nd, const npy_intp *dims,
     ptrdiff_t *off = PyMem_Malloc((size_t)(n > 0 ? n : 1) *
                                   sizeof(ptrdiff_t));
     if (off == NULL) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "attention_c: no memory for the "
+                     "offsets of %zd sequences", (Py_ssize_t)n);
         return NULL;
     }
     for (npy_intp b = 0; b < n; b++) {
@@ -460,7 +461,9 @@ static int make_groups(Call *c)
     c->gstart = PyMem_Malloc((size_t)(B + 1) * sizeof(ptrdiff_t));
     if (parent == NULL || c->order == NULL || c->gstart == NULL) {
         PyMem_Free(parent);
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "attention_c: no memory to group "
+                     "%zd sequences by the inputs they share",
+                     (Py_ssize_t)B);
         return -1;
     }
     npy_intp *first = parent + B;     /* first sequence of each input's */
