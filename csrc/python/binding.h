@@ -169,16 +169,20 @@ typedef struct Call Call;
  * compares it: a field missing here let a float16 call take the scratch
  * size of a float32 one of the same shapes (too small: a crash). */
 typedef struct {
+    npy_intp size;               /* elements of the array (-1: none) */
+    npy_intp nseq;               /* its own sequences (0: the call's) */
+    int given;                   /* given(): flags' values too */
+    int store;
+} WorkArg;
+typedef struct {
     npy_intp sym[N_SYMS];
     npy_intp B;
     const void *pool;
-    npy_intp size[MAX_ARGS];     /* elements of each array (-1: none) */
-    npy_intp nseq[MAX_ARGS];     /* its own sequences (0: the call's) */
     ptrdiff_t window[2];
-    int given[MAX_ARGS];         /* given(): flags' values too */
-    int store[MAX_ARGS];
     int typenum, several, simd, threads, pool_threads, precision, bf16;
     int bias_shared, stream, io16;
+    WorkArg arg[MAX_ARGS];       /* the row's arguments: compared (and
+                                    zeroed) up to its nargs */
 } WorkKey;
 
 typedef struct {

@@ -238,15 +238,17 @@ static ptrdiff_t work_size(Call *c)
 {
     FuncSpec *fn = (FuncSpec *)c->fn;     /* a row of funcs, not const */
     WorkKey key;
-    memset(&key, 0, sizeof key);
+    size_t used = offsetof(WorkKey, arg) + (size_t)fn->nargs *
+                                            sizeof(WorkArg);
+    memset(&key, 0, used);
     memcpy(key.sym, c->sym, sizeof key.sym);
     key.B = c->d.B;
     key.pool = c->ex.pool;
     for (int i = 0; i < fn->nargs; i++) {
-        key.size[i] = c->arr[i] != NULL ? PyArray_SIZE(c->arr[i]) : -1;
-        key.nseq[i] = c->idx[i] != NULL ? c->nseq[i] : 0;
-        key.given[i] = given(c, fn->args[i].id);
-        key.store[i] = c->store[i];
+        key.arg[i].size = c->arr[i] != NULL ? PyArray_SIZE(c->arr[i]) : -1;
+        key.arg[i].nseq = c->idx[i] != NULL ? c->nseq[i] : 0;
+        key.arg[i].given = given(c, fn->args[i].id);
+        key.arg[i].store = c->store[i];
     }
     key.window[0] = c->window[0];
     key.window[1] = c->window[1];
@@ -260,12 +262,12 @@ static ptrdiff_t work_size(Call *c)
     key.bf16 = c->ex.bf16;
     key.threads = c->ex.threads;
     key.pool_threads = c->ex.pool != NULL ? att_pool_threads(c->ex.pool) : 0;
-    if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, sizeof key) == 0) {
+    if (fn->work_bytes > 0 && memcmp(&key, &fn->work_key, used) == 0) {
         return fn->work_bytes;
     }
     ptrdiff_t bytes = fn->workspace(c);
     if (bytes > 0) {
-        fn->work_key = key;
+        memcpy(&fn->work_key, &key, used);
         fn->work_bytes = bytes;
     }
     return bytes;
