@@ -48,8 +48,10 @@ static int in_range(const Call *c, npy_intp i, npy_intp t)
         return 0;
     }
     if (given(c, X_WINDOW)) {
-        return (c->window[0] < 0 || tl >= ip - c->window[0]) &&
-               (c->window[1] < 0 || tl <= ip + c->window[1]);
+        /* (distances against sides: a side near PTRDIFF_MAX, which
+         * stands for unbounded, must not overflow) */
+        return (c->window[0] < 0 || ip - tl <= c->window[0]) &&
+               (c->window[1] < 0 || tl - ip <= c->window[1]);
     }
     return 1;
 }

@@ -411,6 +411,45 @@ def test_window_none_sides_are_no_restriction(rng):
     assert a[0].tobytes() == b[0].tobytes()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_sides_near_the_int_limit_are_no_restriction(causal, rng):
+    """A side of 2**63 - 1 (sys.maxsize, a natural "unbounded") is the
+    same as None, also for a query before the first key (more queries
+    than keys: i' < 0): out, weights, lse and the backward of both paths,
+    and cache_attention's window.  i' + side overflowed: such queries saw
+    no key."""
+    big = 2**63 - 1
+    q, k, v = problem(rng, np.float64, (2,), (2,), 23, 17)
+    for side in [(0, big), (big, big), (big, None), (None, big)]:
+        want_side = tuple(None if x == big else x for x in side)
+        for weights in (True, False):
+            kw = dict(values=v, causal=causal, return_weights=weights)
+            got = ac.dot_attention(q, k, window=side, **kw)
+            want = ac.dot_attention(q, k, window=want_side, **kw)
+            for g, w in zip(got, want):
+                assert g.tobytes() == w.tobytes(), (side, weights)
+            g = np.ones_like(got[0])
+            back = {} if weights else {"out": got[0], "lse": got[1]}
+            second = got[1] if weights else None
+            dg = ac.dot_attention_backward(g, q, k, second, values=v,
+                                           causal=causal, window=side,
+                                           **back)
+            dw = ac.dot_attention_backward(g, q, k, second, values=v,
+                                           causal=causal, window=want_side,
+                                           **back)
+            for x, y in zip(dg, dw):
+                assert x is None and y is None or x.tobytes() == y.tobytes()
+    cache = rng.standard_normal((1, 9, 1, 4)).astype(np.float32)
+    qc = rng.standard_normal((1, 3, 1, 4)).astype(np.float32)
+    for side in [(big, big), (big, None), (None, big)]:
+        got = ac.cache_attention(qc, cache, cache, [6], window=side,
+                                 causal=causal)
+        want = ac.cache_attention(qc, cache, cache, [6], causal=causal,
+                                  window=tuple(None if x == big else x
+                                               for x in side))
+        assert got.tobytes() == want.tobytes(), side
+
+
 # --------------------------------------------------------------------------
 # Against attention_c.reference: every variant, random combinations
 
