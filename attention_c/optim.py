@@ -17,11 +17,38 @@ __all__ = ["sgd_step", "adam_step"]
 
 Array = npt.NDArray[np.floating[Any]]
 
-def _check_keys(params: dict[str, Array], grads: dict[str, Array]) -> None:
+
+def _check(params: dict[str, Array], grads: dict[str, Array],
+           lr: float) -> None:
+    """Every parameter a floating ndarray with a gradient of its shape,
+    and lr a number >= 0: checked before any is updated, so that a step
+    that raises leaves every parameter as it was."""
     missing = set(params) - set(grads)
     if missing:
         raise KeyError(f"no gradient for parameter(s) {sorted(missing)}; "
                        f"call backward() before the step")
+    for name, p in params.items():
+        if not isinstance(p, np.ndarray) or p.dtype.kind != "f":
+            raise TypeError(f"parameter {name!r} must be a floating NumPy "
+                            f"array (updated in place), got "
+                            f"{getattr(p, 'dtype', type(p).__name__)}")
+        if np.shape(grads[name]) != p.shape:
+            raise ValueError(f"the gradient of {name!r} has shape "
+                             f"{np.shape(grads[name])}; expected the "
+                             f"parameter's {p.shape}")
+    _number("lr", lr, 0.0, None)
+
+
+def _number(name: str, x: Any, lo: float, hi: float | None) -> float:
+    """x as a float in [lo, hi) (hi None: no upper bound)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(
+            x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    x = float(x)
+    if not (x >= lo and (hi is None or x < hi)):
+        raise ValueError(f"{name} must be in [{lo}, "
+                         f"{'inf' if hi is None else hi}), got {x}")
+    return x
 
 
 @keyword_only
@@ -51,7 +78,7 @@ def sgd_step(params: dict[str, Array], grads: dict[str, Array], *,
     >>> np.allclose(layer.W, before - 0.1 * layer.grads()["W"])
     True
     """
-    _check_keys(params, grads)
+    _check(params, grads, lr)
     for name, p in params.items():
         p -= lr * grads[name]
 
@@ -96,8 +123,16 @@ def adam_step(params: dict[str, Array], grads: dict[str, Array],
     >>> state["t"], losses[-1] < losses[0]
     (50, True)
     """
-    _check_keys(params, grads)
-    b1, b2 = betas
+    _check(params, grads, lr)
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise TypeError(f"betas must be a pair (beta1, beta2), got "
+                        f"{betas!r}") from None
+    b1 = _number("betas[0]", b1, 0.0, 1.0)
+    b2 = _number("betas[1]", b2, 0.0, 1.0)
+    if _number("eps", eps, 0.0, None) == 0:
+        raise ValueError("eps must be > 0")
     t = state["t"] = state.get("t", 0) + 1
     for name, p in params.items():
         g = grads[name]

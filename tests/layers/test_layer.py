@@ -341,6 +341,48 @@ def test_step_without_gradient_raises():
         ac.adam_step(make_layer().parameters(), {}, {})
 
 
+BOTH = ["grad_shape", "grad_broadcast", "int_param", "float_param", "lr"]
+
+
+@pytest.mark.parametrize("step,bad", [("sgd", b) for b in BOTH]
+                         + [("adam", b) for b in BOTH
+                            + ["betas", "beta1", "eps"]])
+def test_bad_step_refused_before_any_update(step, bad):
+    """A gradient of another shape (even one that broadcasts), a parameter
+    that cannot be updated in place, or a bad lr, betas or eps: an error
+    naming it, raised before any parameter (or Adam's state) changes."""
+    params = {"a": np.ones(3), "b": np.ones((2, 3))}
+    grads = {"a": np.ones(3), "b": np.ones((2, 3))}
+    kw = {"lr": 0.1}
+    if bad == "grad_shape":
+        grads["b"], err, word = np.ones(4), ValueError, "'b'"
+    if bad == "grad_broadcast":
+        grads["b"], err, word = np.ones(3), ValueError, "'b'"
+    if bad == "int_param":
+        params["b"], err, word = np.ones((2, 3), int), TypeError, "'b'"
+    if bad == "float_param":
+        params["b"], err, word = 1.0, TypeError, "'b'"
+        grads["b"] = 1.0
+    if bad == "lr":
+        kw["lr"], err, word = -1.0, ValueError, "lr"
+    if bad == "betas":
+        kw["betas"], err, word = 0.9, TypeError, "betas"
+    if bad == "beta1":
+        kw["betas"], err, word = (1.0, 0.999), ValueError, "betas"
+    if bad == "eps":
+        kw["eps"], err, word = 0.0, ValueError, "eps"
+    before = {n: np.array(p, copy=True) for n, p in params.items()}
+    state = {}
+    with pytest.raises(err, match=word):
+        if step == "sgd":
+            ac.sgd_step(params, grads, **kw)
+        else:
+            ac.adam_step(params, grads, state, **kw)
+    for n, p in params.items():
+        assert np.array_equal(p, before[n]), n
+    assert state == {}
+
+
 def test_adam_equals_torch_adam():
     """Ten steps of adam_step equal torch.optim.Adam on the same gradients."""
     torch = pytest.importorskip("torch")
