@@ -288,8 +288,23 @@ static int take_value(Call *c, int i, PyObject *obj)
     int none = obj == NULL || obj == Py_None;
     if (a->flags & F_FLAG) {
         int dflt = (a->flags & F_TRUE) != 0;
+        /* a bool, NumPy's too, or an int (None: False, as before); a
+         * string or another object is no flag ("no" would be true) */
+        if (obj != NULL && !none && !PyBool_Check(obj) &&
+            !PyArray_IsScalar(obj, Bool) && !PyLong_Check(obj) &&
+            !PyArray_IsScalar(obj, Integer)) {
+            PyErr_Format(PyExc_TypeError, "%s must be a bool, got %.100s",
+                         name, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
         c->flag[i] = obj ? PyObject_IsTrue(obj) : dflt;
         return c->flag[i] < 0 ? -1 : 0;
+    }
+    if (!none && (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) &&
+        (a->flags & (F_NUMBER | F_SCALE))) {
+        PyErr_Format(PyExc_TypeError, "%s must be a real number%s, got "
+                     "bool", name, a->flags & F_SCALE ? " or None" : "");
+        return -1;
     }
     if (a->flags & F_NUMBER) {
         c->num[i] = none ? 0 : PyFloat_AsDouble(obj);

@@ -1195,3 +1195,21 @@ def test_positional_attn_mask_asks_for_a_keyword(fn, rng):
             r"did you mean mask=\.\.\.\?$")):
         call_pos = getattr(ac, fn)
         call_pos(*pos, np.ones((2, 3, 5), bool))
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"scale": True}, "scale must be a real number or None, got bool"),
+    ({"softcap": np.bool_(True)}, "softcap must be a real number or None"),
+    ({"dropout": False}, "dropout must be a real number, got bool"),
+    ({"causal": "no"}, "causal must be a bool, got str"),
+    ({"return_weights": 1.0}, "return_weights must be a bool, got float"),
+])
+def test_bools_are_flags_and_flags_are_bools(kw, error):
+    """A bool is no number (scale, softcap, dropout; as attention_c.torch
+    refuses it), and a flag is a bool (NumPy's, or an int): "no" was
+    true."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 2))
+    with pytest.raises(TypeError, match=f"^{re.escape(error)}"):
+        ac.dot_attention(x, x, **kw)
+    for flag in (True, np.bool_(True), 1, np.int64(0)):
+        ac.dot_attention(x, x, causal=flag)
