@@ -358,7 +358,14 @@ static int check_cu_seqlens(Call *c, int id, npy_intp end)
                                                    "of its axis"
                       : NULL;
     for (npy_intp k = 1; why == NULL && k < n; k++) {
-        why = x[k] < x[k - 1] ? "must never decrease" : NULL;
+        if (x[k] < x[k - 1]) {
+            PyErr_Format(PyExc_ValueError, "%s must never decrease (the "
+                         "starts of the packed segments, then the total "
+                         "%zd); got %s[%zd] = %lld after %lld", name,
+                         (Py_ssize_t)end, name, (Py_ssize_t)k,
+                         (long long)x[k], (long long)x[k - 1]);
+            return -1;
+        }
     }
     if (why != NULL) {
         PyErr_Format(PyExc_ValueError, "%s %s (the starts of the packed "

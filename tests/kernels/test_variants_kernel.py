@@ -381,6 +381,9 @@ def test_softcap_beyond_float32():
         cu_seqlens_k=np.array([0, 2, 7]))
     bad(ValueError, "cu_seqlens_k.*decrease", cu_seqlens_q=cq,
         cu_seqlens_k=np.array([0, 7, 6]))
+    # the entry that decreases is named (it was hidden in "[0, ..., 6]")
+    bad(ValueError, r"cu_seqlens_q\[1\] = -1 after 0",
+        cu_seqlens_q=np.array([0, -1, 4]), cu_seqlens_k=ck)
     bad(ValueError, "cu_seqlens_q", cu_seqlens_q=cq[:, None],
         cu_seqlens_k=ck[:, None])
     bad(TypeError, "cu_seqlens_q.*integer",
