@@ -362,8 +362,8 @@ def _check_arrays(query, k_cache, v_cache, k_scales, v_scales):
 
 
 def _capacity(block_table, k_cache, B, lens, Tn):
-    """(the table as int64 or None, the keys a sequence can hold), the
-    lengths (with Tn new keys each) checked against it."""
+    """The table as int64 (or None), the lengths (with Tn new keys each)
+    checked against the keys a sequence can hold."""
     nblocks, block = k_cache.shape[:2]
     table = None
     if block_table is not None:
@@ -384,7 +384,7 @@ def _capacity(block_table, k_cache, B, lens, Tn):
         raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])}"
                          f"{f' + {Tn} new' if Tn else ''} is out of range: "
                          f"a sequence holds 0 .. {capacity} keys ({where})")
-    return table, capacity
+    return table
 
 
 def _append(pairs, slots):
@@ -502,7 +502,7 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
             raise ValueError(f"k has {k.shape[1]} new positions and v "
                              f"{v.shape[1]}: they must agree")
         Tn = k.shape[1]
-    table, capacity = _capacity(block_table, k_cache, B, lens, Tn)
+    table = _capacity(block_table, k_cache, B, lens, Tn)
     total = lens + Tn if Tn else lens
     if table is not None:
         _check_table(table, B, total, block, nblocks)
@@ -524,14 +524,10 @@ def cache_attention(query, k_cache, v_cache, cache_seqlens, *, k=None,
                 _slots(lens, Tn, table, block))
     out = np.empty((B, Tq, Hq, dv), real)
     lse = np.empty((B, Tq, Hq), real)
-    if B and capacity:
-        _core._cache_attention(qc, k_cache, v_cache, total, table,
-                               k_scales, v_scales, scale,
-                               bool(causal), wl, wr, cap or 0.0, slopes,
-                               sink, out, lse)
-    else:       # no sequence, or caches without a row: no key to read
-        out[...] = 0
-        lse[...] = -np.inf if sink is None else sink
+    _core._cache_attention(qc, k_cache, v_cache, total, table,
+                           k_scales, v_scales, scale,
+                           bool(causal), wl, wr, cap or 0.0, slopes, sink,
+                           out, lse)
     qd = q.dtype
     if qd != real:                      # rounded once, to the query's
         out = out.astype(qd)

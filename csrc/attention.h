@@ -405,7 +405,9 @@ ATT_FAMILY_DECLARE(double, f64)
  * the same for any thread count, and for any block size and table that
  * place the same rows at the same positions.  Returns ATT_EINVAL for bad
  * sizes, a length beyond the capacity (maxblocks block) or a block
- * index out of range, before reading anything.
+ * index out of range, before reading anything.  B, block and maxblocks
+ * may be 0 (no sequence; caches or tables that hold no key, every
+ * length 0).
  */
 typedef struct {
     ptrdiff_t B, Tq, Hq, Hkv, d, dv;

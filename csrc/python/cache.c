@@ -40,11 +40,18 @@ static int cache_store(PyArrayObject *a, int typenum)
 }
 
 /* Strides in elements of a's axes, the last one 1; -1 when a stride is
- * not a whole number of elements or the last is not 1. */
+ * not a whole number of elements or the last is not 1.  An empty array's
+ * (whose strides NumPy may give as 0) are 0: none is read. */
 static int elem_strides(PyArrayObject *a, ptrdiff_t *s)
 {
     npy_intp size = PyArray_ITEMSIZE(a);
     int nd = PyArray_NDIM(a);
+    for (int k = 0; k < nd && PyArray_SIZE(a) == 0; k++) {
+        s[k] = 0;
+    }
+    if (PyArray_SIZE(a) == 0) {
+        return 0;
+    }
     for (int k = 0; k < nd; k++) {
         npy_intp st = PyArray_STRIDE(a, k);
         if (st % size != 0) {
