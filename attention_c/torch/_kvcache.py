@@ -17,6 +17,7 @@ import torch
 from ..cache import cache_attention
 from ._utils import _BF16, _from_np, _np
 from .flash_attn_interface import _softcap, _window
+from .functional import _check_scale
 
 _CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)
 _CACHE_DTYPES_TEXT = ("torch.float32, torch.float16, torch.bfloat16 or "
@@ -275,12 +276,9 @@ def _check_options(causal: Any, return_softmax_lse: Any, num_splits: Any,
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         raise TypeError(f"num_splits must be an int, got "
                         f"{type(num_splits).__name__}")
+    _check_scale(softmax_scale, "softmax_scale")
     if softmax_scale is None:
         return None
-    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(
-            softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float or None, got "
-                        f"{type(softmax_scale).__name__}")
     softmax_scale = float(softmax_scale)
     if not np.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be finite, got "

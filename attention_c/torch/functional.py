@@ -401,12 +401,12 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     return _back(out, alpha, low)
 
 
-def _check_scale(scale: Any) -> None:
+def _check_scale(scale: Any, name: str = "scale") -> None:
     """A scale is None or a real number (NumPy's scalars too), not a
-    bool."""
+    bool; TypeError naming it (as ``name``) otherwise."""
     if scale is not None and (not isinstance(scale, numbers.Real)
                               or isinstance(scale, (bool, np.bool_))):
-        raise TypeError(f"scale must be a real number or None, got "
+        raise TypeError(f"{name} must be a real number or None, got "
                         f"{type(scale).__name__}")
 
 
