@@ -59,7 +59,7 @@ __all__ = [
     "SIGNATURES", "DEFAULTS", "OPTIONAL_POSITIONAL", "SEC5_ARGS",
     "API_ARGS", "LAYER_FUNCTIONS", "FAMILY_FUNCTIONS",
     "FIGURES", "record_figure", "assert_identical", "assert_all_identical",
-    "HALF_DTYPES", "assert_rounded",
+    "HALF_DTYPES", "assert_rounded", "misaligned",
     "run_quick_bench", "page_section",
     "torch_context_attention", "torch_masked_softmax",
     "torch_additive_attention", "torch_dot_attention",
@@ -557,6 +557,16 @@ def assert_all_identical(got, want, what=""):
     assert len(got) == len(want), what
     for i, (g, w) in enumerate(zip(got, want)):
         assert_identical(g, w, f"{what} output {i}")
+
+
+def misaligned(x):
+    """A C-contiguous copy of ``x`` one byte past an aligned address
+    (unaligned for any element wider than a byte)."""
+    buf = bytearray(x.nbytes + 1)
+    y = np.frombuffer(buf, dtype=x.dtype, count=x.size, offset=1)
+    y = y.reshape(x.shape)
+    y[...] = x
+    return y
 
 
 def assert_rounded(got, want, dtype, what="", lse=None):

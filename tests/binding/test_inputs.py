@@ -24,7 +24,7 @@ import attention_c as ac
 from attention_c import _core, _core_tests, reference
 from attention_c.testing import (DTYPES, HALF_DTYPES, LAYER_FUNCTIONS,
                                  SIGNATURES, Problem, assert_close,
-                                 assert_rounded)
+                                 assert_rounded, misaligned)
 
 # --------------------------------------------------------------------------
 # The ten functions: their arguments (docs/contract.md's names, in order),
@@ -165,14 +165,6 @@ def _reversed(x):
     return x[flip].copy()[flip]
 
 
-def _misaligned(x):
-    buf = bytearray(x.nbytes + 1)
-    y = np.frombuffer(buf, dtype=x.dtype, count=x.size, offset=1)
-    y = y.reshape(x.shape)
-    y[...] = x
-    return y
-
-
 def _readonly(x):
     y = x.copy()
     y.flags.writeable = False
@@ -225,7 +217,7 @@ LAYOUTS = {
     "fortran": _fortran,
     "transposed": _transposed,
     "reversed": _reversed,
-    "misaligned": _misaligned,
+    "misaligned": misaligned,
     "readonly": _readonly,
     "bigendian": _bigendian,
     "broadcast": _broadcast,

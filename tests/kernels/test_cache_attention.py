@@ -43,7 +43,8 @@ import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
 from attention_c.testing import (HALF_DTYPES, TOL, assert_identical,
-                                 assert_rounded, noise_floor, rel_err)
+                                 assert_rounded, misaligned, noise_floor,
+                                 rel_err)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -740,18 +741,10 @@ def bad_case(name):
         contiguous[1].flags.writeable = False
         return c, contiguous, None, kw, ValueError, "v_cache.*read-only"
     if name == "v_cache_unaligned":
-        vc = unaligned_copy(contiguous[1])
+        vc = misaligned(contiguous[1])
+        assert not vc.flags.aligned
         return c, (contiguous[0], vc), None, kw, ValueError, "v_cache"
     raise AssertionError(name)
-
-
-def unaligned_copy(a):
-    """A C-contiguous copy of ``a`` one byte past an aligned address."""
-    buf = np.zeros(a.nbytes + 1, np.uint8)[1:]
-    out = buf.view(a.dtype).reshape(a.shape)
-    out[...] = a
-    assert not out.flags.aligned
-    return out
 
 
 BAD = ["block_out_of_range", "block_negative_used",
@@ -811,7 +804,8 @@ def test_transposed_table_and_unaligned_query():
     fortran = np.asfortranarray(table)
     assert not fortran.flags.c_contiguous
     assert_same(c.run(fortran, (kp, vp)), want, "Fortran-order table")
-    c.q = unaligned_copy(c.q)
+    c.q = misaligned(c.q)
+    assert not c.q.flags.aligned
     assert_same(c.run(table, (kp, vp)), want, "unaligned query")
 
 
