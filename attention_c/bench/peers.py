@@ -75,6 +75,15 @@ Targets of issue 32 (PASS / MISS): ours / SDPA <= 0.85 on every forward
 and forward + backward row; ours / ONNX Runtime and ours / OpenVINO <=
 0.93 on every forward row; decode (MHA and GQA) <= 0.8 x the best peer.
 
+**The read floor of a decode row.**  A decode step reads each key and
+value once and does two FMAs per element read: it is bound by how fast
+the host reads them.  A child of its own (``FLOOR``, with PyTorch's
+threads set like SDPA's) times, in the same rounds, ``torch.amax`` and
+``torch.sum`` of the case's k and v, and the row reports the faster as
+"read ms" and read / best peer: the least ratio to the fastest peer that
+any implementation could reach.  Where it is above the target's limit the
+target asks for more than the host's read rate, and the report says so.
+
 The modules: this one holds the command line (the options, the rounds,
 ``run`` and ``main``) and re-exports the rest, ``peers_cases`` (the
 libraries, shapes, tolerances, targets, the cases and their data),
@@ -94,10 +103,11 @@ import time
 from attention_c.bench import harness
 from attention_c.bench.docs_page import write_page
 from attention_c.bench.peers_cases import (
-    CHECK_SHAPES, DECODE, FLOAT64, HEADS, HEAVY_T, INFERENCE, KIND_TEXT, LIBS,
-    MODULES, NAMES, ORT_IMPLS, QUICK_DECODE, QUICK_SHAPES, SHAPES, TARGETS,
-    THREAD_CONTROL, TOLERANCE_32, TOLERANCE_64, WORKER_TIMEOUT, as_outputs,
-    case_key, check_cases, dims, make_cases, make_problem)
+    CHECK_SHAPES, DECODE, FLOAT64, FLOOR, FLOOR_IMPLS, HEADS, HEAVY_T,
+    INFERENCE, KIND_TEXT, LIBS, MODULES, NAMES, ORT_IMPLS, QUICK_DECODE,
+    QUICK_SHAPES, SHAPES, TARGETS, THREAD_CONTROL, TOLERANCE_32,
+    TOLERANCE_64, WORKER_TIMEOUT, as_outputs, case_key, check_cases, dims,
+    make_cases, make_problem)
 from attention_c.bench.peers_check import (check_lib, compare, installed,
                                            load_outputs, sdpa_reference)
 from attention_c.bench.peers_child import (check_dtypes, child_env,
@@ -110,12 +120,14 @@ from attention_c.bench.peers_ort import ort_impls
 from attention_c.bench.peers_report import (docs_section, evaluate,
                                             make_rows, median_times, report,
                                             report_lines, table)
-from attention_c.bench.peers_torch import ours_impls, sdpa_impls
+from attention_c.bench.peers_torch import (ours_impls, read_impls,
+                                           sdpa_impls)
 from attention_c.bench.report import emit
 
 __all__ = [
     # peers_cases
-    "LIBS", "MODULES", "NAMES", "INFERENCE", "FLOAT64", "ORT_IMPLS",
+    "LIBS", "MODULES", "NAMES", "INFERENCE", "FLOAT64", "FLOOR",
+    "FLOOR_IMPLS", "ORT_IMPLS",
     "SHAPES", "QUICK_SHAPES", "DECODE", "QUICK_DECODE", "HEADS",
     "CHECK_SHAPES", "TOLERANCE_64", "TOLERANCE_32", "HEAVY_T",
     "WORKER_TIMEOUT", "THREAD_CONTROL", "TARGETS", "KIND_TEXT",
@@ -123,6 +135,7 @@ __all__ = [
     "as_outputs",
     # the libraries
     "ours_impls", "sdpa_impls", "ort_impls", "openvino_impls", "jax_impls",
+    "read_impls",
     # peers_child
     "impls", "child_env", "set_threads", "check_dtypes", "compute_outputs",
     "thread_ticks", "effective_threads", "time_cases", "worker",
@@ -140,6 +153,14 @@ __all__ = [
 # --------------------------------------------------------------------------
 # Rounds
 
+def _times(lib, case):
+    """Whether ``lib``'s child times ``case``: inference engines have no
+    backward, the read floor is a decode row's alone."""
+    if lib == FLOOR:
+        return case["kind"] == "decode"
+    return not (lib in INFERENCE and case["kind"] == "fwdbwd")
+
+
 def run_rounds(libs, cases, threads, options, cache_dir):
     """``options.rounds`` interleaved rounds at ``threads`` threads: every
     library's child once a round, order reversed every other round.
@@ -150,8 +171,7 @@ def run_rounds(libs, cases, threads, options, cache_dir):
     for r in range(options.rounds):
         for lib in libs if r % 2 == 0 else libs[::-1]:
             start = time.perf_counter()
-            lib_cases = [c for c in cases
-                         if not (lib in INFERENCE and c["kind"] == "fwdbwd")]
+            lib_cases = [c for c in cases if _times(lib, c)]
             child = run_worker(lib, dict(spec, cases=lib_cases), cache_dir)
             found[lib].append(child)
             print(f"  round {r + 1}/{options.rounds} {threads} thr {lib:<9}"
@@ -195,7 +215,8 @@ def parse_args(argv):
     parser.add_argument("--write-docs", metavar="PAGE",
                         help="rewrite the 'peers' section of this page "
                              "(docs/performance.md), keeping its prose")
-    parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=LIBS + (FLOOR,),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.worker:
@@ -261,9 +282,12 @@ def run(options, folder):
                            + json.dumps(meta["checks"].get("ours"),
                                         default=str))
     cases = make_cases(options.quick)
+    # the read floor beside the libraries (PyTorch is there: SDPA is)
+    passed[FLOOR] = dict.fromkeys(FLOOR_IMPLS, True)
     rows = []
     for threads in options.threads:
-        children = run_rounds(timed, cases, threads, options, folder)
+        children = run_rounds(timed + [FLOOR], cases, threads, options,
+                              folder)
         for lib, runs in children.items():
             errors = [c["error"] for c in runs if "error" in c]
             if errors:

@@ -16,6 +16,14 @@ MODULES = {"ours": ("attention_c",), "sdpa": ("torch",),
 NAMES = {"ours": "attention_c", "sdpa": "PyTorch SDPA",
          "ort": "ONNX Runtime", "openvino": "OpenVINO", "jax": "JAX"}
 INFERENCE = ("ort", "openvino")         # forward only
+# Not a library: the host reading a decode step's keys and values once
+# (the fastest of PyTorch's reductions over them, at the row's thread
+# count), timed in its own child in the same rounds.  A decode step reads
+# every key and value once, so where the cache is megabytes no
+# implementation takes less time than this (tiny ones time the calls'
+# overheads): the floor of each decode row, never checked nor a peer.
+FLOOR = "read"
+FLOOR_IMPLS = ("read:amax", "read:sum")
 # Checked in float64: jax.nn.dot_product_attention computes its softmax
 # in float32 whatever the inputs, so JAX is checked in float32.
 FLOAT64 = ("ours", "sdpa")
@@ -42,6 +50,7 @@ THREAD_CONTROL = {
     "sdpa": "torch.set_num_threads",
     "ort": "intra_op_num_threads (inter_op 1)",
     "openvino": "INFERENCE_NUM_THREADS (1 stream)",
+    FLOOR: "torch.set_num_threads",
     "jax": "CPU affinity to N CPUs (+ XLA_FLAGS "
            "--xla_cpu_multi_thread_eigen=false "
            "intra_op_parallelism_threads=1 at 1)",

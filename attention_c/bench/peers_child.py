@@ -11,12 +11,13 @@ import time
 import numpy as np
 
 from attention_c.bench import harness
-from attention_c.bench.peers_cases import (FLOAT64, HEAVY_T, LIBS,
+from attention_c.bench.peers_cases import (FLOAT64, FLOOR, HEAVY_T, LIBS,
                                            WORKER_TIMEOUT, make_problem)
 from attention_c.bench.peers_jax import jax_impls
 from attention_c.bench.peers_openvino import openvino_impls
 from attention_c.bench.peers_ort import ort_impls
-from attention_c.bench.peers_torch import ours_impls, sdpa_impls
+from attention_c.bench.peers_torch import (ours_impls, read_impls,
+                                           sdpa_impls)
 
 
 # --------------------------------------------------------------------------
@@ -37,6 +38,8 @@ def impls(lib, case, p, threads):
         return openvino_impls(case, p, threads)
     if lib == "jax":
         return jax_impls(case, p)
+    if lib == FLOOR:
+        return read_impls(case, p)
     raise ValueError(f"unknown library {lib!r}; choose from {LIBS}")
 
 
@@ -85,7 +88,7 @@ def set_threads(lib, threads):
         import attention_c as ac
         ac.set_num_threads(threads)
         return ac.__version__
-    if lib == "sdpa":
+    if lib in ("sdpa", FLOOR):
         import torch
         torch.set_num_threads(threads)
         return torch.__version__

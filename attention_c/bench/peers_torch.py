@@ -1,6 +1,7 @@
 """Ours (attention_c on NumPy) and PyTorch SDPA, the reference, as
 implementations of ``attention_c.bench.peers``: {implementation: (run,
-collect)} of a case (see ``attention_c.bench.peers_child.impls``)."""
+collect)} of a case (see ``attention_c.bench.peers_child.impls``); and
+the read floor of a decode case."""
 
 from attention_c.bench.peers_cases import as_outputs
 
@@ -48,3 +49,15 @@ def sdpa_impls(case, p):
         with torch.no_grad():
             return sdpa(t["q"], t["k"], t["v"], **kw)
     return {"sdpa": (fwd, lambda r: as_outputs(r.numpy()))}
+
+
+def read_impls(case, p):
+    """The read floor of a decode case (peers_cases.FLOOR): its keys and
+    values reduced once by ``torch.amax`` and by ``torch.sum``, on
+    PyTorch's threads; no outputs to collect.  Other kinds: none."""
+    if case["kind"] != "decode":
+        return {}
+    import torch
+    k, v = torch.from_numpy(p["k"]), torch.from_numpy(p["v"])
+    return {"read:amax": (lambda: (k.amax(), v.amax()), None),
+            "read:sum": (lambda: (k.sum(), v.sum()), None)}

@@ -160,6 +160,54 @@ def test_rows_ratios_and_targets_follow_the_times():
     assert ("forward + backward ours/sdpa", "sdpa") in kinds
     assert all(t["peer"] != "ort" for t in targets
                if t["target"].startswith("forward + backward"))
+    assert all(t["floor"] is None for t in targets)    # no read child
+
+
+def test_read_floor_marks_decode_targets_below_it():
+    """The read child's faster reduction is each decode row's floor,
+    never a library's time; a miss whose floor is above the limit is
+    called below the floor, one whose floor is below it is not."""
+    cases, children, passed = synthetic_children()
+    decode = [c["key"] for c in cases if c["kind"] == "decode"]
+    # sdpa takes 3.0 ms: a read of 2.7 ms (0.9 of it) is above 0.8,
+    # one of 1.5 (0.5) below
+    reads = {k: (2.7 if i % 2 == 0 else 1.5) for i, k in enumerate(decode)}
+    children[peers.FLOOR] = [
+        {"times_ms": {**{f"read:amax|{k}": ms for k, ms in reads.items()},
+                      **{f"read:sum|{k}": ms + 1 for k, ms in reads.items()}},
+         "others_load": 0.05, "cpu_per_wall": 1.0}]
+    passed[peers.FLOOR] = dict.fromkeys(peers.FLOOR_IMPLS, True)
+    medians = {lib: peers.median_times(runs, passed[lib])
+               for lib, runs in children.items()}
+    rows = peers.make_rows(cases, 1, medians, children)
+    for row in rows:
+        assert peers.FLOOR not in row["times_ms"]
+        assert set(row["ratios"]) <= {"sdpa", "ort", "best"}
+        if row["kind"] != "decode":
+            assert "read_ms" not in row and "floor" not in row
+            continue
+        assert row["read_ms"] == reads[row["case"]]
+        assert row["floor"] == pytest.approx(reads[row["case"]] / 3.0)
+    # ours (1.5 ms) is 0.5x sdpa, so every decode target would pass:
+    # make them miss
+    for row in rows:
+        row["ratios"]["best"] = 0.95
+    targets = peers.evaluate(rows)
+    dec = [t for t in targets if t["target"] == "decode ours/best"]
+    assert len(dec) == len(decode) and all(t["status"] == "MISS"
+                                           for t in dec)
+    below = {t["case"] for t in dec if t["floor"] > t["limit"]}
+    assert below == {k for k, ms in reads.items() if ms == 2.7}
+    text = peers.report_lines(
+        {"date": "d", "cpu": "c", "cpus": 1, "load_start": None,
+         "others_load": {1: 0.0}, "config": {"version": "v", "simd": "s"},
+         "rounds": 1, "min_repeats": 1, "target_s": 0.1, "libs": {},
+         "timed": ["ours", "sdpa"], "cpu_use": {}, "threads_used": {},
+         "quick": True, "checks": {}}, rows, targets)
+    table = "\n".join(text)
+    assert "| read ms | read/best |" in table
+    assert table.count("(below the read floor)") == len(below)
+    assert f"**Below the read floor:** {len(below)} of the misses" in table
 
 
 # --------------------------------------------------------------------------
@@ -182,7 +230,7 @@ def test_a_wrong_peer_fails_the_check(reference, tmp_path):
     assert passed == {"sdpa": True}
 
 
-@pytest.mark.parametrize("lib", ["ours", "sdpa"])
+@pytest.mark.parametrize("lib", ["ours", "sdpa", "read"])
 def test_worker_times_in_its_own_process(lib):
     pytest.importorskip("torch")
     cases = tiny_cases()
@@ -191,6 +239,12 @@ def test_worker_times_in_its_own_process(lib):
                                    "min_repeats": 1, "cases": cases})
     assert "error" not in child, child.get("error")
     assert child["lib"] == lib and child["threads"] == 1
+    if lib == peers.FLOOR:              # decode cases alone, both ways
+        assert set(child["times_ms"]) == {
+            f"{impl}|{c['key']}" for impl in peers.FLOOR_IMPLS
+            for c in cases if c["kind"] == "decode"}
+        assert child["modules"] == ["torch"]
+        return
     assert set(child["times_ms"]) == {f"{lib}|{c['key']}" for c in cases}
     assert all(np.isfinite(t) and t > 0 for t in child["times_ms"].values())
     assert child["cpu_per_wall"] > 0
@@ -242,6 +296,7 @@ def test_quick_run_reports_a_table(tmp_path):
     section = page_section(written, "peers")
     assert section.startswith("`python -m attention_c.bench --peers` on ")
     assert "| case | thr | ours ms | sdpa ms |" in section
+    assert "| read ms | read/best |" in section
     assert "**Targets of issue 32:**" in section
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["meta"]["timed"] == ["ours", "sdpa"]
