@@ -59,7 +59,7 @@ Mean of the valid items of each sequence.
     >>> import numpy as np, attention_c as ac
     >>> h = np.arange(12.0).reshape(2, 3, 2)          # B=2, T=3, H=2
     >>> mask = np.array([[True, True, False], [False, False, False]])
-    >>> ac.mean_context(h, mask=mask)                      # row 1: no valid item
+    >>> ac.mean_context(h, mask=mask)             # row 1: no valid item
     array([[1., 2.],
            [0., 0.]])
     """
@@ -158,7 +158,8 @@ Backward of :func:`additive_score`.
     >>> W, v, b = (rng.standard_normal((3, 8)), rng.standard_normal(3),
     ...            np.zeros(3))
     >>> grad_s = np.ones((2, 5))
-    >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v, b=b)
+    >>> dh, dc, dW, dv, db = ac.additive_score_backward(grad_s, h, c, W, v,
+    ...                                                 b=b)
     >>> dh.shape, dc.shape, dW.shape, dv.shape, db.shape
     ((2, 5, 4), (2, 4), (3, 8), (3,), (3,))
     """
@@ -185,7 +186,7 @@ Softmax over the last axis, restricted to the valid items.
     >>> import numpy as np, attention_c as ac
     >>> scores = np.array([[1000.0, 1000.0, 5.0], [1.0, 2.0, 3.0]])
     >>> mask = np.array([[True, True, False], [False, False, False]])
-    >>> ac.masked_softmax(scores, mask=mask)               # no overflow, no NaN
+    >>> ac.masked_softmax(scores, mask=mask)      # no overflow, no NaN
     array([[0.5, 0.5, 0. ],
            [0. , 0. , 0. ]])
     """
@@ -214,7 +215,8 @@ Backward of :func:`masked_softmax`.
     Examples
     --------
     >>> import numpy as np, attention_c as ac
-    >>> alpha = ac.masked_softmax(np.zeros(4), mask=np.array([1, 1, 0, 0], bool))
+    >>> alpha = ac.masked_softmax(np.zeros(4),
+    ...                           mask=np.array([1, 1, 0, 0], bool))
     >>> ac.masked_softmax_backward(np.array([1.0, 3.0, 5.0, 7.0]), alpha)
     array([-0.5,  0.5,  0. ,  0. ])
     """

@@ -588,7 +588,8 @@ Gradients of :func:`general_attention` in one call.
     --------
     >>> import numpy as np, attention_c as ac
     >>> rng = np.random.default_rng(0)
-    >>> query, keys = rng.standard_normal((2, 3)), rng.standard_normal((2, 7, 4))
+    >>> query = rng.standard_normal((2, 3))
+    >>> keys = rng.standard_normal((2, 7, 4))
     >>> W = rng.standard_normal((3, 4))
     >>> out, alpha = ac.general_attention(query, keys, W)
     >>> g = ac.general_attention_backward(np.ones_like(out), query, keys, W,

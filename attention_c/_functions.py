@@ -6,9 +6,9 @@ shapes and defaults, and its outputs.  The functions are the C functions
 of ``attention_c._core`` themselves, so that a call (thousands per epoch
 in a decoder) goes through no Python frame; here ``_core._publish`` makes
 each one ``attention_c.<name>`` with its docstring (``_docstrings``,
-``_family_docstrings``, ``_scores_docstrings``) and, for a backward, its named tuple of gradients,
-whose fields are the table's: the gradient ``dx`` of input ``x`` is field
-``x``.
+``_family_docstrings``, ``_scores_docstrings``) and, for a backward, its
+named tuple of gradients, whose fields are the table's: the gradient
+``dx`` of input ``x`` is field ``x``.
 
 :data:`TABLE` is the table as Python reads it; ``attention_c.testing``
 derives its ``SIGNATURES`` from it, and tests/binding checks the stubs,

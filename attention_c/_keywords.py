@@ -20,6 +20,7 @@ import numpy as np
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
+
 def _is_bool_array(x: Any) -> bool:
     """A NumPy, Dask or PyTorch array (or a nested list) of booleans,
     told without computing a lazy array."""

@@ -124,7 +124,8 @@ Gradients of :func:`location_attention` in one call.
     --------
     >>> import numpy as np, attention_c as ac
     >>> rng = np.random.default_rng(0)
-    >>> state, enc = rng.standard_normal((2, 6)), rng.standard_normal((2, 5, 4))
+    >>> state = rng.standard_normal((2, 6))
+    >>> enc = rng.standard_normal((2, 5, 4))
     >>> W, b = rng.standard_normal((9, 6)), np.zeros(9)
     >>> out, alpha = ac.location_attention(state, enc, W, b=b)
     >>> g = ac.location_attention_backward(np.ones_like(out), state, enc, W,

@@ -15,7 +15,8 @@ step appends to and attends to without copying it.
     adam_step(mha.parameters(), mha.grads(), state, lr=1e-3)
 
 The classes are defined in attention_c.layers.multihead and
-attention_c.layers.kvcache; this module re-exports them as it always has (the name users and the docs import them by).
+attention_c.layers.kvcache; this module re-exports them as it always has
+(the name users and the docs import them by).
 """
 
 from .layers import KVCache, MultiHeadAttention, MultiHeadInputGrads

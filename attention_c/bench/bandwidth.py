@@ -18,7 +18,6 @@ BANDWIDTH_MIB = 256                     # at least, per thread
 QUICK_BANDWIDTH_MIB = 16
 
 
-
 def l3_bytes():
     """The size of the L3 cache in bytes (from sysfs), or None."""
     base = "/sys/devices/system/cpu/cpu0/cache"

@@ -168,7 +168,7 @@ def main(argv=None):
     meta.update(quick=options.quick, masks=options.masks,
                 shape_sizes={s: sizes[s] for s in options.shapes},
                 peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
-                                       options.threads, options.quick))
+                                        options.threads, options.quick))
     ctx["peak"] = meta["peak"]
     for note in meta["notes"]:
         print(f"NOTE: {note}", file=sys.stderr)

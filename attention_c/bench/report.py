@@ -10,8 +10,8 @@ from attention_c.bench.harness import DISTURBED, PROBE_SECONDS, ROUNDS
 from attention_c.bench.run import (HEAVY_REPEATS, HEAVY_SHAPES, TOLERANCE,
                                    row_label, too_far)
 from attention_c.bench.targets import (CAUSAL_FULL, DROPOUT_FULL, FB_PEAK,
-                                      PEAK, RATIOS, SCALING,
-                                      SELFATTN_SCALING, TARGETS)
+                                       PEAK, RATIOS, SCALING,
+                                       SELFATTN_SCALING, TARGETS)
 
 # Times: (key, header); a key's prefix names the implementation.
 OURS_COLUMNS = (

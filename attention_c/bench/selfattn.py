@@ -399,7 +399,7 @@ def setup(options, torch):
                long_shape=QUICK_LONG_SHAPE if options.quick else LONG_SHAPE)
     meta.update(quick=options.quick, torch=torch.__version__,
                 peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
-                                       options.threads, options.quick),
+                                        options.threads, options.quick),
                 shape_sizes=[list(s) for s in shapes],
                 heads=HEADS, dropout=DROPOUT)
     ctx["peak"] = meta["peak"]

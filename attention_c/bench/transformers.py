@@ -336,7 +336,6 @@ def evaluate(rows, memory):
     return verdicts
 
 
-
 def time_table(rows, targets):
     """A line per case: the times at the fewest threads, the ratio at each
     thread count, the target and the verdicts."""
@@ -399,7 +398,6 @@ def checks_line(checks):
     return (f"- **Checked before timing:** the logits of every model under "
             f"attention_c against its baseline on a short input, worst "
             f"normwise error {worst:.1e} (tolerance {TOLERANCE:g}).")
-
 
 
 def sections(meta, checks, rows, memory, targets):

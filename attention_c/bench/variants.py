@@ -491,7 +491,6 @@ def _pairs(rows, key, value):
     return out
 
 
-
 def ratio_table(found, targets):
     """Ours' ratios: a line per ratio, values at each thread count."""
     status = _pairs([dict(t, ratio=t["case"]) for t in targets
@@ -561,7 +560,6 @@ def bitwise_line(bits):
             f"{', '.join(bits['kwargs'])}): "
             f"{'yes' if bits['identical'] else 'NO'} (out, lse and every "
             f"gradient).")
-
 
 
 def sections(meta, found, torch_rows, memory, bits, targets):
@@ -646,7 +644,7 @@ def main(argv=None):
     meta.update(quick=options.quick, torch=torch.__version__, sizes=sizes,
                 heads=HEADS, softcap=SOFTCAP,
                 peak=harness.peak_facts(meta["config"]["simd"], options.dtypes,
-                                       options.threads, options.quick))
+                                        options.threads, options.quick))
     print(f"CPU: {meta['cpu']}", file=sys.stderr)
     checks = check_all(ctx)
     rows = [run_group(group, n, ctx) for group in GROUPS

@@ -29,4 +29,3 @@ __all__ = ["ContextAttention", "AdditiveAttention", "DotAttention",
            "GeneralAttention", "AttentionInputGrads", "MultiHeadAttention",
            "KVCache", "MultiHeadInputGrads", "LocationAttention",
            "CosineAttention", "LocationInputGrads"]
-

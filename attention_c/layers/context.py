@@ -186,4 +186,3 @@ class ContextAttention(_Layer):
         return (f"hidden_size={self.hidden_size}, "
                 f"attention_size={self.attention_size}, "
                 f"bias={self.b is not None}")
-

@@ -9,7 +9,6 @@ def _rows(x):
     return x.reshape(int(np.prod(x.shape[:-1])), x.shape[-1])
 
 
-
 def _sum_to(x, shape):
     """Sum x back to ``shape``, the shape of an array NumPy broadcast to
     x.shape: the gradient of np.broadcast_to (sum over the added leading
@@ -19,4 +18,3 @@ def _sum_to(x, shape):
     stretched = tuple(a for a, n in enumerate(shape)
                       if n == 1 and x.shape[a] != 1)
     return x.sum(axis=stretched, keepdims=True).reshape(shape)
-

@@ -66,7 +66,6 @@ def dropout_keep(seed, p, b, Tq, T):
     return u[..., :T] >= threshold
 
 
-
 def _check_dropout(dropout, seed, Tq, T):
     """Refuse a dropout rate outside [0, 1) and a missing or bad seed."""
     dropout = 0.0 if dropout is None else dropout   # None: the default
@@ -85,7 +84,6 @@ def _check_dropout(dropout, seed, Tq, T):
                              f"not Tq = {Tq}, T = {T}")
 
 
-
 def _dropout_factor(dropout, seed, lead, Tq, T, dtype):
     """keep_it / (1 - p) as (lead, Tq, T) in dtype, or None when p = 0.
     The flat batch index b is the row-major index in ``lead``."""
@@ -94,4 +92,3 @@ def _dropout_factor(dropout, seed, lead, Tq, T, dtype):
     b = np.arange(int(np.prod(lead))).reshape(lead)
     keep = dropout_keep(seed, dropout, b, Tq, T)
     return np.where(keep, dtype.type(1 / (1 - dropout)), dtype.type(0))
-

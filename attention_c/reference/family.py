@@ -263,15 +263,15 @@ def dot_attention_backward(grad_out, query, keys, alpha=None, *, out=None,
     keys, vals = (_drop_padding(x, live_k) for x in (keys, vals))
     # the capped scores, before bias and ALiBi: softcap's derivative
     capped = softcap_scores(scale * (q @ keys.swapaxes(-1, -2)), softcap)
-    D = l = None
+    D = ls = None
     if a is None:
-        o, l = np.asarray(out), np.asarray(lse)
+        o, ls = np.asarray(out), np.asarray(lse)
         if single:
-            o, l = o[..., None, :], l[..., None]
-        l = np.where(np.isfinite(l), l, 0)[..., None]  # -inf: no visible key
+            o, ls = o[..., None, :], ls[..., None]
+        ls = np.where(np.isfinite(ls), ls, 0)[..., None]  # -inf: no key seen
         s = _dot_scores(q, keys, scale, b, softcap, alibi)
         # exp only where visible: a hidden key's s - lse may overflow
-        a = _exp(np.where(vis, s - l, -np.inf))
+        a = _exp(np.where(vis, s - ls, -np.inf))
         D = np.where(live_q, (g * o).sum(axis=-1), 0)
     drop = _dropout_factor(dropout, seed, vis.shape[:-2], Tq, T,
                            np.result_type(a, g))
@@ -288,7 +288,7 @@ def dot_attention_backward(grad_out, query, keys, alpha=None, *, out=None,
         dslopes = _sum_to(-(delta * np.abs(rel)).sum(axis=(-2, -1)),
                           np.shape(alibi_slopes))
     if sink is not None:                # dsink = -sum_i P_i,sink D_i
-        p_sink = _exp(sink[..., None] - l[..., 0])
+        p_sink = _exp(sink[..., None] - ls[..., 0])
         dsinks = _sum_to(-(p_sink * D).sum(axis=-1), np.shape(sinks))
     if softcap is not None:             # d(c tanh(x/c))/dx = 1 - (./c)^2
         delta = delta * (1 - (capped / softcap) ** 2)
@@ -376,4 +376,3 @@ def _family_grads(single, dq, dk, dvals, values_are_keys):
     if values_are_keys:
         return dq, dk + dvals, None
     return dq, dk, dvals
-

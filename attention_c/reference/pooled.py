@@ -31,7 +31,6 @@ def _valid(mask, shape):
     return np.asarray(mask, dtype=bool)
 
 
-
 def _split(W, H):
     """W = [W_h | W_c]: W_h multiplies the item, W_c the context."""
     W = np.asarray(W)
@@ -221,4 +220,3 @@ def context_attention_backward(grad_out, h, W, v, alpha, *, b=None,
           * dc[..., None, :])
     dh = np.where(m[..., None], dh, 0)
     return dh, dW, dv, db
-

@@ -332,4 +332,3 @@ def _call(kind: str, *args: Any) -> Any:
                 f"needed: drop it, or use torch.compile or torch.export")
         return _SPECS[kind].op(*args)
     return _FUNCTIONS[kind].apply(*args)
-

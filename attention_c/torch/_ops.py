@@ -100,7 +100,7 @@ _ARGS = {
 }
 # The table's names of the ops' short ones.
 _TABLE_NAMES = {"keep": "keep_activations", "act": "activations",
-               "stop": "stop_at_key_proj", "weights": "return_weights"}
+                "stop": "stop_at_key_proj", "weights": "return_weights"}
 # An argument's kind (the same in every function) and its schema type;
 # an array's is Tensor or Tensor?.  The seed is an int64 tensor holding
 # its 64 bits, so that a module can draw it from torch's generator inside

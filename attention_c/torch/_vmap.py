@@ -91,7 +91,7 @@ def _vmap_family(op: Any, names: tuple[str, ...]) -> Any:
         core = {n: (1 if single else 2) if c is None else c
                 for n, c in _CORE.items()}
         lead = _pure._broadcast_shapes(*[logical[n][:-core[n]]
-                                        for n in _FULL if n in logical])
+                                         for n in _FULL if n in logical])
         N = info.batch_size
         new = dict(a)
         for n, shape in logical.items():

@@ -544,4 +544,3 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             else:
                 bias = m if bias is None else bias + m
         return mask, bool_attn, bias
-

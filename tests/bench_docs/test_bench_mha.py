@@ -287,7 +287,7 @@ def test_options():
     assert options.parts == list(mha.PARTS)
     quick = mha.parse_args(["--quick", "--parts", "decode,step"])
     assert quick.target < options.target and quick.parts == ["decode",
-                                                              "step"]
+                                                             "step"]
     for bad in (["--min-repeats", "0"], ["--parts", "module,nope"],
                 ["--threads", "0"]):
         with pytest.raises(SystemExit):

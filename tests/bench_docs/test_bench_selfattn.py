@@ -128,7 +128,8 @@ def test_every_target_gets_a_verdict(run):
                      ("f+b/sdpa", "dropout"), ("f+b/sdpa", "bias"),
                      ("fwd/sdpa", "full"), ("fwd/sdpa", "causal"),
                      (DROPOUT_FULL, "dropout"), (FB_PEAK, "full"),
-                     (FB_PEAK, "causal"), (CAUSAL_FULL, "causal"), (SELFATTN_SCALING, "full"),
+                     (FB_PEAK, "causal"), (CAUSAL_FULL, "causal"),
+                     (SELFATTN_SCALING, "full"),
                      (SELFATTN_SCALING, "causal"), (PEAK, "full"),
                      (PEAK, "causal"), ("peak memory ours/sdpa", "full")}
     # against SDPA and dropout/full on every row; the others from the

@@ -536,7 +536,7 @@ def test_where_it_looks_reads_with_every_score(executed):
     top = {s: float(t) / 100 for s, _, t, _ in found}
     of_ink = {s: float(k) / 100 for s, _, _, k in found}
     assert all(top[s] >= 0.75 for s in ["additive", "dot", "general",
-                                         "cosine"]), top
+                                        "cosine"]), top
     assert top["location"] <= 0.5, top
     assert all(of_ink[s] >= 0.5 for s in WHERE_SCORES), of_ink
     beta = re.search(r"^learned sharpness of the cosine score: beta = "

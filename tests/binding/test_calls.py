@@ -71,7 +71,7 @@ def test_public_function_is_the_c_function(fn):
     f = getattr(ac, fn)
     assert isinstance(f, types.BuiltinFunctionType)
     assert (f.__name__, f.__qualname__, f.__module__) == (fn, fn,
-                                                         "attention_c")
+                                                          "attention_c")
     assert pickle.loads(pickle.dumps(f)) is f
     assert f.__doc__ and not f.__doc__.startswith(fn + "(")
     for section in ("Parameters", "Returns", "Examples"):

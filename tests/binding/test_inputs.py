@@ -913,13 +913,11 @@ def test_ndarray_subclass_gives_plain_arrays(fn, rng):
     assert_identical(call(fn, subs), call(fn, args), f"{fn} subclass")
 
 
-
 # --------------------------------------------------------------------------
 # 9. The family's arguments of docs/contract.md section 5 (attn_mask,
 # causal, bias, dropout and seed, return_weights, out and lse): wrong ones
 # are refused with a message that says what to do; the C and the reference
 # agree.
-
 SEC5_FWD = ["dot_attention", "general_attention"]
 SEC5_BWD = ["dot_attention_backward", "general_attention_backward"]
 MASKED_FWD = SEC5_FWD + ["additive_attention"]

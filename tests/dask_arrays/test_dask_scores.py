@@ -119,7 +119,7 @@ def run(fn, case, chunking, dtype):
     grad_out = rng.standard_normal(fwd[0].shape).astype(dtype)
     weighted = lit.get("return_weights", True)
     saved = {"alpha": fwd[1]} if weighted else {"out": fwd[0],
-                                                 "lse": fwd[1]}
+                                                "lse": fwd[1]}
     bwd_lit = {k: x for k, x in lit.items() if k != "return_weights"}
     bwd = getattr(ac, fn + "_backward")(grad_out=grad_out, **data, **saved,
                                         **extra, **weights, **bwd_lit)
@@ -127,7 +127,7 @@ def run(fn, case, chunking, dtype):
     dd = {k: split(x, chunking) for k, x in data.items()}
     dfwd = getattr(acd, fn)(**dd, **weights, **lit)
     dsaved = ({"alpha": dfwd[1]} if weighted else {"out": dfwd[0],
-                                                    "lse": dfwd[1]})
+                                                   "lse": dfwd[1]})
     dbwd = getattr(acd, fn + "_backward")(
         grad_out=split(grad_out, chunking), **dd, **dsaved,
         **{k: split(x, chunking) for k, x in extra.items()}, **weights,

@@ -125,6 +125,7 @@ def test_against_reference(variant, dtype):
     pos, kw = problem("dot", variant, dtype)
     dpos, dkw = chunked(pos, kw, "dot")
     out, lse = acd.dot_attention(*dpos, **dkw, return_weights=False)
+
     def f64(x):
         if not isinstance(x, np.ndarray) or x.dtype.kind == "i":
             return x

@@ -1003,6 +1003,6 @@ def test_refused(name):
     with pytest.raises(error, match=pattern):
         c.call(arrays, table, q=q)
     for a, b, what in zip(arrays, before, ("k_cache", "v_cache",
-                                            "k_scales", "v_scales")):
+                                           "k_scales", "v_scales")):
         if a is not None:
             assert a.tobytes() == b.tobytes(), f"{what} written"

@@ -41,7 +41,8 @@ OFFSETS = [0, 1, 2, 3, 4, 5, 6, 7, 9, 13, 16, 17, 31, 33, 63, 64, 65, 100,
 # high counter word), i at 2**32 - 1, and thresholds 0 (p = 0), 1, 2**31
 # (the sign bit: an unsigned comparison) and near 2**32
 ROWS = [(0, 0.1, 0, 0), (1234, 0.1, 3, 7), (2 ** 64 - 1, 0.5, 1, 2),
-        (2 ** 32, 0.25, 2 ** 32 + 5, 9), (0xDEADBEEFCAFEF00D, 0.9, 17, 2 ** 32 - 1),
+        (2 ** 32, 0.25, 2 ** 32 + 5, 9),
+        (0xDEADBEEFCAFEF00D, 0.9, 17, 2 ** 32 - 1),
         (42, 0.0, 5, 1), (7, 2.0 ** -32, 0, 3), (99, 1 - 2.0 ** -30, 4, 4),
         (2 ** 63 + 11, 0.3, 2 ** 40 + 1, 1 << 20)]
 
@@ -71,7 +72,7 @@ def test_keep_rows_are_the_references(path):
     bits (bytes 0 or 1, the fraction kept about 1 - p)."""
     T = 523
     for seed, p, b, Tq in [(1234, 0.1, 0, 3), (2 ** 64 - 1, 0.5, 2 ** 32 + 1,
-                                                2), (5, 0.0, 7, 1)]:
+                                               2), (5, 0.0, 7, 1)]:
         want = ref.dropout_keep(seed, p, b, Tq, T)
         for i in range(Tq):
             row = keep_row(path, seed, p, b, i, 0, T)

@@ -393,7 +393,7 @@ def f64_sweep():
         np.exp(rng.uniform(np.log(5e-324), np.log(40.0), 1_000_000)),
         np.linspace(0, 20, 1_000_001),
         np.concatenate([np.log(2) / 4 * k * (1 + np.linspace(-1e-6, 1e-6,
-                                                            2001))
+                                                             2001))
                         for k in (1, 3, 5, 7)])])
     x = np.concatenate([x, -x])
     if np.finfo(np.longdouble).nmant >= 63:

@@ -327,7 +327,7 @@ def test_dropout_inside_16_bit_is_the_widened_call(simd, dtype):
     kw = {"causal": True, "dropout": 0.25, "seed": 5}
     out, lse = _run(ac.dot_attention, q, k, v, kw)
     want, want_lse = _run(ac.dot_attention, *(x.astype(np.float32)
-                                               for x in (q, k, v)), kw)
+                                              for x in (q, k, v)), kw)
     assert out.dtype == dt
     assert np.array_equal(out, want.astype(dt))
     assert np.array_equal(lse, want_lse)

@@ -2,14 +2,14 @@
 
 With fewer sequences than it has partial gradients, the SIMD backward
 runs one sequence at a time and splits its valid rows into segments of
-whole row blocks, one task each (csrc/simd/fused_backward.inc, bwd_split_rows); each
-segment sums its dW_h, E and dv on its own, and the segments are added in
-order.  These tests check, for single long sequences and pairs of them,
-that the gradients are bitwise the same for 1, 2 and 3 threads and right
-against attention_c.reference: sizes around and above the block sizes
-(120 rows on AVX2, 240 on AVX-512) and many blocks, odd sizes, no mask, a
-random mask with a fully masked sequence, a fully masked single sequence,
-ragged prefixes (a short sequence before a long one, a long one before an
+whole row blocks, one task each (csrc/simd/fused_backward.inc,
+bwd_split_rows); each segment sums its dW_h, E and dv on its own, and the
+segments are added in order.  These tests check, for single long
+sequences and pairs of them, that the gradients are bitwise the same for
+1, 2 and 3 threads and right against attention_c.reference: sizes around
+and above the block sizes (120 rows on AVX2, 240 on AVX-512) and many
+blocks, odd sizes, no mask, a random mask with a fully masked sequence, a
+fully masked single sequence, ragged prefixes (a short sequence before a long one, a long one before an
 empty one), float32 and float64, with and without bias and grad_alpha,
 recomputing the activations and reading the forward's.
 """

@@ -664,7 +664,7 @@ def test_dropout_reproducible(score, return_weights):
 THREAD_CASES = {
     "key_segments": ((2,), 600, 600, dict(causal=True, dropout=P_DROP)),
     "shared_bias": ((3,), 300, 520, dict(bias="TqT_ninf", attn="1TqT",
-                                        mask="key", dropout=P_DROP)),
+                                         mask="key", dropout=P_DROP)),
     "many_seqs": ((10,), 130, 257, dict(causal=True, bias="T",
                                         dropout=P_DROP)),
     "one_long": ((1,), 700, 700, dict(causal=True)),

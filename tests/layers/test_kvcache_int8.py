@@ -152,7 +152,7 @@ def test_refused_layers_and_groups():
     x = np.random.default_rng(8).standard_normal((1, 2, 48))
     with pytest.raises(TypeError, match="int8 KVCache serves float32 layers"):
         make(48, 2, dtype=np.float64)(x, cache=KVCache(dtype="int8",
-                                                          group=8))
+                                                       group=8))
     drop = make(48, 2, dropout=0.5)
     drop.train()
     with pytest.raises(ValueError, match="dropout is not supported"):

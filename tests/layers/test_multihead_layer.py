@@ -657,7 +657,7 @@ def test_against_torch(dtype, lead, kind):
     assert layer.dtype == dtype and layer.training
     for n, p in layer.parameters().items():
         want = dict(mha.named_parameters())[n.replace("out_proj_",
-                                                       "out_proj.")]
+                                                      "out_proj.")]
         np.testing.assert_array_equal(p, want.detach().numpy())
     if kind in ("self", "causal"):
         x = rng.standard_normal(lead + (S, E)).astype(dtype)

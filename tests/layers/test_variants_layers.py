@@ -231,6 +231,7 @@ def mha_reference(layer, x, kw, sinks=None, slopes=None):
     W, b = layer.in_proj_weight, layer.in_proj_bias
     q, k, v = (x @ W[r * E:(r + 1) * E].T + b[r * E:(r + 1) * E]
                for r in range(3))
+
     def split(p):
         return p.reshape(p.shape[:-1] + (HEADS, d)).swapaxes(-2, -3)
 

@@ -1011,7 +1011,7 @@ def test_sec5_errors():
         act.DotAttention(dropout=-0.1)
     with pytest.raises(ValueError, match="bias"):     # does not broadcast
         act.dot_attention(q, k, bias=torch.zeros(TQ + 1, T,
-                                                  dtype=torch.float64))
+                                                 dtype=torch.float64))
     with pytest.raises(TypeError, match="positional"):
         act.dot_attention(q, k, None, per_query)
 

@@ -505,12 +505,12 @@ def varlen_reference(q, k, v, cq, ck, kw, grad):
             continue
         nkw = flash_kw_as_numpy({**kw, "alibi_slopes": sl[s]}, np.float64)
         qs, ks, vs = qn[:, a:b], kn[:, c:e], vn[:, c:e]
-        o, l = ref.dot_attention(qs, ks, values=vs, return_weights=False,
-                                 **nkw)
+        o, ls = ref.dot_attention(qs, ks, values=vs, return_weights=False,
+                                  **nkw)
         _, p = ref.dot_attention(qs, ks, values=vs, **nkw)
-        out[:, a:b], lse[:, a:b], probs[:, a:b, c:e] = o, l, p
+        out[:, a:b], lse[:, a:b], probs[:, a:b, c:e] = o, ls, p
         gq, gk, gv, _, gsl, gsk = ref.dot_attention_backward(
-            gn[:, a:b], qs, ks, out=o, lse=l, values=vs, **nkw)
+            gn[:, a:b], qs, ks, out=o, lse=ls, values=vs, **nkw)
         dq[:, a:b] += gq
         dk[:, c:e] += gk
         dv[:, c:e] += gv

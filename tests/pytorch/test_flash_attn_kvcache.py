@@ -342,7 +342,7 @@ def test_cache_batch_idx():
     assert torch.equal(cache.k[3, 5], kn[0, 0])
     assert torch.equal(cache.k[0, 2], kn[1, 0])
     assert torch.equal(cache.k[3], k_sel[0]) and torch.equal(cache.k[0],
-                                                              k_sel[1])
+                                                             k_sel[1])
     assert torch.equal(cache.k[1:3], before[1:3])    # untouched
 
 

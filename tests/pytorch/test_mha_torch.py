@@ -240,7 +240,7 @@ CONFIG_IDS = [f"{a}-{'b' if b else 'nob'}{'-bkv' if k else ''}"
 
 @pytest.mark.parametrize("masks", ["kpm-bool+3d-bool", "kpm-float+2d-float"])
 @pytest.mark.parametrize("batched", [True, False], ids=["batched",
-                                                         "unbatched"])
+                                                        "unbatched"])
 @pytest.mark.parametrize("batch_first", [False, True], ids=["LNE", "NLE"])
 @pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
 def test_configs_against_pytorch(config, batch_first, batched, masks):
@@ -286,7 +286,7 @@ FULL_CASES = ["kpm-bool", "kpm-float", "2d-bool", "2d-float", "3d-bool",
 
 @pytest.mark.parametrize("need", list(NEED))
 @pytest.mark.parametrize("batched", [True, False], ids=["batched",
-                                                         "unbatched"])
+                                                        "unbatched"])
 @pytest.mark.parametrize("masks", FULL_CASES)
 def test_fully_masked_queries(masks, batched, need):
     """A query that may attend to no key: ours gives 0 before the output

@@ -363,7 +363,7 @@ def test_dropout_backward_uses_the_forward_bits():
     """gradcheck of the dropout output with the seed fixed inside the
     function: the backward drops the same weights as the forward."""
     q, k, v = (x.requires_grad_() for x in problem((2, 3, 4), (2, 5, 4),
-                                                    (2, 5, 3), seed=3))
+                                                   (2, 5, 3), seed=3))
 
     def f(q, k, v):
         with torch.random.fork_rng(devices=[]):

@@ -139,7 +139,7 @@ def test_meta_tensors_propagate_shapes(several):
 
 GG_CASES = [("context", True, "key", False), ("context", False, "none", False),
             ("additive", True, "causal", True), ("additive", False, "key",
-                                                  False),
+                                                 False),
             ("dot", True, "causal", False), ("dot", False, "key", True),
             ("general", True, "key", True), ("general", False, "none",
                                              False)]

@@ -430,10 +430,10 @@ def test_low_precision_with_variants(low, extra, extra_dtype):
     x = x.to(low) if extra_dtype == "same" else x
     leaves = [t.clone().requires_grad_() for t in (q, k, v, x)]
     out, alpha = act.dot_attention(leaves[0], leaves[1], values=leaves[2],
-                                 causal=True, **{extra: leaves[3]})
+                                   causal=True, **{extra: leaves[3]})
     want, want_alpha = act.dot_attention(q.float(), k.float(),
                                          values=v.float(),
-                                       causal=True, **{extra: x.float()})
+                                         causal=True, **{extra: x.float()})
     assert out.dtype == low and torch.equal(out, want.to(low))
     assert torch.equal(alpha, want_alpha.to(low))
     out.float().sum().backward()
