@@ -24,6 +24,9 @@
 
 /* How long a thread watches before it sleeps (see above) */
 #define SPIN_NS 10000
+/* Bytes of a cache line, at least (128: the pairs of lines Intel's
+ * prefetcher fetches together) */
+#define ATT_LINE 128
 
 struct att_pool {
     int nthreads;               /* the caller and nthreads - 1 workers */
@@ -34,16 +37,23 @@ struct att_pool {
     pthread_cond_t wake, done;
     /* the current job, guarded by lock (the atomics are also read
      * without it, by the threads that watch) */
-    atomic_ulong generation;    /* bumped for every job */
     int stop;
-    atomic_int active;          /* workers that took the job, not done */
     int closed;                 /* the caller is done: no one may join */
     int busy;                   /* a caller is running a job */
     int job_threads;            /* threads (caller included) the job uses */
     att_task_fn fn;
     void *arg;
     ptrdiff_t ntasks;
+    /* Each counter on a cache line of its own (a line apart from all
+     * else): a thread watching one must not pull the line of the task
+     * counter from the threads taking tasks, once a task */
+    char gap0[ATT_LINE];
+    atomic_ulong generation;    /* bumped for every job */
+    char gap1[ATT_LINE];
+    atomic_int active;          /* workers that took the job, not done */
+    char gap2[ATT_LINE];
     atomic_ptrdiff_t next;      /* next task to hand out */
+    char gap3[ATT_LINE];
 };
 
 /* Forks this process has been through, counted in the child by an
