@@ -26,7 +26,7 @@
 #define SPIN_NS 10000
 /* Bytes of a cache line, at least (128: the pairs of lines Intel's
  * prefetcher fetches together) */
-#define ATT_LINE 128
+#define LINE_BYTES 128
 
 struct att_pool {
     int nthreads;               /* the caller and nthreads - 1 workers */
@@ -47,13 +47,13 @@ struct att_pool {
     /* Each counter on a cache line of its own (a line apart from all
      * else): a thread watching one must not pull the line of the task
      * counter from the threads taking tasks, once a task */
-    char gap0[ATT_LINE];
+    char gap0[LINE_BYTES];
     atomic_ulong generation;    /* bumped for every job */
-    char gap1[ATT_LINE];
-    atomic_int active;          /* workers that took the job, not done */
-    char gap2[ATT_LINE];
+    char gap1[LINE_BYTES];
+    atomic_ulong active;        /* workers that took the job, not done */
+    char gap2[LINE_BYTES];
     atomic_ptrdiff_t next;      /* next task to hand out */
-    char gap3[ATT_LINE];
+    char gap3[LINE_BYTES];
 };
 
 /* Forks this process has been through, counted in the child by an
@@ -112,31 +112,17 @@ static long long now_ns(void)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Watches, the lock not held, for at most SPIN_NS: until a new job
- * (generation passes seen) for a worker, until the workers are done
- * (active 0) for the caller.  What it sees is checked again under the
- * lock. */
-static void watch_generation(att_pool *p, unsigned long seen)
+/* Watches *x, the lock not held, for at most SPIN_NS: until it equals
+ * `value` (equal 1) or differs from it (equal 0).  A worker watches for
+ * a new job (generation past the one it saw), the caller for its workers
+ * to be done (active 0); what it sees is checked again under the lock. */
+static void watch(atomic_ulong *x, unsigned long value, int equal)
 {
     long long end = now_ns() + SPIN_NS;
     do {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(&p->generation, memory_order_relaxed)
-                != seen) {
-                return;
-            }
-            relax();
-        }
-    } while (now_ns() < end);
-}
-
-static void watch_active(att_pool *p)
-{
-    long long end = now_ns() + SPIN_NS;
-    do {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(&p->active, memory_order_relaxed)
-                == 0) {
+            if ((atomic_load_explicit(x, memory_order_relaxed) == value)
+                == equal) {
                 return;
             }
             relax();
@@ -154,7 +140,7 @@ static void *worker_main(void *varg)
         /* the next job, if it comes soon, without a wake; then under
          * the lock as ever (a job bumped after the check below wakes the
          * condition variable) */
-        watch_generation(p, seen);
+        watch(&p->generation, seen, 0);
         pthread_mutex_lock(&p->lock);
         while (!p->stop && atomic_load(&p->generation) == seen) {
             pthread_cond_wait(&p->wake, &p->lock);
@@ -310,7 +296,7 @@ void att_pool_run(att_pool *p, int threads, ptrdiff_t ntasks,
     p->closed = 1;
     if (atomic_load(&p->active) > 0) {
         pthread_mutex_unlock(&p->lock);
-        watch_active(p);
+        watch(&p->active, 0, 1);
         pthread_mutex_lock(&p->lock);
     }
     while (atomic_load(&p->active) > 0) {
