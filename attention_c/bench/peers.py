@@ -76,8 +76,8 @@ and forward + backward row; ours / ONNX Runtime and ours / OpenVINO <=
 0.93 on every forward row; decode (MHA and GQA) <= 0.8 x the best peer.
 
 **The read floor of a decode row.**  A decode step reads each key and
-value once and does two FMAs per element read: it is bound by how fast
-the host reads them.  A child of its own (``FLOOR``, with PyTorch's
+value once and does two FMAs per element read for each query head that
+shares it (2 to 8 here): it is bound by how fast the host reads them.  A child of its own (``FLOOR``, with PyTorch's
 threads set like SDPA's) times, in the same rounds, ``torch.amax`` and
 ``torch.sum`` of the case's k and v, and the row reports the faster as
 "read ms" and read / best peer: the least ratio to the fastest peer that
