@@ -4,9 +4,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
 #include <stddef.h>
-#include <time.h>
 
 #include "attention.h"
+#include "core/clock.h"
 #include "core/dispatch.h"
 #include "core/peak.h"
 
@@ -20,13 +20,6 @@ typedef struct {
     atomic_int wrong;           /* a loop's sum out of its range */
 } peak_job;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void peak_task(void *arg, ptrdiff_t task, int thread)
 {
     peak_job *j = arg;
@@ -34,9 +27,9 @@ static void peak_task(void *arg, ptrdiff_t task, int thread)
     (void)thread;
     int seen = atomic_fetch_add(&j->started, 1) + 1;
     if (seen < j->threads) {
-        double deadline = now() + ATT_PEAK_START_WAIT;
+        double deadline = att_seconds() + ATT_PEAK_START_WAIT;
         while ((seen = atomic_load(&j->started)) < j->threads &&
-               now() < deadline) {
+               att_seconds() < deadline) {
         }
     }
     int least = atomic_load(&j->together);
@@ -98,9 +91,9 @@ double att_bf16_dot_speedup(int simd)
     (void)ops->fma_loop(ITERS);                 /* the clock ramps up */
     for (int r = 0; r < ROUNDS; r++) {
         for (int k = 0; k < 2; k++) {
-            double t = now();
+            double t = att_seconds();
             double sum = (k ? ops->dot_loop : ops->fma_loop)(ITERS);
-            t = now() - t;
+            t = att_seconds() - t;
             if (!(sum >= lanes && sum < 3 * lanes)) {
                 return 0;               /* a miscompiled loop */
             }

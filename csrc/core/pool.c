@@ -6,7 +6,7 @@
  * A wake through a condition variable is a system call and, on a
  * virtual machine, an interrupt to a halted vCPU: tens of us before the
  * thread runs, as long as a small job.  So a worker that ends a job
- * watches for the next one for SPIN_NS before it sleeps, and a caller
+ * watches for the next one for SPIN_SECONDS before it sleeps, and a caller
  * whose workers are still at work watches for them as long before it
  * sleeps: the jobs of one call (a scan of the inputs, then the
  * attention) and calls made back to back hand over in memory.  The watch
@@ -17,13 +17,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/pool.h"
 
 /* How long a thread watches before it sleeps (see above) */
-#define SPIN_NS 10000
+#define SPIN_SECONDS 10e-6
 /* Bytes of a cache line, at least (128: the pairs of lines Intel's
  * prefetcher fetches together) */
 #define LINE_BYTES 128
@@ -105,20 +105,13 @@ static inline void relax(void)
 #endif
 }
 
-static long long now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* Watches *x, the lock not held, for at most SPIN_NS: until it equals
+/* Watches *x, the lock not held, for at most SPIN_SECONDS: until it equals
  * `value` (equal 1) or differs from it (equal 0).  A worker watches for
  * a new job (generation past the one it saw), the caller for its workers
  * to be done (active 0); what it sees is checked again under the lock. */
 static void watch(atomic_ulong *x, unsigned long value, int equal)
 {
-    long long end = now_ns() + SPIN_NS;
+    double end = att_seconds() + SPIN_SECONDS;
     do {
         for (int i = 0; i < 64; i++) {
             if ((atomic_load_explicit(x, memory_order_relaxed) == value)
@@ -127,7 +120,7 @@ static void watch(atomic_ulong *x, unsigned long value, int equal)
             }
             relax();
         }
-    } while (now_ns() < end);
+    } while (att_seconds() < end);
 }
 
 static void *worker_main(void *varg)
