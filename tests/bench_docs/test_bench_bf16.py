@@ -48,7 +48,7 @@ def test_every_row_is_measured(run):
         assert set(row["times_ms"]) == set(bf16.IMPLS)
         for t in row["times_ms"].values():
             assert np.isfinite(t) and t > 0, row
-        assert set(row["errors"]) == set(bf16.IMPLS)
+        assert set(row["errors"]) == set(bf16.IMPLS) | {bf16.FLOOR}
         for e in row["errors"].values():     # out, or dq, dk, dv
             assert len(e) == (1 if row["pass"] == "forward" else 3), row
             assert np.all(np.isfinite(e)), row
@@ -64,6 +64,9 @@ def test_errors_against_float64(run):
         assert errs["torch_bf16"] < 2e-2, row
         assert errs["ours_f16_in"] < 5e-3, row
         assert errs["torch_f16"] < 5e-3, row
+        # the floor: exact arithmetic on bf16 inputs, rounded once, is
+        # more accurate than PyTorch's bf16 and not more than float32's
+        assert errs["ours_fp32"] < errs[bf16.FLOOR] < errs["torch_bf16"]
     assert "WARNING" not in stdout
 
 
@@ -96,6 +99,13 @@ def test_targets_follow_the_rows(run):
     for t in targets:
         assert t["status"] == ("PASS" if t["value"] <= t["limit"]
                                else "MISS")
+    for t in targets:           # the error targets carry the floor's
+        if "error" in t["target"]:
+            r = [r for r in rows if t["case"] == f"{r['pass']} {r['case']} "
+                 f"{bf16.shape_text(r)}"][0]
+            e, torch_e = r["errors"][bf16.FLOOR], r["errors"]["torch_bf16"]
+            assert t["floor"] == max(a / b for a, b in zip(e, torch_e))
+    assert stdout.count(f"    {bf16.FLOOR} (exact arithmetic") == 2
     row = rows[0]
     first = [t for t in targets if t["case"].endswith(" thr")][0]
     name = first["target"].split(" ", 1)[1]
