@@ -79,8 +79,14 @@ attention_c[bfloat16]``) are required.
    values read, (sum of the lengths) Hkv d 2 itemsize (B T Hkv d 2
    itemsize when every length is T; the query and out are negligible);
    GB/s = that / the time, and its share of the read bandwidth measured
-   at the same thread count.  Caches that fit in the L3 cache are marked:
-   repeated steps may then read them from L3, beyond the DRAM bandwidth.
+   at the same thread count.  Before each timed step one thread reads a
+   buffer of EVICT_L3 times the L3 cache (untimed), so that every step
+   finds its cache in memory, as a model's layer does after the other
+   layers' caches and weights have passed through (the development Xeon
+   has an L3 of 480 MiB, which holds every cache here: repeated steps
+   read them from it, beyond the DRAM bandwidth).  With ``--quick`` the
+   read is QUICK_EVICT_MIB MiB, and the caches that fit in the L3 are
+   marked.
    Ratios: ours and cache_attention on the 16-bit caches against the
    float32 one, ours against SDPA, paged against contiguous and
    cache_attention against ours, the torch call against the NumPy one
@@ -124,6 +130,8 @@ QUICK_SIZES = ((1, 64), (2, 64), (1, 128), (2, 128))
 RAGGED_SIZES = ((8, 4096),)             # (B, longest T): cache_attention
 QUICK_RAGGED_SIZES = ((8, 128),)
 SLACK = 64                              # T_max = T + SLACK
+EVICT_L3 = 2            # before each timed step, read this many L3s
+QUICK_EVICT_MIB = 4
 BLOCK_SIZE = 16                         # of the paged cache
 DTYPES = ("float32", "bfloat16", "float16")
 # cache_attention's caches: DTYPES and int8 (quantize_kv, GROUP).
@@ -426,6 +434,23 @@ def evaluate_targets(row):
              "case": case} for name, limit in TARGETS.items()]
 
 
+def evictor(size):
+    """A callable reading ``size`` bytes (written before: no page is the
+    shared zero page), or None for 0."""
+    if size <= 0:
+        return None
+    buf = np.ones(size // 4, np.int32)
+    return lambda: int(buf.max())
+
+
+def evict_bytes(quick, l3):
+    """Bytes read before each timed step: QUICK_EVICT_MIB MiB with
+    --quick, else EVICT_L3 times the L3 (256 MiB if it is unknown)."""
+    if quick:
+        return QUICK_EVICT_MIB << 20
+    return EVICT_L3 * l3 if l3 else 256 << 20
+
+
 def run_row(p, threads, ctx, funcs, checked, bandwidth):
     """Time the steps on one shape and thread count."""
     Hq, Hkv, d = p["heads"]
@@ -436,7 +461,8 @@ def run_row(p, threads, ctx, funcs, checked, bandwidth):
            "threads": threads, "errors": errs, "paged_identical": same,
            "group": p["group"], "int8_stored_error": stored,
            "torch_identical": torch_same}
-    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"])
+    harness.measure_into(row, funcs, ctx["target"], ctx["min_repeats"],
+                         before=ctx["evict"])
     t = row["times_ms"]
     row["ratios"] = {r: t[a] / t[b]
                      for r, (a, b) in {**RATIOS, **CACHE_RATIOS}.items()
@@ -444,6 +470,7 @@ def run_row(p, threads, ctx, funcs, checked, bandwidth):
     row["targets"] = evaluate_targets(row)
     row["bytes"] = {n: step_bytes(p, n) for n in CACHE_DTYPES}
     row["in_l3"] = {n: bool(ctx["l3"]) and b <= ctx["l3"]
+                    and ctx["evict_bytes"] < ctx["l3"]
                     for n, b in row["bytes"].items()}
     row["gbps"] = {k: row["bytes"][k.split("_", 1)[1]] / (ms / 1e3) / 1e9
                    for k, ms in t.items()}
@@ -525,9 +552,13 @@ def header(meta):
         + ("?" if share is None else f"{share:.0%}")
         + " of the CPUs during the run; load average at start "
         + format_load(meta["load_start"])]
+    lines.append(f"Before each timed step one thread reads "
+                 f"{meta['evict_mib']} MiB (untimed) to evict the caches: "
+                 f"steps read them from memory, as a model's layers do")
     if meta["quick"]:
         lines.append("--quick: tiny sizes, indicative only; the bandwidth "
-                     "buffer may fit in L3 (not a DRAM figure).")
+                     "buffer and the caches may fit in L3 (not a DRAM "
+                     "figure).")
     return lines
 
 
@@ -679,9 +710,9 @@ def report(meta, bandwidth, rows):
         "Median ms per decode step; ours/f32: ours on this cache / ours on "
         "the float32 cache; ours/sdpa:",
         "the same cache dtype (< 1: ours faster).  MB/step: keys + values "
-        "read (*: fits in L3, so steps may",
-        "read it from there); GB/s: that / the time (share of the read "
-        "bandwidth of the threads used).",
+        "read (*: fits in L3 beside the eviction read,",
+        "so steps may read it from there); GB/s: that / the time (share "
+        "of the read bandwidth of the threads used).",
         "others: share of the CPUs other processes used while the row was "
         "timed (/proc/stat: time a hypervisor",
         "stole counts too).",
@@ -743,14 +774,17 @@ def setup(options, torch):
     ctx, meta = harness.setup(options)
     l3 = l3_bytes()
     size = bandwidth_bytes(options.quick, l3)
+    evict = evict_bytes(options.quick, l3)
     meta.update(harness.torch_facts(torch), quick=options.quick,
                 heads=list(heads), sizes=[list(s) for s in sizes],
                 ragged_sizes=[list(s) for s in ragged],
                 block_size=BLOCK_SIZE, targets=TARGETS, slack=SLACK,
                 group=group_of(heads[2]), stored_limit=STORED_LIMIT,
-                l3_bytes=l3, bandwidth_mib=size >> 20, tolerance=TOLERANCE)
+                l3_bytes=l3, bandwidth_mib=size >> 20, tolerance=TOLERANCE,
+                evict_mib=evict >> 20)
     ctx.update(torch=torch, sizes=sizes, ragged_sizes=ragged, heads=heads,
-               l3=l3, bandwidth_bytes=size)
+               l3=l3, bandwidth_bytes=size, evict_bytes=evict,
+               evict=evictor(evict))
     return ctx, meta
 
 

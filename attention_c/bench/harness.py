@@ -436,14 +436,15 @@ def rows_by_threads(threads, ctx, torch, label, make_row):
     return rows
 
 
-def measure(funcs, target, min_repeats):
+def measure(funcs, target, min_repeats, before=None):
     """Median seconds per call of each callable, and its number of samples.
 
     ROUNDS times, every callable runs in turn (order reversed every other
     round): one untimed call to warm up after the switch, then timed calls
     for about target / ROUNDS seconds, more if needed to reach
     ``min_repeats`` samples in all.  So changes in the machine's load hit
-    every implementation alike.
+    every implementation alike.  ``before``: called, untimed, before
+    every timed call (its time counts against the budget).
     """
     clock = time.perf_counter
     budget = target / ROUNDS
@@ -460,6 +461,8 @@ def measure(funcs, target, min_repeats):
                 n, begin = 0, clock()
                 while n < least or (clock() - begin < budget
                                     and n < MAX_BLOCK):
+                    if before is not None:
+                        before()
                     start = clock()
                     fn()
                     times.append(clock() - start)
@@ -494,19 +497,20 @@ def measure_peak(funcs, target, min_repeats, facts, threads, dtype):
     return timed, flops / seconds / 1e9
 
 
-def measure_into(row, funcs, target, min_repeats, peak=None):
+def measure_into(row, funcs, target, min_repeats, peak=None, before=None):
     """:func:`measure` the ``funcs`` and record in ``row``: ``times_ms``
     and ``repeats`` by name, and ``others_load``, the share of the CPUs
     other processes used meanwhile.  ``peak`` (facts, dtype): the probe
     timed among them too (:func:`measure_peak`, at ``row["threads"]``),
-    its GF/s as ``row["peak_gflops"]``."""
-    before, start = cpu_seconds(), time.perf_counter()
+    its GF/s as ``row["peak_gflops"]``; ``before``: as :func:`measure`'s
+    (not with ``peak``)."""
+    cpu, start = cpu_seconds(), time.perf_counter()
     if peak is None:
-        timed = measure(funcs, target, min_repeats)
+        timed = measure(funcs, target, min_repeats, before)
     else:
         timed, row["peak_gflops"] = measure_peak(
             funcs, target, min_repeats, peak[0], row["threads"], peak[1])
-    row["others_load"] = others_load(before, time.perf_counter() - start)
+    row["others_load"] = others_load(cpu, time.perf_counter() - start)
     row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
     row["repeats"] = {k: n for k, (_, n) in timed.items()}
     return row

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import attention_c as ac
-from attention_c.bench import cache
+from attention_c.bench import cache, harness
 
 THREADS = (1, 2)
 
@@ -180,6 +180,9 @@ def test_report_says_what_ran_where(run):
     for name in cache.CACHE_DTYPES + cache.IMPLS + cache.CACHE_IMPLS:
         assert name in stdout
     assert "quantize_kv(group 32)" in stdout
+    assert meta["evict_mib"] == cache.QUICK_EVICT_MIB
+    assert (f"one thread reads {cache.QUICK_EVICT_MIB} MiB (untimed) to "
+            f"evict the caches") in stdout
     lines = stdout.splitlines()
     # A line per shape, cache dtype and thread count in the decode table
     # (ours and SDPA), and in cache_attention's (the ragged batch too,
@@ -328,6 +331,22 @@ def test_exact_of_a_ragged_batch_is_each_sequence_on_its_own():
     assert cache.bandwidth_bytes(True, None) == 16 << 20
     assert cache.bandwidth_bytes(False, 105 << 20) == 420 << 20
     assert cache.bandwidth_bytes(False, None) == 256 << 20
+
+
+def test_eviction_reads_twice_the_l3_before_each_step():
+    assert cache.evict_bytes(True, 480 << 20) == cache.QUICK_EVICT_MIB << 20
+    assert cache.evict_bytes(False, 480 << 20) == 960 << 20
+    assert cache.evict_bytes(False, None) == 256 << 20
+    assert cache.evictor(0) is None
+    assert cache.evictor(1 << 20)() == 1        # written: no zero page
+    calls = []
+    timed = harness.measure({"f": lambda: calls.append("f")}, 0.0, 3,
+                            before=lambda: calls.append("evict"))
+    n = timed["f"][1]               # timed calls, each after a read
+    assert n >= 3 and calls.count("evict") == n
+    assert calls.count("f") == n + harness.ROUNDS   # + a warm-up a round
+    assert all(calls[i + 1] == "f" for i, c in enumerate(calls)
+               if c == "evict")
 
 
 def test_more_threads_no_faster_is_said():
