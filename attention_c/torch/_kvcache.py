@@ -8,6 +8,7 @@ caller's cache (and scale) tensors are written in place.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -215,7 +216,7 @@ def _table(B: int, k_cache: torch.Tensor, cache_batch_idx: Any,
         idx = _int_tensor("cache_batch_idx", cache_batch_idx, (B,), 1)
         # A contiguous cache (B_cache, S_max, ...) is a paged one of
         # B_cache blocks of S_max rows: sequence b is block idx[b].
-        table = idx.detach().reshape(B, 1).numpy()
+        table = idx.reshape(B, 1).numpy()
         bad = (table < 0) | (table >= k_cache.shape[0])
         if bad.any():
             b = int(np.argmax(bad))
@@ -229,7 +230,7 @@ def _table(B: int, k_cache: torch.Tensor, cache_batch_idx: Any,
             raise ValueError(f"block_table must have shape (B, max_blocks) "
                              f"with B = {B} (q's batch size), got "
                              f"{tuple(block_table.shape)}")
-        return block_table.detach().numpy()
+        return block_table.numpy()
     if k_cache.shape[0] != B:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} must have q's "
                          f"batch size {B} (or give cache_batch_idx or "
@@ -251,8 +252,8 @@ def _seqlens(B: int, k_cache: torch.Tensor, k: Any, cache_seqlens: Any,
                              "write k and v; give cache_seqlens")
         return np.full(B, k_cache.shape[1], dtype=np.int64)
     if isinstance(cache_seqlens, torch.Tensor):
-        return _int_tensor("cache_seqlens", cache_seqlens, (B,),
-                           1).detach().numpy()
+        # (an integer tensor never requires grad: no detach)
+        return _int_tensor("cache_seqlens", cache_seqlens, (B,), 1).numpy()
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(
             cache_seqlens, (bool, np.bool_)):
         n = int(cache_seqlens)
@@ -280,7 +281,7 @@ def _check_options(causal: Any, return_softmax_lse: Any, num_splits: Any,
     if softmax_scale is None:
         return None
     softmax_scale = float(softmax_scale)
-    if not np.isfinite(softmax_scale):
+    if not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be finite, got "
                          f"{softmax_scale}")
     return softmax_scale
@@ -409,8 +410,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
         k=None if k is None else _np(k), v=None if v is None else _np(v),
         block_table=table, scale=softmax_scale, causal=causal, window=win,
         softcap=cap, alibi_slopes=slopes, sinks=sink, return_lse=True,
-        k_scales=None if k_scales is None else k_scales.detach().numpy(),
-        v_scales=None if v_scales is None else v_scales.detach().numpy())
+        k_scales=None if k_scales is None else _np(k_scales),
+        v_scales=None if v_scales is None else _np(v_scales))
     if k is not None:
         # Written behind autograd's back: a graph that saved a cache (some
         # earlier differentiable use) must see it modified, as with copy_.

@@ -31,7 +31,8 @@ except ImportError:         # the bfloat16 extra: without it, float32 copies
 def _np(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a checked CPU tensor: shared memory, any strides; a
     bfloat16 one as ml_dtypes' bfloat16 (see :func:`_reads_as_stored`)."""
-    t = t.detach()
+    if t.requires_grad:     # (detach costs a new tensor: only if needed)
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()

@@ -404,8 +404,10 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
 def _check_scale(scale: Any, name: str = "scale") -> None:
     """A scale is None or a real number (NumPy's scalars too), not a
     bool; TypeError naming it (as ``name``) otherwise."""
-    if scale is not None and (not isinstance(scale, numbers.Real)
-                              or isinstance(scale, (bool, np.bool_))):
+    if scale is None or type(scale) is float:   # (the common case, fast)
+        return
+    if (not isinstance(scale, numbers.Real)
+            or isinstance(scale, (bool, np.bool_))):
         raise TypeError(f"{name} must be a real number or None, got "
                         f"{type(scale).__name__}")
 
