@@ -62,7 +62,7 @@ CASES = ("full", "causal")
 PASSES = ("forward", "f+b")
 IMPLS = ("ours_fp32", "ours_bf16", "ours_bf16_in", "ours_f16_in",
          "torch_fp32", "torch_bf16", "torch_f16")
-FLOOR = "floor_bf16"    # not timed: the error no bf16 call can go below
+FLOOR = "floor_bf16"    # not timed: what exact arithmetic leaves a bf16 call
 TOLERANCE = {"ours_fp32": 1e-4, "torch_fp32": 1e-4, "ours_bf16": 2e-2,
              "ours_bf16_in": 2e-2, "torch_bf16": 2e-2, "ours_f16_in": 5e-3,
              "torch_f16": 5e-3, FLOOR: 2e-2}
