@@ -553,8 +553,11 @@ def header(meta):
         + " of the CPUs during the run; load average at start "
         + format_load(meta["load_start"])]
     lines.append(f"Before each timed step one thread reads "
-                 f"{meta['evict_mib']} MiB (untimed) to evict the caches: "
-                 f"steps read them from memory, as a model's layers do")
+                 f"{meta['evict_mib']} MiB (untimed)"
+                 + (" (the L3's size unknown)" if l3 is None else
+                    ": steps read the caches from memory, as a model's "
+                    "layers do" if meta["evict_mib"] << 20 >= l3 else
+                    ", less than the L3, which may still hold the caches"))
     if meta["quick"]:
         lines.append("--quick: tiny sizes, indicative only; the bandwidth "
                      "buffer and the caches may fit in L3 (not a DRAM "

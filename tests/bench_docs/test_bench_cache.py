@@ -181,8 +181,12 @@ def test_report_says_what_ran_where(run):
         assert name in stdout
     assert "quantize_kv(group 32)" in stdout
     assert meta["evict_mib"] == cache.QUICK_EVICT_MIB
-    assert (f"one thread reads {cache.QUICK_EVICT_MIB} MiB (untimed) to "
-            f"evict the caches") in stdout
+    assert (f"one thread reads {cache.QUICK_EVICT_MIB} MiB (untimed)"
+            + (", less than the L3" if meta["l3_bytes"] else "")) in stdout
+    full = dict(meta, evict_mib=cache.evict_bytes(False, meta["l3_bytes"])
+                >> 20, quick=False)
+    assert "steps read the caches from memory" in "\n".join(
+        cache.header(full)) or not meta["l3_bytes"]
     lines = stdout.splitlines()
     # A line per shape, cache dtype and thread count in the decode table
     # (ours and SDPA), and in cache_attention's (the ragged batch too,
