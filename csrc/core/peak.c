@@ -1,7 +1,7 @@
 /*
- * core/peak.c - see core/peak.h.  Plain C11 with POSIX clocks; no Python.
+ * core/peak.c - see core/peak.h.  Plain C11 (its clock: core/clock.h); no
+ * Python.
  */
-#define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
 #include <stddef.h>
 
