@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import attention_c as ac
-from attention_c.bench import cache, harness
+from attention_c.bench import cache, cache_report, harness
 
 THREADS = (1, 2)
 
@@ -186,7 +186,7 @@ def test_report_says_what_ran_where(run):
     full = dict(meta, evict_mib=cache.evict_bytes(False, meta["l3_bytes"])
                 >> 20, quick=False)
     assert "steps read the caches from memory" in "\n".join(
-        cache.header(full)) or not meta["l3_bytes"]
+        cache_report.header(full)) or not meta["l3_bytes"]
     lines = stdout.splitlines()
     # A line per shape, cache dtype and thread count in the decode table
     # (ours and SDPA), and in cache_attention's (the ragged batch too,
@@ -358,11 +358,11 @@ def test_more_threads_no_faster_is_said():
     same = [{"threads": n, "gbps": 8.0, "min_gbps": 8.0, "max_gbps": 8.0,
              "passes": 3, "cpu_per_wall": n * 0.95, "others_load": 0.0}
             for n in (1, 2)]
-    text = "\n".join(cache.bandwidth_lines(meta, same))
+    text = "\n".join(cache_report.bandwidth_lines(meta, same))
     assert "NOTE: 2 threads read no faster than 1" in text
     assert "memory bandwidth is shared" in text
     same[1]["gbps"] = 15.0
-    assert "NOTE" not in "\n".join(cache.bandwidth_lines(meta, same))
+    assert "NOTE" not in "\n".join(cache_report.bandwidth_lines(meta, same))
 
 
 @pytest.fixture(scope="module")
