@@ -482,10 +482,32 @@ def run_row(p, threads, ctx, funcs, checked, bandwidth):
     return row
 
 
+def run_shape(options, ctx, B, T, ragged, by_threads):
+    """One shape's caches, checked, then timed at every thread count: its
+    rows (the caches are freed on return)."""
+    torch = ctx["torch"]
+    p = make_problem(ctx["heads"], B, T, ctx["seed"], ragged)
+    funcs = functions(torch, p)
+    checked = check(torch, p, funcs)        # once, before timing
+    where = f"B={B} T={T}" + (" ragged" if ragged else "")
+    harness.warn_inaccurate(checked[0], TOLERANCE, where)
+    harness.warn_inaccurate({"cache_int8 (stored values)": checked[2]},
+                            {"cache_int8 (stored values)": STORED_LIMIT},
+                            where)
+    for form, identical in (("paged", checked[1]), ("torch", checked[3])):
+        for name, same in identical.items():
+            if not same:
+                print(f"WARNING: {form}_{name} differs from cache_{name} "
+                      f"on {where}", file=sys.stderr)
+    return harness.rows_by_threads(
+        options.threads, ctx, torch,
+        f"B={B:<2} T={T:<6}" + (" ragged" if ragged else ""),
+        lambda n: run_row(p, n, ctx, funcs, checked, by_threads[n]))
+
+
 def run_all(options, ctx):
     """The bandwidth per thread count, then every shape and thread count;
     returns (bandwidth records, rows)."""
-    torch, rows = ctx["torch"], []
     start = time.perf_counter()
     bandwidth = measure_bandwidth(options.threads, ctx["bandwidth_bytes"],
                                   ctx["target"], ctx["min_repeats"])
@@ -494,26 +516,9 @@ def run_all(options, ctx):
     by_threads = {b["threads"]: b["gbps"] for b in bandwidth}
     shapes = ([(B, T, False) for B, T in ctx["sizes"]]
               + [(B, T, True) for B, T in ctx["ragged_sizes"]])
+    rows = []
     for B, T, ragged in shapes:
-        p = make_problem(ctx["heads"], B, T, ctx["seed"], ragged)
-        funcs = functions(torch, p)
-        checked = check(torch, p, funcs)        # once, before timing
-        where = f"B={B} T={T}" + (" ragged" if ragged else "")
-        harness.warn_inaccurate(checked[0], TOLERANCE, where)
-        harness.warn_inaccurate({"cache_int8 (stored values)": checked[2]},
-                                {"cache_int8 (stored values)": STORED_LIMIT},
-                                where)
-        for form, identical in (("paged", checked[1]),
-                                ("torch", checked[3])):
-            for name, same in identical.items():
-                if not same:
-                    print(f"WARNING: {form}_{name} differs from "
-                          f"cache_{name} on {where}", file=sys.stderr)
-        rows += harness.rows_by_threads(
-            options.threads, ctx, torch,
-            f"B={B:<2} T={T:<6}" + (" ragged" if ragged else ""),
-            lambda n: run_row(p, n, ctx, funcs, checked, by_threads[n]))
-        del p, funcs                            # free the caches
+        rows += run_shape(options, ctx, B, T, ragged, by_threads)
     return bandwidth, rows
 
 

@@ -77,9 +77,10 @@ and forward + backward row; ours / ONNX Runtime and ours / OpenVINO <=
 
 **The read floor of a decode row.**  A decode step reads each key and
 value once and does two FMAs per element read for each query head that
-shares it (2 to 8 here): it is bound by how fast the host reads them.  A child of its own (``FLOOR``, with PyTorch's
-threads set like SDPA's) times, in the same rounds, ``torch.amax`` and
-``torch.sum`` of the case's k and v, and the row reports the faster as
+shares it (2 to 8 here): it is bound by how fast the host reads them.  A
+child of its own (``FLOOR``, with PyTorch's threads set like SDPA's)
+times, in the same rounds, ``torch.amax`` and ``torch.sum`` of the case's
+k and v, and the row reports the faster as
 "read ms" and read / best peer: the least ratio to the fastest peer that
 any implementation could reach.  Where it is above the target's limit the
 target asks for more than the host's read rate, and the report says so.

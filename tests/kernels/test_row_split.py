@@ -9,9 +9,10 @@ sequences and pairs of them, that the gradients are bitwise the same for
 1, 2 and 3 threads and right against attention_c.reference: sizes around
 and above the block sizes (120 rows on AVX2, 240 on AVX-512) and many
 blocks, odd sizes, no mask, a random mask with a fully masked sequence, a
-fully masked single sequence, ragged prefixes (a short sequence before a long one, a long one before an
-empty one), float32 and float64, with and without bias and grad_alpha,
-recomputing the activations and reading the forward's.
+fully masked single sequence, ragged prefixes (a short sequence before a
+long one, a long one before an empty one), float32 and float64, with and
+without bias and grad_alpha, recomputing the activations and reading the
+forward's.
 """
 
 import numpy as np
