@@ -488,11 +488,12 @@ def peak_probe(facts, threads, dtype):
     return (lambda: _core._fma_loop(dtype, simd, iters, threads)), flops
 
 
-def measure_peak(funcs, target, min_repeats, facts, threads, dtype):
+def measure_peak(funcs, target, min_repeats, facts, threads, dtype,
+                 before=None):
     """:func:`measure` the ``funcs`` with the :func:`peak_probe` among
     them: (their timings, the probe's GF/s from its median call)."""
     probe, flops = peak_probe(facts, threads, dtype)
-    timed = measure({**funcs, PROBE: probe}, target, min_repeats)
+    timed = measure({**funcs, PROBE: probe}, target, min_repeats, before)
     seconds = timed.pop(PROBE)[0]
     return timed, flops / seconds / 1e9
 
@@ -502,14 +503,14 @@ def measure_into(row, funcs, target, min_repeats, peak=None, before=None):
     and ``repeats`` by name, and ``others_load``, the share of the CPUs
     other processes used meanwhile.  ``peak`` (facts, dtype): the probe
     timed among them too (:func:`measure_peak`, at ``row["threads"]``),
-    its GF/s as ``row["peak_gflops"]``; ``before``: as :func:`measure`'s
-    (not with ``peak``)."""
+    its GF/s as ``row["peak_gflops"]``; ``before``: as :func:`measure`'s."""
     cpu, start = cpu_seconds(), time.perf_counter()
     if peak is None:
         timed = measure(funcs, target, min_repeats, before)
     else:
         timed, row["peak_gflops"] = measure_peak(
-            funcs, target, min_repeats, peak[0], row["threads"], peak[1])
+            funcs, target, min_repeats, peak[0], row["threads"], peak[1],
+            before)
     row["others_load"] = others_load(cpu, time.perf_counter() - start)
     row["times_ms"] = {k: s * 1e3 for k, (s, _) in timed.items()}
     row["repeats"] = {k: n for k, (_, n) in timed.items()}
