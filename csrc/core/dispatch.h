@@ -185,8 +185,8 @@ enum att_dp_stored {
  *                        widen_q8 makes it: the bits of the two above on
  *                        widen_q8's rows.  NULL where not built (the
  *                        scalar and double tables): widen_q8 first.
- *   flash     the streamed forward of nq queries (dot or general score,
- *             every input finite) whose visibility is a range of keys:
+ *   flash     the streamed forward of nq queries (dot or general score)
+ *             whose visibility is a range of keys:
  *             query i (Q + i ldq, d wide) sees keys [lo[i], hi[i]) of K
  *             (rows ldk apart) and values V (ldv apart, dv wide), and a
  *             sink of score `sink` (-inf: none); out row i (O + i ldo) =
@@ -195,7 +195,11 @@ enum att_dp_stored {
  *             of 0 when it sees nothing).  The softmax runs inside the
  *             product (simd/flash.inc); each query's result depends on
  *             the sizes, its range and the least lo of the block and of
- *             its panel of queries only.
+ *             its panel of queries only.  Returns 0, or 1 (out and lse
+ *             then undefined) where an input it reads holds a NaN or an
+ *             infinity: it checks those stored in REAL as it reads them
+ *             (the rows of Q, and of K and V between the least lo and
+ *             the greatest hi); 16-bit ones must be finite.
  *             NULL in the scalar table.  work: flash_work(nq, d, dv)
  *             elements (-1: a size overflows), aligned for REAL.
  *             flash_nr, the queries of its panels (a multiple of vlen, at
@@ -363,11 +367,11 @@ enum att_dp_stored {
                                     ptrdiff_t pf, int pf2);                  \
         ptrdiff_t flash_nr;                                                  \
         ptrdiff_t (*flash_work)(ptrdiff_t nq, ptrdiff_t d, ptrdiff_t dv);    \
-        void (*flash) ATT_FLASH_ARGS(R);                                     \
+        int (*flash) ATT_FLASH_ARGS(R);                                      \
         ptrdiff_t flash_bf16_nr[2];                                          \
         ptrdiff_t (*flash_bf16_work[2])(ptrdiff_t nq, ptrdiff_t d,          \
                                         ptrdiff_t dv);                       \
-        void (*flash_bf16[2]) ATT_FLASH_ARGS(R);                             \
+        int (*flash_bf16[2]) ATT_FLASH_ARGS(R);                              \
         size_t (*workspace)(att_dims d, int backward, int threads);          \
         int (*context_attention)(att_dims d, att_pool *pool, int threads,    \
                                  const R *h, const R *W, const R *v,         \

@@ -12,7 +12,7 @@ ranged rows take it with no visibility bytes.
   (which keeps the visibility bytes): the float64 reference, forward and
   backward;
 * a NaN or an infinity in the padding's keys and values reaches no
-  result;
+  result, and leaves the fused forward's bits as they were;
 * 1 and 2 threads bitwise identical.
 
 Tolerance: ``testing.TOL`` normwise (1e-5 float32, 1e-12 float64), with
@@ -131,6 +131,29 @@ def test_nonfinite_padding_reaches_nothing(bad):
         assert not np.isnan(x[np.isfinite(w)]).any(), name
         seen = np.isfinite(w)
         assert rel_err(x[seen], w[seen], floor=1.0) < TOL[np.float32], name
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("simd", SIMD_PATHS)
+@dtype_param
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_nonfinite_padding_keeps_the_fused_forward(simd, dtype, bad):
+    """The fused forward checks the rows it reads for NaN and infinities
+    as it reads them, not every row first: a bad value in the padding,
+    which no query sees, leaves out and lse the bits of the clean call
+    (a bad value it reads sends the call to the general path)."""
+    _core._set_simd(simd)
+    q, k, v, _ = _inputs(np.random.default_rng(5), dtype)
+    mask = _mask("right")
+    k2, v2 = k.copy(), v.copy()
+    k2[2, 60, 3] = bad                  # sequence 2 keeps keys 0 to 6
+    v2[2, 96, 0] = bad
+    for causal in (False, True):
+        want = ac.dot_attention(q, k, values=v, mask=mask, causal=causal,
+                                return_weights=False)
+        got = ac.dot_attention(q, k2, values=v2, mask=mask, causal=causal,
+                               return_weights=False)
+        assert_all_identical(list(got), list(want), f"{simd} {causal}")
 
 
 @pytest.mark.usefixtures("restore_settings")
