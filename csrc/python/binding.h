@@ -416,6 +416,10 @@ extern int num_threads;
 extern att_pool *pool;
 extern int pool_users;
 void release_exec_state(void);
+/* A new C-contiguous array of dims (steals descr), its data from the
+ * handler that keeps the large outputs' freed blocks for the next call
+ * (state.c) */
+PyObject *output_array(int nd, const npy_intp *dims, PyArray_Descr *descr);
 /* The buffer of use `use`, of at least `bytes` (NULL: no memory); every
  * keep_take is paired with one keep_give of what it returned. */
 void *keep_take(int use, size_t bytes);

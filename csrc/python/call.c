@@ -343,11 +343,11 @@ static int make_outputs(Call *c)
         }
         else if (c->io16 && fn->outs[k].id == Y_OUT) {  /* written so */
             Py_INCREF(c->ret);      /* PyArray_NewFromDescr steals it */
-            c->out[k] = PyArray_NewFromDescr(&PyArray_Type, c->ret, nds[k],
-                                             dims[k], NULL, NULL, 0, NULL);
+            c->out[k] = output_array(nds[k], dims[k], c->ret);
         }
         else {
-            c->out[k] = PyArray_SimpleNew(nds[k], dims[k], c->typenum);
+            c->out[k] = output_array(nds[k], dims[k],
+                                     PyArray_DescrFromType(c->typenum));
         }
         if (c->out[k] == NULL) {
             return -1;
@@ -429,9 +429,8 @@ static int round_outputs(Call *c)
             return -1;
         }
         Py_INCREF(c->ret);          /* PyArray_NewFromDescr steals it */
-        PyObject *r = PyArray_NewFromDescr(&PyArray_Type, c->ret,
-                                           PyArray_NDIM(o), PyArray_DIMS(o),
-                                           NULL, NULL, 0, NULL);
+        PyObject *r = output_array(PyArray_NDIM(o), PyArray_DIMS(o),
+                                   c->ret);
         if (r == NULL) {
             return -1;
         }

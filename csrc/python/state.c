@@ -274,10 +274,183 @@ void end_exec(const att_exec *ex)
     drop_pool(ex->pool);
 }
 
+/* ---------------------------------------------------------------------
+ * The outputs' memory
+ */
+
+/* The data of a large array a call returns comes from a NumPy handler
+ * (NEP 49) that keeps a few freed blocks for the next call.  From
+ * malloc, glibc gave the top of its heap back to the system once more
+ * than twice its mmap threshold was free there: the outputs of a forward
+ * and a backward at (32, 256, 64) (8 MiB) went back after each pair of
+ * calls, and the next faulted every page in again (a sixth of the pair's
+ * time on a KVM guest).  A block starts with a header of OUT_HEAD bytes
+ * (its capacity), so its data stays 64-byte aligned; at most OUT_SLOTS
+ * blocks of OUT_MIN bytes or more, OUT_KEEP bytes in all, wait for a
+ * call, the newest first out, and a lock keeps them whole whichever
+ * thread frees an array.  A call's small outputs come from NumPy's own
+ * handler. */
+#define OUT_MIN ((size_t)1 << 20)
+#define OUT_KEEP ((size_t)64 << 20)
+#define OUT_SLOTS 8
+#define OUT_HEAD ((size_t)64)
+
+static struct {
+    PyThread_type_lock lock;
+    char *block[OUT_SLOTS];     /* header first */
+    int n;
+    size_t bytes;
+} outs;
+
+static size_t out_capacity(const char *block)
+{
+    size_t cap;
+    memcpy(&cap, block, sizeof cap);
+    return cap;
+}
+
+static void *out_malloc(void *ctx, size_t size)
+{
+    (void)ctx;
+    size_t cap = (size + 63) / 64 * 64;
+    if (cap < size || cap > (size_t)PY_SSIZE_T_MAX - OUT_HEAD) {
+        return NULL;
+    }
+    char *block = NULL;
+    if (cap >= OUT_MIN && PyThread_acquire_lock(outs.lock, WAIT_LOCK)) {
+        for (int i = outs.n - 1; i >= 0; i--) {   /* a fit, 1/4 spare */
+            size_t have = out_capacity(outs.block[i]);
+            if (have >= cap && have - cap <= cap / 4) {
+                block = outs.block[i];
+                outs.bytes -= have;
+                outs.block[i] = outs.block[--outs.n];
+                break;
+            }
+        }
+        PyThread_release_lock(outs.lock);
+    }
+    if (block == NULL) {
+        block = aligned_alloc(64, OUT_HEAD + cap);
+        if (block == NULL) {
+            return NULL;
+        }
+        memcpy(block, &cap, sizeof cap);
+    }
+    return block + OUT_HEAD;
+}
+
+static void *out_calloc(void *ctx, size_t nelem, size_t elsize)
+{
+    size_t size = nelem * elsize;
+    if (elsize != 0 && size / elsize != nelem) {
+        return NULL;
+    }
+    void *p = out_malloc(ctx, size);
+    if (p != NULL) {
+        memset(p, 0, size);
+    }
+    return p;
+}
+
+static void out_free(void *ctx, void *ptr, size_t size)
+{
+    (void)size;                 /* the header's capacity counts */
+    if (ptr == NULL) {
+        return;
+    }
+    char *block = (char *)ptr - OUT_HEAD;
+    size_t cap = out_capacity(block);
+    if (cap >= OUT_MIN && cap <= OUT_KEEP / 2 &&
+        PyThread_acquire_lock(outs.lock, WAIT_LOCK)) {
+        /* room: the oldest go first */
+        while (outs.n > 0 &&
+               (outs.n == OUT_SLOTS || outs.bytes + cap > OUT_KEEP)) {
+            outs.bytes -= out_capacity(outs.block[0]);
+            free(outs.block[0]);
+            outs.n--;
+            memmove(outs.block, outs.block + 1,
+                    (size_t)outs.n * sizeof outs.block[0]);
+        }
+        outs.block[outs.n++] = block;
+        outs.bytes += cap;
+        PyThread_release_lock(outs.lock);
+        return;
+    }
+    (void)ctx;
+    free(block);
+}
+
+static void *out_realloc(void *ctx, void *ptr, size_t new_size)
+{
+    if (ptr == NULL) {
+        return out_malloc(ctx, new_size);
+    }
+    size_t cap = out_capacity((char *)ptr - OUT_HEAD);
+    if (new_size <= cap) {
+        return ptr;
+    }
+    void *p = out_malloc(ctx, new_size);
+    if (p != NULL) {
+        memcpy(p, ptr, cap);
+        out_free(ctx, ptr, cap);
+    }
+    return p;
+}
+
+static PyDataMem_Handler out_handler = {
+    "attention_c_outputs", 1,
+    {NULL, out_malloc, out_calloc, out_realloc, out_free}
+};
+static PyObject *out_capsule = NULL;
+
+PyObject *output_array(int nd, const npy_intp *dims, PyArray_Descr *descr)
+{
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+    for (int k = 0; k < nd; k++) {
+        bytes *= (size_t)dims[k];
+    }
+    if (bytes < OUT_MIN) {
+        return PyArray_NewFromDescr(&PyArray_Type, descr, nd,
+                                    (npy_intp *)dims, NULL, NULL, 0, NULL);
+    }
+    if (out_capsule == NULL) {
+        outs.lock = outs.lock != NULL ? outs.lock : PyThread_allocate_lock();
+        out_capsule = outs.lock != NULL
+                      ? PyCapsule_New(&out_handler, "mem_handler", NULL)
+                      : NULL;
+        if (out_capsule == NULL) {
+            Py_DECREF(descr);
+            return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+        }
+    }
+    PyObject *old = PyDataMem_SetHandler(out_capsule);
+    if (old == NULL) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+    PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd,
+                                       (npy_intp *)dims, NULL, NULL, 0, NULL);
+    PyObject *back = PyDataMem_SetHandler(old);
+    Py_DECREF(old);
+    if (back == NULL) {
+        Py_XDECREF(a);
+        return NULL;
+    }
+    Py_DECREF(back);
+    return a;
+}
+
 /* When the module goes: frees the scratch and stops the pool's threads,
  * unless a call (in another thread) still uses them. */
 void release_exec_state(void)
 {
+    if (outs.lock != NULL && PyThread_acquire_lock(outs.lock, WAIT_LOCK)) {
+        while (outs.n > 0) {            /* the arrays hold their own */
+            free(outs.block[--outs.n]);
+        }
+        outs.bytes = 0;
+        PyThread_release_lock(outs.lock);
+    }
     for (int use = 0; use < N_KEEP; use++) {
         if (!keep[use].busy) {
             PyMem_RawFree(keep[use].p);

@@ -89,6 +89,51 @@ def test_no_leak_rss(rng):
         f"{RSS_ITERS} iterations")
 
 
+def test_large_outputs_reuse_their_blocks(rng):
+    """Outputs of 1 MiB or more take their memory from a handler that
+    keeps a few freed blocks for the next call (csrc/python/state.c): a
+    freed output's block, 64-byte aligned, is the next one's, and a block
+    grown by resize keeps its data."""
+    q = rng.standard_normal((4, 256, 256)).astype(np.float32)  # 1 MiB out
+    out = ac.dot_attention(q, q, values=q, return_weights=False)[0]
+    want, addr = out.copy(), out.ctypes.data
+    assert addr % 64 == 0
+    del out
+    again = ac.dot_attention(q, q, values=q, return_weights=False)[0]
+    assert again.ctypes.data == addr
+    np.testing.assert_array_equal(again, want)
+    again.resize((2 * again.size,), refcheck=False)
+    np.testing.assert_array_equal(again[:want.size], want.ravel())
+
+
+@pytest.mark.skipif(bool(os.environ.get("ATTENTION_C_SANITIZED")),
+                    reason="under ASan freed memory sits in its quarantine")
+def test_large_outputs_keep_bounded_memory(rng):
+    """Hundreds of calls whose outputs (1 to 3 MiB) are kept a while and
+    freed in another order keep the resident set within what the handler
+    keeps (64 MiB) and a slack: a block lost a call would add 300 MiB."""
+    qs = [rng.standard_normal((4, 256 * n, 256)).astype(np.float32)
+          for n in (1, 2, 3)]
+    alive = []
+    for i in range(30):
+        alive.append(ac.dot_attention(qs[i % 3], qs[i % 3], values=qs[i % 3],
+                                      return_weights=False)[0])
+        if len(alive) > 4:
+            alive.pop(i % 3)
+    gc.collect()
+    before = rss_bytes()
+    for i in range(300):
+        q = qs[i % 3]
+        alive.append(ac.dot_attention(q, q, values=q,
+                                      return_weights=False)[0])
+        if len(alive) > 4:
+            alive.pop(i % 3)
+    alive.clear()
+    gc.collect()
+    grown = rss_bytes() - before
+    assert grown < (64 + 16) * 2 ** 20, f"RSS grew by {grown / 2 ** 20} MiB"
+
+
 def test_argument_refcounts_unchanged(rng):
     """Good and failing calls leave every argument's refcount unchanged."""
     goods = [(fn, kw, None) for fn, kw in good_calls(rng)]
