@@ -101,17 +101,23 @@ def decode_table(rows):
                 [str(r["B"]), str(r["T"]), name, str(r["threads"]),
                  f"{r['times_ms'][ours]:.3f}", f"{r['times_ms'][sdpa]:.3f}",
                  own, f"{r['ratios'][SHORT[name] + '/sdpa']:.2f}",
-                 f"{r['bytes'][name] / 1e6:.3g}"
-                 + ("*" if r["in_l3"][name] else ""),
-                 f"{r['gbps'][ours]:.2f} "
-                 f"({r['bandwidth_share'][ours]:.0%})",
-                 f"{r['gbps'][sdpa]:.2f} "
-                 f"({r['bandwidth_share'][sdpa]:.0%})",
-                 "?" if r["others_load"] is None
-                 else f"{r['others_load']:.0%}"])
+                 *read_cells(r, name, ours, sdpa)])
     return format_table(["B", "T", "cache", "thr", "ours ms", "sdpa ms",
                          "ours/f32", "ours/sdpa", "MB/step", "ours GB/s",
                          "sdpa GB/s", "others"], body, left=3)
+
+
+def read_cells(r, name, *timed):
+    """The last cells of a row of a cache dtype: the megabytes a step
+    reads (* where they fit in L3), the GB/s of each timed call (share of
+    the read bandwidth), the others' CPU share."""
+    cells = [f"{r['bytes'][name] / 1e6:.3g}"
+             + ("*" if r["in_l3"][name] else "")]
+    cells += [f"{r['gbps'][t]:.2f} ({r['bandwidth_share'][t]:.0%})"
+              for t in timed]
+    cells.append("?" if r["others_load"] is None
+                 else f"{r['others_load']:.0%}")
+    return cells
 
 
 def lengths_cell(r):
@@ -137,14 +143,7 @@ def cache_table(rows):
                  "-" if name == "float32"
                  else f"{r['ratios'][f'cache {short}/f32']:.2f}",
                  "-" if ours is None else f"{ours:.2f}",
-                 f"{r['bytes'][name] / 1e6:.3g}"
-                 + ("*" if r["in_l3"][name] else ""),
-                 f"{r['gbps'][cache]:.2f} "
-                 f"({r['bandwidth_share'][cache]:.0%})",
-                 f"{r['gbps'][paged]:.2f} "
-                 f"({r['bandwidth_share'][paged]:.0%})",
-                 "?" if r["others_load"] is None
-                 else f"{r['others_load']:.0%}"])
+                 *read_cells(r, name, cache, paged)])
     return format_table(["B", "T", "cache", "thr", "cache ms", "paged ms",
                          "paged/cache", "torch/cache", "cache/f32",
                          "cache/ours", "MB/step", "cache GB/s", "paged GB/s",
