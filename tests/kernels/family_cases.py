@@ -388,7 +388,8 @@ NOT_FLOAT = {"mask", "attn_mask", "scale", "key_proj", "causal", "dropout",
              "seed", "return_weights", "window", "softcap", "cu_seqlens_q",
              "cu_seqlens_k",
              # float, but cast to the call's dtype (never choosing it), and
-             # left out by make_args: tests/kernels/test_variants_kernel.py
+             # left out by test_family_inputs.py's make_args: tested in
+             # tests/kernels/test_variants_kernel.py
              "alibi_slopes", "sinks", "sharpness"}
 
 
