@@ -8,7 +8,7 @@ from the binding's table), names, module, pickling, docstrings and their
 examples, keyword handling the way a Python function does it, and the
 named tuples of the backwards (made in C; ``_core``'s own functions
 return plain tuples, which attention_c.torch unpacks).  The error messages
-of wrong calls are in test_inputs.py section 7.
+of wrong calls are in test_inputs_calls.py section 7.
 """
 
 import doctest
