@@ -118,7 +118,7 @@ def shape_re(shape):
     return re.escape(str(tuple(shape)))
 
 
-def _ref_outputs(fn, args):
+def ref_outputs(fn, args):
     """The float64 reference outputs for the same values."""
     args64 = {n: (x if x is None or n == "mask" else
                   np.asarray(x, dtype=np.float64))
@@ -126,7 +126,7 @@ def _ref_outputs(fn, args):
     return as_tuple(getattr(reference, fn)(**args64))
 
 
-def _grow_last(x):
+def grow_last(x):
     pad = np.zeros(x.shape[:-1] + (1,), x.dtype)
     return np.concatenate([x, pad], axis=-1)
 

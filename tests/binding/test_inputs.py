@@ -24,11 +24,11 @@ import pytest
 from attention_c.testing import (DTYPES, HALF_DTYPES, assert_close,
                                  assert_rounded, misaligned)
 
-from inputs_cases import (_grow_last, _ref_outputs, ALPHA_CHECKED, ArrayBomb,
-                          as_tuple, assert_identical, BombError, call,
-                          float_params, FN_ARGS, FN_FLOAT_ARGS, FN_REQUIRED,
-                          FNS_WITH_MASK, FUNCS, make_args, pair_id, params,
-                          plain, REF, shape_re, T_ONLY)
+from inputs_cases import (ALPHA_CHECKED, ArrayBomb, BombError, FNS_WITH_MASK,
+                          FN_ARGS, FN_FLOAT_ARGS, FN_REQUIRED, FUNCS, REF,
+                          T_ONLY, as_tuple, assert_identical, call,
+                          float_params, grow_last, make_args, pair_id, params,
+                          plain, ref_outputs, shape_re)
 
 
 # --------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_native_dtype_preserved(fn, dtype, rng):
     """float32 in -> float32 out, float64 -> float64, values correct."""
     args = make_args(fn, rng, dtype=dtype)
     got = as_tuple(call(fn, args))
-    for i, (g, r) in enumerate(zip(got, _ref_outputs(fn, args))):
+    for i, (g, r) in enumerate(zip(got, ref_outputs(fn, args))):
         if r is None:
             assert g is None
             continue
@@ -271,7 +271,7 @@ def test_half_computes_in_float32(fn, dtype, rng):
         # alpha rounded to 16 bits no longer sums to 1, which the backward
         # kernels assume; the float32 comparison above is the check here.
         return
-    for i, (w, r) in enumerate(zip(as_tuple(want), _ref_outputs(fn, args))):
+    for i, (w, r) in enumerate(zip(as_tuple(want), ref_outputs(fn, args))):
         if r is not None:
             assert_close(w, r, np.float32, f"{fn} {dtype} output {i}")
 
@@ -361,7 +361,7 @@ def _add_lead(x):
     return x[None]
 
 
-WRONG_SHAPES = {"grow_last": _grow_last, "drop_lead": _drop_lead,
+WRONG_SHAPES = {"grow_last": grow_last, "drop_lead": _drop_lead,
                 "add_lead": _add_lead}
 SHAPE_CASES = [(fn, a, k) for fn in FUNCS for a in params(fn)
                if a != REF[fn] for k in WRONG_SHAPES]

@@ -15,10 +15,10 @@ import attention_c as ac
 from attention_c import _core, _core_tests, reference
 from attention_c.testing import SIGNATURES, assert_close
 
-from inputs_cases import (_grow_last, _ref_outputs, ALPHA_CHECKED, ArrayBomb,
-                          as_tuple, assert_identical, BombError, call,
-                          EXTRA_PARAMS, FN_REQUIRED, FUNCS, make_args, pair_id,
-                          params, REF, T_ONLY)
+from inputs_cases import (ALPHA_CHECKED, ArrayBomb, BombError, EXTRA_PARAMS,
+                          FN_REQUIRED, FUNCS, REF, T_ONLY, as_tuple,
+                          assert_identical, call, grow_last, make_args,
+                          pair_id, params, ref_outputs)
 
 
 # --------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _huge_args(fn):
 def _assert_still_correct(fn, rng):
     args = make_args(fn, rng)
     got = as_tuple(call(fn, args))
-    for i, (g, r) in enumerate(zip(got, _ref_outputs(fn, args))):
+    for i, (g, r) in enumerate(zip(got, ref_outputs(fn, args))):
         if r is not None:
             assert_close(g, r, np.float64, f"{fn} output {i} after overflow")
 
@@ -96,7 +96,7 @@ def _make_bad(kind, fn, args):
     ref = REF[fn]
     if kind == "wrong_shape":
         other = [a for a in params(fn) if a != ref][0]
-        bad[other] = _grow_last(args[other])
+        bad[other] = grow_last(args[other])
     elif kind == "wrong_dtype":
         bad[ref] = args[ref].astype(np.complex128)
     elif kind == "zero_items":

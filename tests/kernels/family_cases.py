@@ -40,7 +40,7 @@ ga_param = pytest.mark.parametrize("with_ga", [False, True],
 # at a time.
 
 
-def _score_fn(kind, H, W=None, v=None, b=None, scale=None):
+def score_fn(kind, H, W=None, v=None, b=None, scale=None):
     """s(q_i, k_t) of the score kind, from docs/contract.md 4.3."""
     if kind == "additive":
         W_k, W_q = W[:, :H], W[:, H:]
@@ -82,7 +82,7 @@ def loop_forward(kind, query, keys, W=None, v=None, b=None, mask=None,
     q, k, vals, m, single = _loop_setup(query, keys, mask, values)
     W, v, b = _as_f64(W), _as_f64(v), _as_f64(b)
     Tq, T = m.shape[-2:]
-    s_fn = _score_fn(kind, k.shape[-1], W, v, b, scale)
+    s_fn = score_fn(kind, k.shape[-1], W, v, b, scale)
     out = np.zeros(q.shape[:-1] + vals.shape[-1:])
     alpha = np.zeros(m.shape)
     for seq in np.ndindex(k.shape[:-2]):
@@ -445,5 +445,5 @@ def run_pair(p, x, with_ga, mod=ac):
     return out, alpha, g
 
 
-def _lead_id(lead):
+def lead_id(lead):
     return "lead" + ("x".join(map(str, lead)) if lead else "none")

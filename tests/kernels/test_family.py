@@ -36,10 +36,10 @@ from attention_c.testing import (FD_RTOL, ILL_FACTOR, MASK_KINDS, Problem, TOL,
                                  assert_identical, numerical_grad, rel_err)
 
 from family_cases import (FamilyProblem, GRAD_FIELDS, GRAD_TYPES, IMPLS, Loops,
-                          SIMD_PATHS, _lead_id, _score_fn, check, check_grads,
-                          dtype_param, f64, ga_param, grad_dict, loop_forward,
+                          SIMD_PATHS, check, check_grads, dtype_param, f64,
+                          ga_param, grad_dict, lead_id, loop_forward,
                           loop_project_keys, loop_project_keys_backward,
-                          run_pair, score_param, values_param)
+                          run_pair, score_fn, score_param, values_param)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -104,7 +104,7 @@ def _check_against_loops(p, dtype):
 
 @values_param
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("lead", LEADS, ids=_lead_id)
+@pytest.mark.parametrize("lead", LEADS, ids=lead_id)
 @dtype_param
 @score_param
 def test_family_matches_loops(score, dtype, lead, case, with_values, rng):
@@ -355,7 +355,7 @@ def test_dot_scale_zero_gives_uniform_weights(dtype, rng):
     check(alpha, want, dtype, "alpha")
 
 
-@pytest.mark.parametrize("lead", LEADS, ids=_lead_id)
+@pytest.mark.parametrize("lead", LEADS, ids=lead_id)
 @values_param
 @dtype_param
 @score_param
@@ -433,7 +433,7 @@ def test_mask_leading_axes_of_size_one_broadcast(score, dtype, mask_id,
 @pytest.mark.parametrize("impl", ["c", "reference"])
 @pytest.mark.parametrize("mask_kind", MASK_KINDS)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("lead", LEADS, ids=_lead_id)
+@pytest.mark.parametrize("lead", LEADS, ids=lead_id)
 @dtype_param
 def test_context_attention_is_additive_attention_on_the_mean(
         dtype, lead, bias, mask_kind, impl, rng):
@@ -488,7 +488,7 @@ def test_context_attention_is_additive_attention_on_the_mean(
 # 5. project_keys and key_proj
 
 
-@pytest.mark.parametrize("lead", LEADS, ids=_lead_id)
+@pytest.mark.parametrize("lead", LEADS, ids=lead_id)
 @pytest.mark.parametrize("Wkind", ["additive", "general"])
 @dtype_param
 def test_project_keys_matches_loops(dtype, Wkind, lead, rng):
@@ -705,7 +705,7 @@ def test_large_scores_stay_finite(score, dtype, rng):
         p.query *= 30.0
     x = p.cast(dtype)
     x64 = f64(x)
-    s_fn = _score_fn(kind, p.H, x64["W"], x64["v"], x64["b"], p.scale)
+    s_fn = score_fn(kind, p.H, x64["W"], x64["v"], x64["b"], p.scale)
     s = [s_fn(x64["query"][0, 0], k) for k in x64["keys"][0]]
     assert np.ptp(s) > 100                         # the regime meant
     out, alpha, g = run_pair(p, x, True)

@@ -20,8 +20,9 @@ from attention_c.testing import (FAMILY_FUNCTIONS, HALF_DTYPES, ILL_FACTOR,
                                  SIGNATURES, TOL, assert_all_identical,
                                  assert_rounded, rel_err)
 
-from family_cases import (FamilyProblem, NOT_FLOAT, _lead_id, as_tuple, check,
-                          dtype_param, f64, family_mask, run_pair, score_param)
+from family_cases import (FamilyProblem, NOT_FLOAT, as_tuple, check,
+                          dtype_param, f64, family_mask, lead_id, run_pair,
+                          score_param)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -507,7 +508,7 @@ def test_per_query_mask_with_one_query_raises(fn, rng):
     assert_all_identical(call(fn, args), good, fn)
 
 
-@pytest.mark.parametrize("lead", [(), (3,), (2, 3)], ids=_lead_id)
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)], ids=lead_id)
 @pytest.mark.parametrize("single", [True, False], ids=["q1", "qN"])
 @pytest.mark.parametrize("fn", FUNCS)
 def test_zero_keys_raise_value_error(fn, single, lead, rng):
@@ -645,7 +646,7 @@ def test_keywords_match_positional(fn, rng):
                          fn)
 
 
-@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=_lead_id)
+@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=lead_id)
 @pytest.mark.parametrize("single", [True, False], ids=["q1", "qN"])
 @dtype_param
 @score_param
