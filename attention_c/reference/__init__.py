@@ -26,7 +26,7 @@ from .family import (additive_attention, additive_attention_backward,
                      general_attention, general_attention_backward,
                      project_keys, project_keys_backward)
 from .multihead import multi_head_attention
-# (_preactivation, the pooled layer's z_t, for tests/test_fast.py)
+# (_preactivation, the pooled layer's z_t, for tests/kernels/test_fast.py)
 from .pooled import (_preactivation, additive_score, additive_score_backward,
                      context_attention, context_attention_backward,
                      masked_softmax, masked_softmax_backward, mean_context,
