@@ -2,6 +2,8 @@
 FlashAttention-2's ``flash_attn_with_kvcache`` layouts, contiguous caches
 (B, S_max, Hkv, d) and paged ones (num_blocks, block_size, Hkv, d) read
 through a block table, with the new keys and values appended in place.
+Its results here; the append and the refused arguments in
+test_cache_attention_writes.py; the cases in cache_attention_cases.py.
 
 Oracle: ``attention_c.reference.cache_attention`` in float64 (on the
 16-bit caches widened), itself checked against ``reference.dot_attention``
@@ -16,19 +18,13 @@ sequence by sequence.  Proven here:
 * a paged cache (blocks of 1, 5, 16 and 64 rows, a shuffled table whose
   unused entries are -1 or garbage) gives bitwise what the contiguous
   cache with the same contents gives, and so does a strided cache;
-* the append: exactly the slots cache_seqlens[b] .. + Tn - 1 change, to
-  the new rows rounded to the cache's dtype (to nearest even, ties
-  included), across block boundaries; cache_seqlens is not changed; the
-  other inputs neither;
 * a query that sees no key: out 0 and lse -inf, or the sink's logit;
 * NaN and infinity in cache rows no query sees reach nothing; a NaN in
   a key reaches exactly the queries (and heads) that see it;
 * 16-bit queries: the float32 call's results rounded once (lse float32);
   float32 and 16-bit queries on float64 caches;
 * every SIMD path; 1, 2 and 3 threads bitwise on a cache long enough to
-  be split;
-* bad arguments refused with an error naming the argument, before
-  anything is written.
+  be split.
 
 Tolerances: ``testing.TOL`` (normwise relative error, 1e-5 float32, 1e-12
 float64) against the float64 reference, with a noise floor from the
@@ -46,193 +42,17 @@ from attention_c.testing import (HALF_DTYPES, TOL, assert_identical,
                                  assert_rounded, misaligned, noise_floor,
                                  rel_err)
 
+from cache_attention_cases import (BF16, Case, SHAPES, assert_matches,
+                                   assert_same, cache_dtypes_id, computing,
+                                   half_pairs, shape_id, variant_kwargs)
+
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
-F16 = np.dtype(np.float16)
-BF16 = next((np.dtype(t) for t in HALF_DTYPES if np.dtype(t) != F16), None)
-
-# (B, Tq, Hq, Hkv, d, dv, cache_seqlens, Tn): odd sizes, one sequence and a
-# ragged batch (a sequence with no key, one whose queries but the last see
-# nothing when Tq = 3 and causal), grouped and multi-head, with and
-# without appended keys
-RAGGED = [0, 1, 17, 300]
-SHAPES = [
-    (1, 1, 1, 1, 1, 1, [7], 0),
-    (1, 3, 8, 2, 3, 5, [17], 3),
-    (4, 1, 8, 2, 17, 17, RAGGED, 0),
-    (4, 3, 4, 4, 65, 3, RAGGED, 0),
-    (4, 3, 8, 2, 128, 128, RAGGED, 2),
-    (2, 1, 6, 3, 65, 65, [64, 129], 1),
-]
-
-
-def shape_id(shape):
-    B, Tq, Hq, Hkv, d, dv, lens, Tn = shape
-    return f"B{B}-Tq{Tq}-H{Hq}/{Hkv}-d{d}-dv{dv}-Tn{Tn}"
-
-
-def cache_dtypes_id(pair):
-    return "/".join(np.dtype(t).name for t in pair)
-
-
-def half_pairs():
-    """(k_cache dtype, v_cache dtype) pairs with a 16-bit cache."""
-    pairs = [(F16, F16), (F16, np.float32), (np.float32, F16)]
-    if BF16 is not None:
-        pairs += [(BF16, BF16), (F16, BF16), (BF16, np.float32)]
-    return [tuple(np.dtype(t) for t in p) for p in pairs]
-
-
-class Case:
-    """Queries, a contiguous cache (B, S, Hkv, d|dv) whose rows past
-    cache_seqlens[b] hold garbage, and new rows k, v (or None)."""
-
-    def __init__(self, rng, shape, qdtype=np.float32, kdtype=None,
-                 vdtype=None, slack=5):
-        B, Tq, Hq, Hkv, d, dv, lens, Tn = shape
-        kdtype = np.dtype(qdtype if kdtype is None else kdtype)
-        vdtype = np.dtype(kdtype if vdtype is None else vdtype)
-        self.B, self.Tq, self.Hq, self.Hkv, self.d, self.dv = (
-            B, Tq, Hq, Hkv, d, dv)
-        self.Tn = Tn
-        self.seqlens = np.array(lens, np.int32)
-        self.S = int(self.seqlens.max()) + Tn + slack
-        self.q = rng.standard_normal((B, Tq, Hq, d)).astype(qdtype)
-        self.kc = rng.standard_normal((B, self.S, Hkv, d)).astype(kdtype)
-        self.vc = rng.standard_normal((B, self.S, Hkv, dv)).astype(vdtype)
-        # the new rows in the computing dtype (float64 for float64 caches)
-        new = np.float64 if kdtype == np.float64 else np.float32
-        self.k = self.v = None
-        if Tn:
-            self.k = rng.standard_normal((B, Tn, Hkv, d)).astype(new)
-            self.v = rng.standard_normal((B, Tn, Hkv, dv)).astype(new)
-
-    @property
-    def lengths(self):
-        """N_b, the keys each sequence attends."""
-        return self.seqlens.astype(np.int64) + self.Tn
-
-    def paged(self, rng, bs, unused="-1", table_dtype=np.int32, extra=3):
-        """(k_cache, v_cache, block_table) of blocks of bs rows holding the
-        contiguous cache's rows, in shuffled blocks; the blocks no
-        sequence owns hold NaN, and the table's entries past the blocks a
-        sequence uses are -1 or garbage."""
-        mb = -(-self.S // bs)
-        nb = self.B * mb + extra
-        table = rng.permutation(nb)[:self.B * mb].reshape(self.B, mb)
-        table = table.astype(table_dtype)
-        pages = []
-        for c in (self.kc, self.vc):
-            p = np.full((nb, bs) + c.shape[2:], np.nan, c.dtype)
-            for b in range(self.B):
-                for j in range(mb):
-                    rows = c[b, j * bs:(j + 1) * bs]
-                    p[table[b, j], :len(rows)] = rows
-            pages.append(p)
-        for b, n in enumerate(self.lengths):
-            first = -(-int(n) // bs)                   # blocks in use
-            if unused == "-1":
-                table[b, first:] = -1
-            else:
-                info = np.iinfo(table_dtype)
-                table[b, first:] = rng.integers(info.min, info.max,
-                                                mb - first, table_dtype)
-        return pages[0], pages[1], table
-
-    def call(self, kc, vc, table=None, **kw):
-        """cache_attention(..., return_lse=True) writing into kc, vc."""
-        return ac.cache_attention(self.q, kc, vc, self.seqlens, k=self.k,
-                                  v=self.v, block_table=table,
-                                  return_lse=True, **kw)
-
-    def run(self, table=None, caches=None, **kw):
-        """(out, lse) on copies of the caches (contiguous, or the given
-        paged ones)."""
-        kc, vc = (self.kc, self.vc) if caches is None else caches
-        return self.call(kc.copy(), vc.copy(), table, **kw)
-
-    def want(self, **kw):
-        """The reference's (out, lse) and caches after the append."""
-        kc, vc = self.kc.copy(), self.vc.copy()
-        out, lse = ref.cache_attention(self.q, kc, vc, self.seqlens,
-                                       k=self.k, v=self.v, return_lse=True,
-                                       **kw)
-        return (out, lse), kc, vc
-
-    def value_bound(self):
-        """max |v|: every row of out is a convex combination of values."""
-        vals = [np.abs(self.vc.astype(np.float64)).max()]
-        if self.v is not None:
-            vals.append(np.abs(self.v.astype(np.float64)).max())
-        return max(vals)
-
-
-def computing(kdtype, vdtype):
-    both64 = np.dtype(kdtype) == np.float64 and np.dtype(vdtype) == np.float64
-    return np.float64 if both64 else np.float32
-
-
-def assert_matches(case, got, want, comp, what=""):
-    """out and lse of a call computed in comp against the reference:
-    normwise, out with a floor of ||values|| (where the answer is 0 or
-    cancels), lse with one of its terms' size; -inf exactly where the
-    reference has it."""
-    (out, lse), (wout, wlse) = got, want
-    tol = TOL[np.dtype(comp).type]
-    assert out.dtype == case.q.dtype, what
-    assert lse.dtype == comp, what
-    assert out.shape == wout.shape and lse.shape == wlse.shape, what
-    bound = case.value_bound() * np.sqrt(out.size)
-    err = rel_err(out, wout, noise_floor(bound, comp, tol))
-    assert err <= tol, f"{what} out: {err:.3g} > {tol:.3g}"
-    finite = np.isfinite(wlse)
-    assert np.array_equal(np.isfinite(lse), finite), f"{what} lse finite"
-    assert np.array_equal(lse[~finite], wlse[~finite]), f"{what} lse -inf"
-    if finite.any():
-        n = int(case.lengths.max())
-        bound = (np.abs(wlse[finite]).max() + 2 * np.log1p(n)) * np.sqrt(
-            finite.sum())
-        err = rel_err(lse[finite], wlse[finite],
-                      noise_floor(bound, comp, tol))
-        assert err <= tol, f"{what} lse: {err:.3g} > {tol:.3g}"
-
-
-def assert_same(got, want, what=""):
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g.dtype == w.dtype, (what, i, g.dtype, w.dtype)
-        assert np.array_equal(g, w), (
-            f"{what} output {i} not bitwise equal: max |diff| "
-            f"{np.max(np.abs(g.astype(float) - w.astype(float)))}")
-
 
 KINDS = ["plain", "not_causal", "window_left", "window_both",
          "window_both_causal", "softcap", "alibi_h", "alibi_bh", "sinks",
          "all"]
-
-
-def variant_kwargs(kind, rng, B, Hq, comp):
-    """The keyword arguments of kind, in the computing dtype."""
-    kw = {}
-    if kind == "not_causal":
-        kw["causal"] = False
-    if kind == "window_left":
-        kw["window"] = (5, None)
-    if kind == "window_both":
-        kw.update(window=(4, 2), causal=False)
-    if kind == "window_both_causal":
-        kw["window"] = (3, 1)                # causal cuts the right side
-    if kind in ("softcap", "all"):
-        kw["softcap"] = 2.0
-    if kind == "alibi_h":
-        kw["alibi_slopes"] = (rng.random(Hq) * 0.5).astype(comp)
-    if kind in ("alibi_bh", "all"):
-        kw["alibi_slopes"] = (rng.random((B, Hq)) * 0.5).astype(comp)
-    if kind in ("sinks", "all"):
-        kw["sinks"] = rng.standard_normal(Hq).astype(comp)
-    if kind == "all":
-        kw.update(window=(7, None), scale=0.3)
-    return kw
 
 
 # --------------------------------------------------------------------------
@@ -406,123 +226,6 @@ def test_strided_cache_equals_contiguous():
 
 
 # --------------------------------------------------------------------------
-# the append in place
-
-def is_half(dtype):
-    return np.dtype(dtype) == F16 or (BF16 is not None
-                                      and np.dtype(dtype) == BF16)
-
-
-def ties(rng, shape, dtype):
-    """float32 values, a third of them exactly halfway between two
-    neighbours of the 16-bit dtype (rounding to nearest even decides)."""
-    x = rng.standard_normal(shape).astype(np.float32)
-    x = (np.sign(x) * (np.abs(x) + 0.01)).astype(np.float32)
-    if is_half(dtype):
-        low = np.uint32(0x1000 if dtype == F16 else 0x8000)
-        base = x.astype(dtype).astype(np.float32).view(np.uint32)
-        tie = (base | low).view(np.float32)
-        x = np.where(rng.random(shape) < 1 / 3, tie, x)
-    return x
-
-
-def slots_of(c, b, t, table, bs):
-    """The (block or sequence, row) slots of positions t of sequence b."""
-    if table is None:
-        return [(b, int(x)) for x in t]
-    return [(int(table[b, x // bs]), int(x % bs)) for x in t]
-
-
-@pytest.mark.parametrize("layout", ["contiguous", 1, 16],
-                         ids=lambda x: x if isinstance(x, str)
-                         else f"paged{x}")
-@pytest.mark.parametrize("pair", [(np.float32, np.float32),
-                                  (np.float64, np.float64)] + half_pairs(),
-                         ids=cache_dtypes_id)
-def test_append_in_place(layout, pair):
-    """Slot by slot: the slots of positions cache_seqlens[b] .. + Tn - 1
-    hold the new rows cast to the cache's dtype (16-bit: to nearest even,
-    ties included), every other slot its old bits (NaN included); across
-    a block boundary; cache_seqlens unchanged."""
-    rng = np.random.default_rng(12)
-    comp = computing(*pair)
-    c = Case(rng, (3, 2, 4, 2, 9, 7, [15, 0, 30], 3), comp, *pair)
-    c.k = ties(rng, c.k.shape, pair[0]).astype(c.k.dtype)
-    c.v = ties(rng, c.v.shape, pair[1]).astype(c.v.dtype)
-    if layout == "contiguous":
-        kc, vc, table, bs = c.kc.copy(), c.vc.copy(), None, None
-    else:
-        bs = layout
-        kc, vc, table = c.paged(rng, bs, "garbage")
-    before = kc.copy(), vc.copy()
-    lens, tab = c.seqlens.copy(), None if table is None else table.copy()
-    got = c.call(kc, vc, table)
-    assert_identical(c.seqlens, lens, "cache_seqlens")
-    if table is not None:
-        assert_identical(table, tab, "block_table")
-    changed = {}
-    for b in range(c.B):
-        t = c.seqlens[b] + np.arange(c.Tn)
-        for j, slot in enumerate(slots_of(c, b, t, table, bs)):
-            changed[slot] = (b, j)
-    assert len(changed) == c.B * c.Tn
-    for cache, old, new in ((kc, before[0], c.k), (vc, before[1], c.v)):
-        for slot in np.ndindex(cache.shape[:2]):
-            if slot in changed:
-                b, j = changed[slot]
-                row = new[b, j].astype(cache.dtype)
-                assert_identical(cache[slot], row, f"new slot {slot}")
-                assert not np.array_equal(cache[slot], old[slot])
-            else:
-                assert cache[slot].tobytes() == old[slot].tobytes(), (
-                    f"slot {slot} changed")
-    assert_matches(c, got, c.want()[0], comp, "after the append")
-
-
-def test_append_rounding_to_nearest_even():
-    """The new rows' 16-bit bits from the float32 bits, written out:
-    round to nearest, ties to even (no NumPy cast as oracle)."""
-    rng = np.random.default_rng(13)
-    for dtype in [t for t in (F16, BF16) if t is not None]:
-        c = Case(rng, (1, 1, 2, 1, 64, 64, [0], 1), np.float32, dtype)
-        x = ties(rng, c.k.shape, dtype)
-        c.k = x
-        kc, vc = c.kc.copy(), c.vc.copy()
-        c.call(kc, vc)
-        bits = kc[0, 0].view(np.uint16).astype(np.uint32).ravel()
-        u = x.view(np.uint32).ravel()
-        if dtype == BF16:
-            want = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        else:                      # normal float16 range: |x| in [0.01, 6)
-            sign = (u >> 31) << 15
-            exp = ((u >> 23) & 0xFF).astype(np.int64) - 127 + 15
-            man = u & 0x7FFFFF
-            r = (man + 0xFFF + ((man >> 13) & 1)) >> 13    # may carry
-            want = sign + ((exp.astype(np.uint32) << 10) + r)
-        assert np.array_equal(bits, want.astype(np.uint32)), dtype
-
-
-def test_inputs_unchanged():
-    """query, k, v, block_table and cache_seqlens (int32 and int64) are
-    left as they were; the caches change only by the append."""
-    rng = np.random.default_rng(14)
-    for lens_dtype in (np.int32, np.int64):
-        c = Case(rng, SHAPES[4], np.float32)
-        c.seqlens = c.seqlens.astype(lens_dtype)
-        kp, vp, table = c.paged(rng, 16, "garbage")
-        saved = [x.copy() for x in (c.q, c.k, c.v, table, c.seqlens)]
-        kw = variant_kwargs("all", rng, c.B, c.Hq, np.float32)
-        extra = [kw["alibi_slopes"].copy(), kw["sinks"].copy()]
-        c.call(kp, vp, table, **kw)
-        for x, y, name in zip((c.q, c.k, c.v, table, c.seqlens,
-                               kw["alibi_slopes"], kw["sinks"]),
-                              saved + extra,
-                              ("query", "k", "v", "block_table",
-                               "cache_seqlens", "alibi_slopes", "sinks")):
-            assert_identical(x, y, name)
-
-
-# --------------------------------------------------------------------------
 # what no query sees reaches nothing
 
 @pytest.mark.parametrize("where", ["past_end", "overwritten",
@@ -667,126 +370,6 @@ def test_threads_bitwise(pair):
             assert_same(c.run(**kw), one, f"{n} threads")
             assert_same(c.run(table, (kp, vp), **kw), one,
                         f"{n} threads, paged")
-
-
-# --------------------------------------------------------------------------
-# bad arguments: refused before anything is written
-
-def bad_case(name):
-    """(case, caches, block_table, keyword changes, error, pattern)."""
-    rng = np.random.default_rng(18)
-    c = Case(rng, (3, 2, 4, 2, 8, 6, [3, 16, 5], 2), np.float32)
-    kp, vp, table = c.paged(rng, 16)
-    contiguous = (c.kc.copy(), c.vc.copy())
-    paged = (kp, vp)
-    nb = kp.shape[0]
-    kw = {}
-    if name == "block_out_of_range":
-        table[2, 0] = nb
-        return c, paged, table, kw, ValueError, "block_table"
-    if name == "block_negative_used":
-        table[1, 0] = -1
-        return c, paged, table, kw, ValueError, "block_table"
-    if name == "block_used_by_append_only":
-        # sequence 1 fills its first block; the append needs its second
-        table[1, 1] = nb + 7
-        return c, paged, table, kw, ValueError, "block_table"
-    if name == "beyond_capacity":
-        c.seqlens[2] = c.S - c.Tn + 1
-        return c, contiguous, None, kw, ValueError, "cache_seqlens"
-    if name == "beyond_capacity_paged":
-        # one more key than the table's blocks hold, every entry valid
-        c.seqlens[2] = table.shape[1] * 16 - c.Tn + 1
-        kp, vp, table = c.paged(rng, 16)
-        assert (table[2] >= 0).all()
-        return c, (kp, vp), table, kw, ValueError, "cache_seqlens"
-    if name == "negative_seqlens":
-        c.seqlens[1] = -1
-        return c, contiguous, None, kw, ValueError, "cache_seqlens"
-    if name == "heads_not_multiple":
-        c.q = rng.standard_normal((3, 2, 3, 8)).astype(np.float32)
-        return c, contiguous, None, kw, ValueError, "query|k_cache"
-    if name == "k_without_v":
-        c.v = None
-        return c, contiguous, None, kw, (TypeError, ValueError), r"\bv\b"
-    if name == "v_without_k":
-        c.k = None
-        return c, contiguous, None, kw, (TypeError, ValueError), r"\bk\b"
-    if name == "query_d_mismatch":
-        c.q = rng.standard_normal((3, 2, 4, 9)).astype(np.float32)
-        return c, contiguous, None, kw, ValueError, "query|k_cache"
-    if name == "k_d_mismatch":
-        c.k = rng.standard_normal((3, 2, 2, 9)).astype(np.float32)
-        return c, contiguous, None, kw, ValueError, r"\bk\b"
-    if name == "v_dv_mismatch":
-        c.v = rng.standard_normal((3, 2, 2, 7)).astype(np.float32)
-        return c, contiguous, None, kw, ValueError, r"\bv\b"
-    if name == "int16_cache":
-        kc = rng.integers(-9, 9, contiguous[0].shape).astype(np.int16)
-        return c, (kc, contiguous[1]), None, kw, TypeError, "k_cache"
-    if name == "float64_query_float32_cache":
-        c.q = c.q.astype(np.float64)
-        return c, contiguous, None, kw, TypeError, "query"
-    if name == "float64_query_half_cache":
-        c.q = c.q.astype(np.float64)
-        return (c, tuple(x.astype(np.float16) for x in contiguous), None,
-                kw, TypeError, "query")
-    if name == "k_cache_last_axis_strided":
-        kc = np.repeat(contiguous[0], 2, axis=-1)[..., ::2]
-        return c, (kc, contiguous[1]), None, kw, ValueError, "k_cache"
-    if name == "v_cache_last_axis_strided":
-        vc = np.repeat(contiguous[1], 2, axis=-1)[..., ::2]
-        return c, (contiguous[0], vc), None, kw, ValueError, "v_cache"
-    if name == "v_cache_read_only":      # k_cache is checked first
-        contiguous[1].flags.writeable = False
-        return c, contiguous, None, kw, ValueError, "v_cache.*read-only"
-    if name == "v_cache_unaligned":
-        vc = misaligned(contiguous[1])
-        assert not vc.flags.aligned
-        return c, (contiguous[0], vc), None, kw, ValueError, "v_cache"
-    raise AssertionError(name)
-
-
-BAD = ["block_out_of_range", "block_negative_used",
-       "block_used_by_append_only", "beyond_capacity",
-       "beyond_capacity_paged", "negative_seqlens", "heads_not_multiple",
-       "k_without_v", "v_without_k", "query_d_mismatch", "k_d_mismatch",
-       "v_dv_mismatch", "int16_cache", "float64_query_float32_cache",
-       "float64_query_half_cache", "k_cache_last_axis_strided",
-       "v_cache_last_axis_strided", "v_cache_read_only",
-       "v_cache_unaligned"]
-
-
-@pytest.mark.parametrize("name", BAD)
-def test_refused(name):
-    """Each bad argument raises an error naming it, and the caches keep
-    their bits: nothing is written before the checks (the other
-    sequences' appends included)."""
-    c, (kc, vc), table, kw, error, pattern = bad_case(name)
-    before = kc.copy(), vc.copy()
-    with pytest.raises(error, match=pattern) as info:
-        c.call(kc, vc, table, **kw)
-    if name == "int16_cache":            # the accepted dtypes named
-        for accepted in ["float32", "float64", "float16", "int8"] + (
-                ["bfloat16"] if BF16 is not None else []):
-            assert accepted in str(info.value), (accepted, str(info.value))
-    assert kc.tobytes() == before[0].tobytes(), "k_cache written"
-    assert vc.tobytes() == before[1].tobytes(), "v_cache written"
-
-
-def test_seqlens_beyond_int64_named():
-    """A uint64 length past int64 is named as given, not wrapped."""
-    c = Case(np.random.default_rng(19), SHAPES[0])
-    lens = np.array([2 ** 64 - 1], np.uint64)
-    with pytest.raises(ValueError, match=f"cache_seqlens.*{2 ** 64 - 1}"):
-        ac.cache_attention(c.q, c.kc, c.vc, lens)
-
-
-def test_table_shape_is_a_value_error():
-    c = Case(np.random.default_rng(19), SHAPES[0])
-    with pytest.raises(ValueError, match="block_table must have 2 axes"):
-        ac.cache_attention(c.q, c.kc, c.vc, c.seqlens,
-                           block_table=np.zeros(3, np.int64))
 
 
 # --------------------------------------------------------------------------
