@@ -1,11 +1,12 @@
 """The cases of ``cache_attention`` (issue 34), shared by
-test_cache_attention.py and test_cache_attention_writes.py: the shapes
+test_cache_attention.py and test_cache_attention_writes.py (the variants
+and the checks by test_cache_int8_attention.py too): the shapes
 (``SHAPES``), the cache dtypes with a 16-bit cache (``half_pairs``), a
 contiguous cache with garbage past the keys, new rows and paged copies
-(``Case``), the variants' keyword arguments (``variant_kwargs``), and
-the checks: against the float64 reference with the tolerances of
-test_cache_attention.py's docstring (``assert_matches``), and bitwise
-(``assert_same``).
+(``Case``), the variants and their keyword arguments (``KINDS``,
+``variant_kwargs``), and the checks: against the float64 reference with
+the tolerances of test_cache_attention.py's docstring
+(``assert_matches``), and bitwise (``assert_same``).
 """
 
 import numpy as np
@@ -169,6 +170,12 @@ def assert_same(got, want, what=""):
         assert np.array_equal(g, w), (
             f"{what} output {i} not bitwise equal: max |diff| "
             f"{np.max(np.abs(g.astype(float) - w.astype(float)))}")
+
+
+# The variants variant_kwargs makes
+KINDS = ["plain", "not_causal", "window_left", "window_both",
+         "window_both_causal", "softcap", "alibi_h", "alibi_bh", "sinks",
+         "all"]
 
 
 def variant_kwargs(kind, rng, B, Hq, comp):

@@ -42,21 +42,18 @@ from attention_c.testing import (HALF_DTYPES, TOL, assert_identical,
                                  assert_rounded, misaligned, noise_floor,
                                  rel_err)
 
-from cache_attention_cases import (BF16, Case, SHAPES, assert_matches,
-                                   assert_same, cache_dtypes_id, computing,
-                                   half_pairs, shape_id, variant_kwargs)
+from cache_attention_cases import (BF16, Case, KINDS, SHAPES,
+                                   assert_matches, assert_same,
+                                   cache_dtypes_id, computing, half_pairs,
+                                   shape_id, variant_kwargs)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIMD_PATHS = list(_core._simd_paths())
 
-KINDS = ["plain", "not_causal", "window_left", "window_both",
-         "window_both_causal", "softcap", "alibi_h", "alibi_bh", "sinks",
-         "all"]
-
-
 # --------------------------------------------------------------------------
 # the results against the reference
+
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64],

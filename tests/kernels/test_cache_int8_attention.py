@@ -31,7 +31,8 @@ cache as scales * q in float64).  Proven here:
 
 Tolerances: ``testing.TOL[float32]`` (normwise relative error 1e-5)
 against the float64 reference on the dequantized cache, with a noise
-floor from the values' size, as tests/kernels/test_cache_attention.py.
+floor from the values' size: the checks of test_cache_attention.py
+(``assert_matches``, ``assert_same`` of cache_attention_cases.py).
 
 quantize_kv and dequantize_kv themselves: test_cache_int8.py.
 """
@@ -42,9 +43,11 @@ import pytest
 import attention_c as ac
 from attention_c import _core
 from attention_c import reference as ref
-from attention_c.testing import (HALF_DTYPES, TOL, assert_identical,
-                                 noise_floor, record_figure, rel_err)
+from attention_c.testing import (HALF_DTYPES, assert_identical,
+                                 record_figure, rel_err)
 
+from cache_attention_cases import (KINDS, assert_matches, assert_same,
+                                   variant_kwargs)
 from cache_int8_cases import (BF16, F16, INPUT_DTYPES, dequantize_plain,
                               dtype_id, quantize_plain, tricky_rows)
 
@@ -223,71 +226,13 @@ def paged(c, rng, bs, unused="-1", table_dtype=np.int32, extra=3):
     return tuple(pages), table
 
 
-def assert_same(got, want, what=""):
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g.dtype == w.dtype, (what, i, g.dtype, w.dtype)
-        assert np.array_equal(g, w), (
-            f"{what} output {i} not bitwise equal: max |diff| "
-            f"{np.max(np.abs(g.astype(float) - w.astype(float)))}")
-
-
-def assert_matches(case, got, want, what=""):
-    """out and lse, computed in float32, against the float64 reference:
-    normwise within TOL[float32], floors as test_cache_attention.py."""
-    (out, lse), (wout, wlse) = got, want
-    tol = TOL[np.float32]
-    assert out.dtype == case.q.dtype and lse.dtype == np.float32, what
-    assert out.shape == wout.shape and lse.shape == wlse.shape, what
-    bound = case.value_bound() * np.sqrt(out.size)
-    err = rel_err(out, wout, noise_floor(bound, np.float32, tol))
-    assert err <= tol, f"{what} out: {err:.3g} > {tol:.3g}"
-    finite = np.isfinite(wlse)
-    assert np.array_equal(np.isfinite(lse), finite), f"{what} lse finite"
-    assert np.array_equal(lse[~finite], wlse[~finite]), f"{what} lse -inf"
-    if finite.any():
-        n = int(case.lengths.max())
-        bound = (np.abs(wlse[finite]).max() + 2 * np.log1p(n)) * np.sqrt(
-            finite.sum())
-        err = rel_err(lse[finite], wlse[finite],
-                      noise_floor(bound, np.float32, tol))
-        assert err <= tol, f"{what} lse: {err:.3g} > {tol:.3g}"
-
-
-KINDS = ["plain", "not_causal", "window_left", "window_both",
-         "window_both_causal", "softcap", "alibi_h", "alibi_bh", "sinks",
-         "all"]
-
-
-def variant_kwargs(kind, rng, B, Hq):
-    kw = {}
-    if kind == "not_causal":
-        kw["causal"] = False
-    if kind == "window_left":
-        kw["window"] = (5, None)
-    if kind == "window_both":
-        kw.update(window=(4, 2), causal=False)
-    if kind == "window_both_causal":
-        kw["window"] = (3, 1)
-    if kind in ("softcap", "all"):
-        kw["softcap"] = 2.0
-    if kind == "alibi_h":
-        kw["alibi_slopes"] = (rng.random(Hq) * 0.5).astype(np.float32)
-    if kind in ("alibi_bh", "all"):
-        kw["alibi_slopes"] = (rng.random((B, Hq)) * 0.5).astype(np.float32)
-    if kind in ("sinks", "all"):
-        kw["sinks"] = rng.standard_normal(Hq).astype(np.float32)
-    if kind == "all":
-        kw.update(window=(7, None), scale=0.3)
-    return kw
-
-
 def check_case(c, rng, kind, layouts, what):
     """The int8 call in each layout: the float32 twin's bits (and the
     appended caches hold what the twin's hold), the reference's results
     within TOL."""
-    kw = variant_kwargs(kind, rng, c.B, c.Hq)
+    kw = variant_kwargs(kind, rng, c.B, c.Hq, np.float32)
     want_bits, tk, tv = c.twin(**kw)
-    assert_matches(c, want_bits, c.want(**kw), f"{what} twin")
+    assert_matches(c, want_bits, c.want(**kw), np.float32, f"{what} twin")
     for layout in layouts:
         if layout == "contiguous":
             arrays, table = c.copies(), None
@@ -336,7 +281,7 @@ def test_half_queries(qdtype):
     for shape in (SHAPES[1], SHAPES[4]):
         c = Case(rng, shape, (I8, I8))
         q = c.q.astype(qdtype)
-        kw = variant_kwargs("all", rng, c.B, c.Hq)
+        kw = variant_kwargs("all", rng, c.B, c.Hq, np.float32)
         got = c.run(q=q, **kw)
         assert got[0].dtype == qdtype and got[1].dtype == np.float32
         assert_same(got, c.twin(q=q, **kw)[0], shape_id(shape))
@@ -358,7 +303,7 @@ def test_accuracy_unquantised(d):
     for Tq in (1, 3):
         shape = (3, Tq, 8, 2, d, d, [1, 300, 1000], 0, 32, 32)
         c = Case(rng, shape, (F32, F32))
-        kw = variant_kwargs("plain", rng, c.B, c.Hq)
+        kw = variant_kwargs("plain", rng, c.B, c.Hq, np.float32)
         exact = ref.cache_attention(c.q, c.xk, c.xv, c.seqlens,
                                     return_lse=True, **kw)
         for g, limit in ((32, 1e-2), (64, 3e-2), (d, 3e-2)):
@@ -388,7 +333,7 @@ def test_strided_equals_contiguous():
     rng = np.random.default_rng(22)
     for sdtype in (np.float32, np.float16):
         c = Case(rng, SHAPES[3], (I8, I8), sdtype)
-        kw = variant_kwargs("all", rng, c.B, c.Hq)
+        kw = variant_kwargs("all", rng, c.B, c.Hq, np.float32)
         want = c.run(**kw)
         kc, vc, ks, vs = c.copies()
         c.call((kc, vc, ks, vs), **kw)                  # appended
@@ -525,11 +470,11 @@ def test_threads_bitwise(which, sdtype):
     for Tq in (1, 3):
         c = Case(rng, (2, Tq, 8, 2, 64, 64, [5000, 4321], 2, 32, 32),
                  PAIRS[which], sdtype)
-        kw = variant_kwargs("sinks", rng, c.B, c.Hq)
+        kw = variant_kwargs("sinks", rng, c.B, c.Hq, np.float32)
         arrays, table = paged(c, rng, 16)
         ac.set_num_threads(1)
         one = c.run(**kw)
-        assert_matches(c, one, c.want(**kw), f"Tq {Tq}")
+        assert_matches(c, one, c.want(**kw), np.float32, f"Tq {Tq}")
         for n in (1, 2, 3):
             ac.set_num_threads(n)
             assert_same(c.twin(**kw)[0], one, f"{n} threads, twin")
