@@ -36,6 +36,9 @@
                                  ? -87.33654f : -708.3964185322641))
 #define WEIGHT_FLUSH(w) ((w) < LEAST_NORMAL ? (REAL)0 : (w))
 
+/* sum_rows's columns at a time: a row's read of 2 KB (float32) at once */
+#define ATT_SUM_COLS 512
+
 #define REAL float
 #define FML(x) x##_f32
 #include "ref/formulas.inc"
