@@ -1,12 +1,13 @@
 """The cases of ``cache_attention`` (issue 34), shared by
-test_cache_attention.py and test_cache_attention_writes.py (the variants
-and the checks by test_cache_int8_attention.py too): the shapes
-(``SHAPES``), the cache dtypes with a 16-bit cache (``half_pairs``), a
-contiguous cache with garbage past the keys, new rows and paged copies
-(``Case``), the variants and their keyword arguments (``KINDS``,
-``variant_kwargs``), and the checks: against the float64 reference with
-the tolerances of test_cache_attention.py's docstring
-(``assert_matches``), and bitwise (``assert_same``).
+test_cache_attention.py and test_cache_attention_writes.py (the
+variants, the checks and appended_slots by test_cache_int8_attention.py too):
+the shapes (``SHAPES``), the cache dtypes with a 16-bit cache
+(``half_pairs``), a contiguous cache with garbage past the keys, new rows
+and paged copies (``Case``), the variants and their keyword arguments
+(``KINDS``, ``variant_kwargs``), and the checks: against the float64
+reference with the tolerances of test_cache_attention.py's docstring
+(``assert_matches``), and bitwise (``assert_same``); the slots an append
+writes (``appended_slots``).
 """
 
 import numpy as np
@@ -170,6 +171,20 @@ def assert_same(got, want, what=""):
         assert np.array_equal(g, w), (
             f"{what} output {i} not bitwise equal: max |diff| "
             f"{np.max(np.abs(g.astype(float) - w.astype(float)))}")
+
+
+def appended_slots(seqlens, Tn, table, bs):
+    """{slot: (b, j)}: the (block or sequence, row) slot that new row j of
+    sequence b goes to, at position seqlens[b] + j (table None: a
+    contiguous cache; else pages of bs rows through the block table)."""
+    changed = {}
+    for b, n in enumerate(seqlens):
+        for j in range(Tn):
+            x = int(n) + j
+            slot = (b, x) if table is None else (int(table[b, x // bs]),
+                                                 x % bs)
+            changed[slot] = (b, j)
+    return changed
 
 
 # The variants variant_kwargs makes

@@ -18,9 +18,9 @@ import pytest
 import attention_c as ac
 from attention_c.testing import assert_identical, misaligned
 
-from cache_attention_cases import (BF16, Case, F16, SHAPES, assert_matches,
-                                   cache_dtypes_id, computing, half_pairs,
-                                   variant_kwargs)
+from cache_attention_cases import (BF16, Case, F16, SHAPES, appended_slots,
+                                   assert_matches, cache_dtypes_id,
+                                   computing, half_pairs, variant_kwargs)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -44,13 +44,6 @@ def ties(rng, shape, dtype):
         tie = (base | low).view(np.float32)
         x = np.where(rng.random(shape) < 1 / 3, tie, x)
     return x
-
-
-def slots_of(c, b, t, table, bs):
-    """The (block or sequence, row) slots of positions t of sequence b."""
-    if table is None:
-        return [(b, int(x)) for x in t]
-    return [(int(table[b, x // bs]), int(x % bs)) for x in t]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", 1, 16],
@@ -80,11 +73,7 @@ def test_append_in_place(layout, pair):
     assert_identical(c.seqlens, lens, "cache_seqlens")
     if table is not None:
         assert_identical(table, tab, "block_table")
-    changed = {}
-    for b in range(c.B):
-        t = c.seqlens[b] + np.arange(c.Tn)
-        for j, slot in enumerate(slots_of(c, b, t, table, bs)):
-            changed[slot] = (b, j)
+    changed = appended_slots(c.seqlens, c.Tn, table, bs)
     assert len(changed) == c.B * c.Tn
     for cache, old, new in ((kc, before[0], c.k), (vc, before[1], c.v)):
         for slot in np.ndindex(cache.shape[:2]):

@@ -46,8 +46,8 @@ from attention_c import reference as ref
 from attention_c.testing import (HALF_DTYPES, assert_identical,
                                  record_figure, rel_err)
 
-from cache_attention_cases import (KINDS, assert_matches, assert_same,
-                                   variant_kwargs)
+from cache_attention_cases import (KINDS, appended_slots, assert_matches,
+                                   assert_same, variant_kwargs)
 from cache_int8_cases import (BF16, F16, INPUT_DTYPES, dequantize_plain,
                               dtype_id, quantize_plain, tricky_rows)
 
@@ -359,12 +359,6 @@ def test_strided_equals_contiguous():
 # --------------------------------------------------------------------------
 # the append into an int8 cache
 
-def slots_of(b, t, table, bs):
-    if table is None:
-        return [(b, int(x)) for x in t]
-    return [(int(table[b, x // bs]), int(x % bs)) for x in t]
-
-
 APPEND_PAIRS = [("both", (I8, I8), np.float32),
                 ("both", (I8, I8), np.float16),
                 ("values", (F32, I8), np.float16)]
@@ -401,11 +395,7 @@ def test_append_in_place(layout, which, pair, sdtype):
     assert_identical(c.seqlens, lens, "cache_seqlens")
     if table is not None:
         assert_identical(table, tab, "block_table")
-    changed = {}
-    for b in range(c.B):
-        t = c.seqlens[b] + np.arange(c.Tn)
-        for j, slot in enumerate(slots_of(b, t, table, bs)):
-            changed[slot] = (b, j)
+    changed = appended_slots(c.seqlens, c.Tn, table, bs)
     assert len(changed) == c.B * c.Tn
     kc, vc, ks, vs = arrays
     for cache, scales, old_c, old_s, new, g, name in (
