@@ -254,6 +254,9 @@ static inline void store_bf16_ps(uint16_t *p, __m256 x)
 #define VREDUCE hsum_pd
 #define REAL_DIGITS 53
 #define VSCALE scale_pd
+/* t's bits moved into the exponent's place (vmath.inc's v_exp2_half) */
+#define VEXP2_BITS(t) \
+    _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_castpd_si256(t), 52))
 #define VABS(x) _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
 #define VCOPYSIGN(m, s) _mm256_or_pd(VABS(m), \
     _mm256_and_pd(_mm256_set1_pd(-0.0), s))
