@@ -171,6 +171,37 @@ def test_underflowing_weights_are_zero_not_denormal(dtype, restore_config):
         assert a[0, 0, 0] == 1, path
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_streamed_weights_flush_at_the_least_normal(dtype, restore_config):
+    """return_weights=False (the fused kernel where the path has one:
+    16 queries against 64 keys): a key whose weight exp(s - max) is just
+    below the least normal adds exactly nothing, one just above adds
+    its weight; huge values make either visible in out."""
+    tiny = np.finfo(dtype).tiny
+    gap = -np.log(tiny)
+    big = np.sqrt(np.finfo(dtype).max)
+    s = np.full(64, -1e30 if dtype == np.float64 else -1e20)
+    s[:3] = [0.0, -(gap + 2), -(gap - 2)]
+    k = np.zeros((1, 64, 8), dtype)
+    k[0, :, 0] = s
+    v = np.full((1, 64, 1), big, dtype)
+    v[0, 0] = 0
+    q = np.zeros((1, 16, 8), dtype)
+    q[0, :, 0] = 1
+    w = np.exp(-(gap - 2))
+    want = w * float(big) / (1 + w)
+    for path in SIMD_PATHS:
+        _core._set_simd(path)
+        out, lse = ac.dot_attention(q, k, values=v, scale=1.0,
+                                    return_weights=False)
+        np.testing.assert_allclose(out[0, :, 0], want, rtol=1e-4,
+                                   err_msg=path)
+        # lse = log(1 + w): 0 within rounding
+        np.testing.assert_allclose(lse[0], 0, rtol=0,
+                                   atol=4 * np.finfo(dtype).eps,
+                                   err_msg=path)
+
+
 def test_pooled_layer_keeps_its_floor(rng):
     """The context-pooled layer (contract 1.3) still keeps a valid
     weight that underflows nonzero: at least the least normal number."""
