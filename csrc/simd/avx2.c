@@ -226,7 +226,7 @@ static inline void store_bf16_ps(uint16_t *p, __m256 x)
 #define FLASH_MR 4
 #define FLASH_NV 3
 /* 96 keys a block, not 48: the forward took 0.97-0.98x the time at (8,
- * 1024, 64) and 0.99x at (2, 4096, 64) on Zen 3, float32 (0.99x
+ * 1024, 64) and 0.97-0.99x at (2, 4096, 64) on Zen 3, float32 (0.99x
  * float64), fewer O^T sums per key outweighing K's and V's blocks
  * leaving L1 (32 KB) for L2 */
 #define FLASH_KB_FLOAT 96
