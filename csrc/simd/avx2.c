@@ -223,8 +223,14 @@ static inline void store_bf16_ps(uint16_t *p, __m256 x)
 #define VSTORE_BF16(p, x) store_bf16_ps(p, x)
 #define VSTORE_F16(p, x) _mm_storeu_si128((__m128i *)(p),                   \
     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
-#define FLASH_MR 4
-#define FLASH_NV 3
+/* The fused forward's tile: 6 keys x 2 vectors (16 queries), not
+ * double's 4 x 3: on Zen 3 the float32 forward took 0.97x the time
+ * causal at (8, 1024, 64) and (32, 256, 64), 0.985x full at (32, 256),
+ * 0.99-1.00x at (8, 1024) and (2, 4096) (narrower panels waste fewer
+ * lanes along a causal diagonal and at T = 256); double's 6 x 2 took
+ * 1.00-1.01x. */
+#define FLASH_MR 6
+#define FLASH_NV 2
 /* 96 keys a block, not 48: the forward took 0.97-0.98x the time at (8,
  * 1024, 64) and 0.97-0.99x at (2, 4096, 64) on Zen 3, float32 (0.99x
  * float64), fewer O^T sums per key outweighing K's and V's blocks

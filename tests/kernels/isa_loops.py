@@ -52,16 +52,17 @@ _VREG = re.compile(r"%[xyz]mm\d+")
 _MEM = re.compile(r"(?:[-\w]*)\((%\w+)?(?:,%\w+)?(?:,\d)?\)(\{1to\d+\})?")
 
 
-def mr_of(isa, name="MR", default=None):
+def mr_of(isa, name="MR", default=None, dtype="f32"):
     """MR of the path's micro-tile, from its source (#define MR n); or
     another of its defines (FLASH_MR, FLASH_NV: the fused forward's
-    tile, simd/flash.inc; MR_SMALL, the short micro-panels' tile), the
-    first (float's) when it has two; default when it has none."""
+    tile, simd/flash.inc; MR_SMALL, the short micro-panels' tile): the
+    first (float's), or for dtype "f64" the second where it has two;
+    default when it has none."""
     text = (ROOT / "csrc" / "simd" / f"{isa}.c").read_text()
-    m = re.search(rf"^#define {name} (\d+)$", text, re.M)
-    if m is None and default is not None:
+    found = re.findall(rf"^#define {name} (\d+)$", text, re.M)
+    if not found and default is not None:
         return default
-    return int(m.group(1))
+    return int(found[1 if dtype == "f64" and len(found) > 1 else 0])
 
 
 def loop_nv(isa, loop):

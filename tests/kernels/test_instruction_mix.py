@@ -227,7 +227,8 @@ def test_flash_loops(funcs, isa, dtype):
     FLASH_MR keys x FLASH_NV vectors, and the P.V tiles (FLASH_MR rows of
     V^T, then 4, then 1, each x FLASH_NV), are register tiles as the
     micro-kernel's are: broadcasts, loaded vectors, FMAs, no spill."""
-    nv, mr = il.mr_of(isa, "FLASH_NV"), il.mr_of(isa, "FLASH_MR")
+    nv = il.mr_of(isa, "FLASH_NV", dtype=dtype)
+    mr = il.mr_of(isa, "FLASH_MR", dtype=dtype)
     loops = il.flash_loops(funcs, isa, dtype)
     rows = []
     for sym, loop in loops:
