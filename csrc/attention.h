@@ -293,8 +293,9 @@ typedef struct {
  * their float32 copies.  It says 1 for a dot score streamed (lse), values
  * given, no kproj, koff or voff, every element finite (it reads them
  * all); for a forward, more than a decoding step's queries, visibility
- * by ranges alone (no attn_mask or bias; causal, window, segments and a
- * key mask of one run of keys a sequence, padding, are ranges), no
+ * by ranges alone (no bias; causal, window, segments, a key mask of one
+ * run of keys a sequence, padding, and an attn_mask of one run of keys
+ * a query are ranges), no
  * softcap, alibi or dropout, and a fused kernel that reads them: the
  * float products' (on a SIMD path) or, for bfloat16, the one on the bf16
  * products (ATT_PRECISION_BF16, ex->bf16 ATT_BF16_DOT or ATT_BF16_AMX);

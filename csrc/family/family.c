@@ -29,8 +29,10 @@
  * the weights, the backward recomputing P = exp(S - lse) block by block;
  * with causal, blocks no query sees are never computed.  What a query
  * sees (key mask, attn_mask, causal, a bias of -inf) is read in place per
- * row; sequences read their query, keys and values by index (broadcast),
- * and the backward runs the groups that share one in order.
+ * row, or as a range of keys where it is one (causal, window, padding,
+ * an attn_mask of one run a row); sequences read their query, keys and
+ * values by index (broadcast), and the backward runs the groups that
+ * share one in order.
  * Work is split by sizes only, and every sum runs in an order fixed by
  * the sizes, so results are bitwise the same for any thread count.
  * Decoding (dot and general forward, at most DECODE_TQ queries per

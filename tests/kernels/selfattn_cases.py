@@ -59,6 +59,22 @@ def _attn_mask(rng, shape):
     return m
 
 
+def _runs_mask(rng, shape):
+    """Per-query mask of ``shape`` (..., Tq, T) whose every row is one run
+    of keys, at random places (not growing with the query, so no causal
+    staircase): the kernels take such a mask as ranges.  Query 1 (or 0)
+    sees no key."""
+    Tq, T = shape[-2:]
+    m = np.zeros(shape, bool)
+    flat = m.reshape(-1, Tq, T)
+    for s in flat:
+        for i in range(Tq):
+            a = rng.integers(0, T)
+            s[i, a:a + 1 + rng.integers(0, max(1, T // 2))] = True
+        s[min(1, Tq - 1)] = False
+    return m
+
+
 def _bias(rng, shape, ninf):
     """Normal bias of ``shape``; with ninf, query 0 gets an all -inf row
     and some entries are -inf (they act as a mask)."""
@@ -73,8 +89,9 @@ def _bias(rng, shape, ninf):
 # mask kinds: the key mask of the leading shape, or broadcast (T,)
 MASKS = ["none", "key", "key_bcast"]
 # attn_mask kinds: a (Tq, T) mask for every sequence (the np.tril use),
-# (1, Tq, T), one of the full leading shape
-ATTN = ["none", "TqT", "1TqT", "full"]
+# (1, Tq, T), one of the full leading shape, and one of the full shape
+# whose rows are each one run of keys (taken as ranges)
+ATTN = ["none", "TqT", "1TqT", "full", "runs"]
 # bias kinds: the full shape with -inf entries and an all -inf row,
 # (1, 1, Tq, T), (Tq, 1), (T,), and (Tq, T) with -inf rows
 BIASES = ["none", "full_ninf", "11TqT", "Tq1", "T", "TqT_ninf"]
@@ -125,7 +142,8 @@ class Case:
             self.attn_mask = {"none": None,
                               "TqT": _attn_mask(rng, (Tq, T)),
                               "1TqT": _attn_mask(rng, (1, Tq, T)),
-                              "full": _attn_mask(rng, full)}[attn]
+                              "full": _attn_mask(rng, full),
+                              "runs": _runs_mask(rng, full)}[attn]
             self.bias = {"none": None,
                          "full_ninf": _bias(rng, full, True),
                          "11TqT": _bias(rng, (1,) * nl + (Tq, T), False),

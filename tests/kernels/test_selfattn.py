@@ -34,8 +34,9 @@ import pytest
 
 import attention_c as ac
 from attention_c import reference as ref
-from attention_c.testing import (FD_RTOL, ILL_FACTOR, TOL, f64,
-                                 numerical_grad, rel_err)
+from attention_c.testing import (FD_RTOL, ILL_FACTOR, TOL,
+                                 assert_all_identical, f64, numerical_grad,
+                                 rel_err)
 
 from selfattn_cases import (ATTN, BIASES, Case, MASKS, P_DROP, SKB, SQB,
                             SQB_CAUSAL, check, check_case, dtype_param,
@@ -137,18 +138,21 @@ def test_block_sizes_match_reference(score, dtype, Tq, T):
     """Query and key counts that end a block early, fill it, and start the
     next one (causal with Tq < T, Tq == T and Tq > T, so whole blocks are
     skipped and diagonal blocks masked): causal + key mask + (T,) bias +
-    dropout; a (Tq, T) attn_mask + bias with -inf rows."""
+    dropout; a (Tq, T) attn_mask + bias with -inf rows; an attn_mask of
+    one run of keys a row (ranges) + dropout."""
     for n, kw in enumerate([
             dict(causal=True, mask="key", bias="T", dropout=P_DROP),
-            dict(attn="TqT", bias="TqT_ninf")]):
+            dict(attn="TqT", bias="TqT_ninf"),
+            dict(attn="runs", dropout=P_DROP)]):
         rng = np.random.default_rng([Tq, T, n])
         case = Case(rng, score, (2,), Tq, T, H=8, Hq=5, Hv=3, **kw)
         check_case(case, dtype)
 
 
 @pytest.mark.parametrize("kw", [
-    dict(), dict(causal=True, dropout=P_DROP), dict(mask="key", attn="TqT")],
-    ids=["full", "causal_dropout", "masks"])
+    dict(), dict(causal=True, dropout=P_DROP), dict(mask="key", attn="TqT"),
+    dict(mask="key", attn="runs", causal=True)],
+    ids=["full", "causal_dropout", "masks", "runs"])
 @pytest.mark.parametrize("lead", [(1,), (3,)], ids=["B1", "B3"])
 @dtype_param
 @pytest.mark.parametrize("score", ["dot", "general"])
@@ -247,6 +251,42 @@ def test_streamed_equals_stored(score, dtype, kw):
             continue
         check(a, f64(b), dtype, f"d{name}",
               max(tol, ILL_FACTOR * rel_err(s, w)), floor=case.floor())
+
+
+@pytest.mark.parametrize("Tq, T", [(300, 300), (130, 257), (65, 17)],
+                         ids=["Tq300-T300", "Tq130-T257", "Tq65-T17"])
+@dtype_param
+@pytest.mark.parametrize("score", ["dot", "general"])
+def test_attn_mask_of_runs_is_ranges(score, dtype, Tq, T):
+    """An attn_mask whose every row is one run of keys is read as ranges
+    (docs/contract.md 5.3): ``np.tril`` gives the bits of ``causal=True``,
+    a band those of ``window=``, each with a padding key mask too, forward
+    and backward."""
+    rng = np.random.default_rng(Tq + T)
+    case = Case(rng, score, (2, 3), Tq, T, H=16, Hq=8, Hv=8)
+    x = case.cast(dtype)
+    args = case.required(x)
+    fn = ac.dot_attention if case.kind == "dot" else ac.general_attention
+    bwd = (ac.dot_attention_backward if case.kind == "dot"
+           else ac.general_attention_backward)
+    i = np.arange(Tq)[:, None] + (T - Tq)
+    t = np.arange(T)[None, :]
+    pad = np.ones((2, 3, T), bool)
+    pad[1, :, :T // 3] = False                 # left padding: one run
+    g = rng.standard_normal((2, 3, Tq, 8)).astype(dtype)
+    for mask in (None, pad):
+        for runs, kw in ((t <= i, dict(causal=True)),
+                         (np.abs(t - i) <= 5, dict(window=(5, 5)))):
+            common = dict(mask=mask, values=x["values"],
+                          return_weights=False)
+            want = fn(*args, **kw, **common)
+            got = fn(*args, attn_mask=runs, **common)
+            assert_all_identical(got, want, f"attn_mask of runs vs {kw}")
+            common.pop("return_weights")
+            gw = bwd(g, *args, out=want[0], lse=want[1], **kw, **common)
+            gg = bwd(g, *args, out=got[0], lse=got[1], attn_mask=runs,
+                     **common)
+            assert_all_identical(gg, gw, f"gradients against {kw}")
 
 
 # --------------------------------------------------------------------------

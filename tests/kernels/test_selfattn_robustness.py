@@ -166,7 +166,7 @@ def test_dropout_reproducible(score, return_weights):
 # (lead, Tq, T, kw): big enough for several threads (2**22 multiply-adds
 # each); the streamed backward's key segments (no bias, few sequences:
 # 2 of one sequence each, then 3 of one), a shared bias summed in
-# partials, many sequences, the stored path
+# partials, many sequences, the stored path, an attn_mask of runs
 THREAD_CASES = {
     "key_segments": ((2,), 600, 600, dict(causal=True, dropout=P_DROP)),
     "shared_bias": ((3,), 300, 520, dict(bias="TqT_ninf", attn="1TqT",
@@ -174,6 +174,7 @@ THREAD_CASES = {
     "many_seqs": ((10,), 130, 257, dict(causal=True, bias="T",
                                         dropout=P_DROP)),
     "one_long": ((1,), 700, 700, dict(causal=True)),
+    "mask_runs": ((2,), 600, 600, dict(attn="runs", dropout=P_DROP)),
 }
 
 
