@@ -489,7 +489,9 @@ def selfattn_report(meta, rows, targets, memory=None, long=None):
         "against",
         "torch.nn.functional.scaled_dot_product_attention on the same "
         f"work; dropout p = {meta['dropout']}; bias (1, 1, T, T) "
-        "given to SDPA as attn_mask.",
+        "given to SDPA as attn_mask; mask: causal as a boolean",
+        "(1, 1, T, T) np.tril, the attn_mask of both (its GF/s counted "
+        "as causal's).",
     ]
     if meta["quick"]:
         parts.append("--quick: tiny sizes, indicative only.")

@@ -24,9 +24,11 @@ of ``harness.measure`` (interleaved rounds after warm-up).
   causal) as a share of the FMA peak of the SIMD path and the threads
   used, timed in the row's own rounds (``harness.measure_into``'s
   probe: the host's speed drifts over a run);
-* dropout 0.1 (ours with a seed, SDPA with ``dropout_p=0.1``) and a float
+* dropout 0.1 (ours with a seed, SDPA with ``dropout_p=0.1``), a float
   bias (1, 1, T, T) (SDPA: the same tensor as ``attn_mask``, requiring
-  grad, since ours returns its gradient) on DROPOUT_BIAS_SHAPES;
+  grad, since ours returns its gradient) and causal as a boolean mask
+  (``np.tril``, (1, 1, T, T), given to both as ``attn_mask``, what a
+  user of SDPA builds) on DROPOUT_BIAS_SHAPES;
 * the peak memory (growth of the peak RSS) of one forward + backward at
   MEMORY_SHAPE, ours and SDPA, each in a fresh subprocess;
 * one causal forward + backward at LONG_SHAPE, ours and SDPA, timed once
@@ -65,7 +67,7 @@ QUICK_SHAPES = ((4, 32, 16), (2, 64, 16), (2, 128, 16), (1, 256, 16))
 DROPOUT_BIAS_SHAPES = (1, 2)        # indices into the shapes
 MEMORY_SHAPE, QUICK_MEMORY_SHAPE = (8, 8192, 64), (2, 512, 16)
 LONG_SHAPE, QUICK_LONG_SHAPE = (1, 65536, 64), (1, 1024, 16)
-CASES = ("full", "causal", "dropout", "bias")
+CASES = ("full", "causal", "dropout", "bias", "mask")
 HEADS = 8                # B * heads is split as (B * heads / 8, 8)
 DROPOUT = 0.1
 SEED = 1234              # ours' dropout seed
@@ -86,8 +88,8 @@ def split(bh):
 
 def make_problem(shape, case, seed=0):
     """q, k, v, g (B, heads, T, d) and, for 'bias', a (1, 1, T, T) float
-    bias, float32, standard normal; with the kwargs of ours for the
-    case."""
+    bias, float32, standard normal, for 'mask' a (1, 1, T, T) boolean
+    lower triangle; with the kwargs of ours for the case."""
     bh, T, d = shape
     rng = np.random.default_rng([seed, bh, T, d, CASES.index(case)])
     lead = split(bh)
@@ -95,9 +97,13 @@ def make_problem(shape, case, seed=0):
          for name in ("q", "k", "v", "g")}
     p["bias"] = (rng.standard_normal((1, 1, T, T), dtype=np.float32)
                  if case == "bias" else None)
+    p["mask"] = (np.tril(np.ones((T, T), bool))[None, None]
+                 if case == "mask" else None)
     p["kwargs"] = {"causal": case == "causal", "scale": 1 / math.sqrt(d)}
     if case == "bias":
         p["kwargs"]["bias"] = p["bias"]
+    if case == "mask":
+        p["kwargs"]["attn_mask"] = p["mask"]
     if case == "dropout":
         p["kwargs"].update(dropout=DROPOUT, seed=SEED)
     return p
@@ -121,7 +127,7 @@ def ours_functions(p):
 def sdpa_tensors(torch, p, dtype=None):
     """The problem as tensors (sharing its memory in float32); q, k, v and
     the bias require grad."""
-    t = {}
+    t = {"mask": None if p["mask"] is None else torch.from_numpy(p["mask"])}
     for name in ("q", "k", "v", "g", "bias"):
         x = None if p[name] is None else torch.from_numpy(p[name])
         if x is not None and dtype is not None:
@@ -136,7 +142,8 @@ def sdpa_call(torch, p, t):
     """SDPA's output for the problem's case (a function of no argument)."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     kw = p["kwargs"]
-    return lambda: sdpa(t["q"], t["k"], t["v"], attn_mask=t["bias"],
+    mask = t["bias"] if t["bias"] is not None else t["mask"]
+    return lambda: sdpa(t["q"], t["k"], t["v"], attn_mask=mask,
                         dropout_p=kw.get("dropout", 0.0),
                         is_causal=kw["causal"], scale=kw["scale"])
 
@@ -246,10 +253,10 @@ def run_row(case, index, shape, threads, ctx, exact):
                if shape[1] >= HEAVY_T else ctx["min_repeats"])
     harness.measure_into(row, funcs, ctx["target"], repeats,
                          peak=(ctx["peak"], "float32"))
-    row["fwd_gflops"] = (flops_forward(shape, case == "causal")
+    causal = case in ("causal", "mask")
+    row["fwd_gflops"] = (flops_forward(shape, causal)
                          / (row["times_ms"]["ours_fwd"] / 1e3) / 1e9)
-    row["fwdbwd_gflops"] = (FWDBWD_FLOPS
-                            * flops_forward(shape, case == "causal")
+    row["fwdbwd_gflops"] = (FWDBWD_FLOPS * flops_forward(shape, causal)
                             / (row["times_ms"]["ours_fwdbwd"] / 1e3) / 1e9)
     return row
 
@@ -372,8 +379,9 @@ def parse_args(argv):
                     "backward, as self-attention on long sequences, against "
                     "torch.nn.functional.scaled_dot_product_attention, "
                     "float32, forward + backward: full, causal, dropout, "
-                    "float bias, peak memory and one causal call at T = "
-                    "65536, against the targets of issue 19.")
+                    "float bias, causal as a boolean attn_mask, peak "
+                    "memory and one causal call at T = 65536, against the "
+                    "targets of issues 19, 26 and 32.")
     harness.add_run_options(parser, "selfattn",
                             ", at most 3 at T >= 16384")
     parser.add_argument("--no-memory", action="store_true",

@@ -81,7 +81,7 @@ def test_every_ratio_follows_its_times(run):
                 t["ours_fwdbwd"] / one["ours_fwdbwd"])
         else:
             assert SELFATTN_SCALING not in r
-        flops = selfattn.flops_forward(shape, case == "causal")
+        flops = selfattn.flops_forward(shape, case in ("causal", "mask"))
         assert row["fwd_gflops"] == pytest.approx(
             flops / t["ours_fwd"] * 1e3 / 1e9)
         # the peak timed in the row's rounds (no bound against the
@@ -126,6 +126,7 @@ def test_every_target_gets_a_verdict(run):
     found = {(t["target"], t["case"]) for t in data["targets"]}
     assert found == {("f+b/sdpa", "full"), ("f+b/sdpa", "causal"),
                      ("f+b/sdpa", "dropout"), ("f+b/sdpa", "bias"),
+                     ("f+b/sdpa", "mask"), ("fwd/sdpa", "mask"),
                      ("fwd/sdpa", "full"), ("fwd/sdpa", "causal"),
                      (DROPOUT_FULL, "dropout"), (FB_PEAK, "full"),
                      (FB_PEAK, "causal"), (CAUSAL_FULL, "causal"),
@@ -232,6 +233,10 @@ def test_problem_and_flops():
     assert p["kwargs"]["bias"] is p["bias"]
     p = selfattn.make_problem((2, 8, 4), "dropout")
     assert p["kwargs"]["dropout"] == 0.1 and p["kwargs"]["seed"] is not None
+    p = selfattn.make_problem((2, 8, 4), "mask")
+    assert p["mask"].dtype == bool and p["kwargs"]["attn_mask"] is p["mask"]
+    assert np.array_equal(p["mask"][0, 0], np.tril(np.ones((8, 8), bool)))
+    assert not p["kwargs"]["causal"] and p["bias"] is None
     assert selfattn.flops_forward((2, 8, 4), False) == 4 * 2 * 8 * 8 * 4
     assert selfattn.flops_forward((2, 8, 4), True) == 2 * 2 * 8 * 8 * 4
 
