@@ -225,10 +225,10 @@ static int widen_half(Call *c, int i)
  * they fail, the copies settle16 makes are not in the kept buffer): a
  * bfloat16 or float16 call (every floating input in that dtype:
  * exec_for_dtype), the dot score streamed, the array C-contiguous in
- * the call's dtype: a forward's query, keys or values, with no
- * attn_mask, bias, dropout, softcap or ALiBi (a key mask only where it
- * is padding, which the kernel checks); a backward's, out or grad_out,
- * with no sinks. */
+ * the call's dtype: a forward's query, keys or values, with no bias,
+ * dropout, softcap or ALiBi (a key mask only where it is padding, an
+ * attn_mask only where its rows are runs of keys: the kernel checks); a
+ * backward's, out or grad_out, with no sinks. */
 static int may_stay16(const Call *c, int i)
 {
     const FuncSpec *fn = c->fn;
@@ -236,8 +236,8 @@ static int may_stay16(const Call *c, int i)
     PyArrayObject *a = c->arr[i];
     int backward = is_backward(fn);
     int store = c->ret != NULL ? half_store(c->ret) : ATT_STORE_NATIVE;
-    static const int forward_none[] = {X_ATTN_MASK, X_BIAS, X_DROPOUT,
-                                       X_SOFTCAP, X_ALIBI_SLOPES};
+    static const int forward_none[] = {X_BIAS, X_DROPOUT, X_SOFTCAP,
+                                       X_ALIBI_SLOPES};
     for (size_t n = 0; !backward && n < sizeof forward_none /
                                          sizeof forward_none[0]; n++) {
         if (given(c, forward_none[n])) {

@@ -14,8 +14,9 @@ scratch as it is read, on every path): no float32 copy of any of them.
   bf16), its output rounded once, bit for bit: sizes 1, 3,
   17 and 65, odd widths, full, causal, window, grouped heads broadcast
   over the leading axes, packed segments, sinks, a padding mask (right,
-  left, a sequence masked whole; a mask of two runs widens); 1 and 2
-  threads (so on
+  left, a sequence masked whole; a mask of two runs widens), an attn_mask
+  of one run of keys a row (a row of two runs widens); 1 and 2 threads
+  (so on
   every host: where the path is not taken, both calls widen);
 * a float16 call under set_fp32_precision("bf16") is the widened one's
   too (bf16 products, which widen);
@@ -164,6 +165,28 @@ def test_key_mask_as_widened(dtype, kind, threads):
 
 @pytest.mark.usefixtures("restore_settings")
 @pytest.mark.parametrize("dtype", FORWARD16, ids=str)
+@pytest.mark.parametrize("kind", ["tril", "band_padded", "two_runs"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attn_mask_as_widened(dtype, kind, threads):
+    """An attn_mask whose rows are each one run of keys is ranges the
+    fused kernel takes as stored; one with a row of two runs widens: the
+    widened call's bits either way."""
+    ac.set_num_threads(threads)
+    rng = np.random.default_rng(threads)
+    q, k, v = inputs(rng, 3, 2, 2, 33, 70, 16, 8, dtype=dtype)
+    i = np.arange(33)[:, None] + 70 - 33
+    t = np.arange(70)
+    m = {"tril": t <= i,
+         "band_padded": (np.abs(t - i) <= 9) & (t >= np.array(
+             [0, 12, 70])[:, None, None, None, None]),
+         "two_runs": (t <= i) & (t != 20)}[kind]
+    got = ac.dot_attention(q, k, values=v, return_weights=False,
+                           attn_mask=m)
+    assert_bits(got, widened_call(q, k, v, attn_mask=m), (kind, threads))
+
+
+@pytest.mark.usefixtures("restore_settings")
+@pytest.mark.parametrize("dtype", FORWARD16, ids=str)
 def test_sinks_and_segments_as_widened(dtype):
     """Sinks (one more logit per head; 16-bit like the rest, so the call
     stays a 16-bit one) and packed segments (cu_seqlens): ranges of keys
@@ -306,6 +329,8 @@ PEAK = textwrap.dedent("""
         kw.update(mask=rng.random(1024) > 0.1, dropout=0.1, seed=3)
     if sys.argv[3] == "padded":         # a range to the fused forward
         kw.update(mask=np.arange(1024) < 900)
+    if sys.argv[3] == "tril":           # ranges as a dense attn_mask
+        kw.update(attn_mask=np.tril(np.ones((1024, 1024), bool)))
     if backward:
         out, lse = ac.dot_attention(q, k, return_weights=False, **kw)
         g = rng.standard_normal(out.shape).astype(dtype)
@@ -322,7 +347,8 @@ def peak_bytes(dtype, direction="forward", kind="causal", precision="bf16"):
     """The peak memory traced in a fresh process (no buffers kept from
     earlier calls) over one causal forward (or backward) at (1, 4, 1024,
     64) in dtype, "masked" with a key mask and dropout too, "padded" with
-    a padding mask; under set_fp32_precision(precision)."""
+    a padding mask, "tril" with np.tril as the attn_mask too; under
+    set_fp32_precision(precision)."""
     run = subprocess.run([sys.executable, "-c", PEAK, dtype, direction,
                           kind, precision], capture_output=True, text=True,
                          check=True)
@@ -330,13 +356,14 @@ def peak_bytes(dtype, direction="forward", kind="causal", precision="bf16"):
 
 
 @needs_bf16
-@pytest.mark.parametrize("kind", ["causal", "padded"])
+@pytest.mark.parametrize("kind", ["causal", "padded", "tril"])
 def test_no_float32_copies(kind):
     """On a SIMD path (whichever products its fused kernel runs: the dot
     products, AMX or float32), a bfloat16 forward takes less memory than
     a float32 one of the same sizes (its output is half as large, and it
     makes no float32 copies: they would be 3 MB, its whole output 0.5);
-    with a padding mask too."""
+    with a padding mask too, and with causal given as a dense boolean
+    attn_mask as well."""
     if ac.show_config()["simd"] == "scalar":
         pytest.skip("the scalar path has no fused kernel: it widens")
     bf16 = peak_bytes("bfloat16", "forward", kind)
@@ -358,7 +385,7 @@ def test_backward_no_float32_copies(kind):
     assert bf16 < f32 + copies / 2, (bf16, f32)
 
 
-@pytest.mark.parametrize("kind", ["causal", "padded"])
+@pytest.mark.parametrize("kind", ["causal", "padded", "tril"])
 def test_float16_no_float32_copies(kind):
     """On a SIMD path (the fused kernel's), a float16 forward takes less
     memory than a float32 one of the same sizes, both on float32
